@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up .venv, then run every test: lint, the library's unit tests, and every chapter notebook
+# executed by nbval in strict mode (fresh outputs compared with the saved ones).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PYTHONHASHSEED=0 MPLBACKEND=Agg
+.venv/bin/python -m ruff check transformer_lib tests
+.venv/bin/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=600 \
+  --sanitize-with tests/nbval_sanitize.cfg tests chapters "$@"

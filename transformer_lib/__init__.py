@@ -1,0 +1,42 @@
+"""transformer_lib: the library the book "Attention, Executed" builds chapter by chapter.
+
+Modules, in chapter order: ``attention`` (scaled dot-product and additive attention),
+``masks``, ``multihead``, ``positional``, ``blocks``, ``models``; plus ``viz`` for figures.
+Mask convention everywhere: boolean, ``True`` means "may attend".
+"""
+
+from .attention import AdditiveAttention, masked_softmax, scaled_dot_product_attention
+from .blocks import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
+from .masks import causal_mask, combine_masks, padding_mask
+from .models import GPT, GPTConfig, Transformer, TransformerConfig
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
+from .utils import pick_device, set_seed
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT",
+    "AdditiveAttention",
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "GPTConfig",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "SinusoidalPositionalEncoding",
+    "Transformer",
+    "TransformerConfig",
+    "causal_mask",
+    "combine_masks",
+    "masked_softmax",
+    "merge_heads",
+    "padding_mask",
+    "pick_device",
+    "scaled_dot_product_attention",
+    "set_seed",
+    "sinusoidal_encoding",
+    "split_heads",
+]

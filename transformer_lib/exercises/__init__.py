@@ -1,0 +1,12 @@
+"""Checks for the chapters' coding exercises (see the instructor's guide).
+
+Each ``check_*`` function takes a student's function, runs it on generated inputs (edge cases
+included) and prints a one-line verdict: what is wrong, with the smallest failing input and the
+expected versus actual values, or that the answer is right. A function that still raises
+``NotImplementedError`` (the student edition's stub) is reported as "not implemented yet".
+Checks return a :class:`CheckResult` and never raise, so a notebook always runs on.
+"""
+
+from ._core import CheckResult, check
+
+__all__ = ["CheckResult", "check"]
