@@ -133,7 +133,9 @@ class Transformer(nn.Module):
         c = self.config
         max_new_tokens = c.max_len - 1 if max_new_tokens is None else max_new_tokens
         if max_new_tokens > c.max_len - 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the model's maximum length - 1 ({c.max_len - 1})")
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} exceeds the model's maximum length - 1 ({c.max_len - 1})"
+            )
         memory, src_keep = self.encode(src)
         B = src.shape[0]
         out = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
@@ -177,8 +179,16 @@ class GPT(nn.Module):
         c = self.config = config
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_embed = LearnedPositionalEmbedding(c.block_size, c.d_model, c.dropout)
-        self.decoder = Decoder(c.n_layers, c.d_model, c.n_heads, 4 * c.d_model, c.dropout,
-                               norm_first=True, cross_attention=False, activation="gelu")
+        self.decoder = Decoder(
+            c.n_layers,
+            c.d_model,
+            c.n_heads,
+            4 * c.d_model,
+            c.dropout,
+            norm_first=True,
+            cross_attention=False,
+            activation="gelu",
+        )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(_init_weights)
         self.lm_head.weight = self.tok_embed.weight  # weight tying
@@ -203,7 +213,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.

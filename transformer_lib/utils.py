@@ -13,7 +13,7 @@ __all__ = ["pick_device", "set_seed"]
 def set_seed(seed: int = 0) -> None:
     """Seed Python's, NumPy's and PyTorch's random generators (CPU and every GPU)."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 (seeds the legacy global generator that user code may use)
     torch.manual_seed(seed)
 
 

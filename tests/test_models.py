@@ -1,0 +1,146 @@
+"""Tests for transformer_lib/models.py: causality, padding invariance, overfitting a tiny batch,
+decoding, clear errors for bad input, and the same code on CUDA when a GPU is present."""
+
+import time
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+import transformer_lib as tl
+
+
+def tiny_gpt(**kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=32, dropout=0.0)
+    cfg.update(kw)
+    return tl.GPT(tl.GPTConfig(**cfg))
+
+
+def tiny_transformer(**kw):
+    torch.manual_seed(0)
+    cfg = dict(
+        src_vocab_size=13,
+        tgt_vocab_size=13,
+        d_model=32,
+        n_heads=2,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.0,
+        max_len=16,
+    )
+    cfg.update(kw)
+    return tl.Transformer(tl.TransformerConfig(**cfg))
+
+
+def test_gpt_is_causal(gen):
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 11, (2, 12), generator=gen)
+    base, _ = model(idx)
+    for t in range(12):
+        changed = idx.clone()
+        changed[:, t:] = torch.randint(0, 11, (2, 12 - t), generator=gen)
+        out, _ = model(changed)
+        assert torch.equal(out[:, :t], base[:, :t]), f"position < {t} saw the future"
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_padding_invariance(gen, norm_first):
+    model = tiny_transformer(norm_first=norm_first).eval()
+    src = torch.randint(3, 13, (1, 6), generator=gen)
+    tgt = torch.randint(3, 13, (1, 5), generator=gen)
+    ref, _ = model(src, tgt)
+    src_padded = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    tgt_padded = torch.cat([tgt, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    out, _ = model(src_padded, tgt_padded)
+    torch.testing.assert_close(out[:, :5], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_transformer_decoder_is_causal(gen):
+    model = tiny_transformer().eval()
+    src = torch.randint(3, 13, (2, 6), generator=gen)
+    tgt = torch.randint(3, 13, (2, 8), generator=gen)
+    base, _ = model(src, tgt)
+    for t in range(8):
+        changed = tgt.clone()
+        changed[:, t:] = torch.randint(3, 13, (2, 8 - t), generator=gen)
+        assert torch.equal(model(src, changed)[0][:, :t], base[:, :t])
+
+
+def test_gpt_overfits_a_tiny_batch(gen):
+    start = time.perf_counter()
+    model = tiny_gpt()
+    idx = torch.randint(0, 11, (4, 16), generator=gen)
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.2
+    model.eval()
+    # from the second position on, the context identifies the sequence: memorised exactly
+    assert torch.equal(model(x)[0].argmax(-1)[:, 1:], y[:, 1:])
+    assert time.perf_counter() - start < 30
+
+
+def test_transformer_overfits_and_greedy_decodes_a_tiny_batch(gen):
+    model = tiny_transformer()
+    src = torch.randint(3, 13, (4, 6), generator=gen)
+    answer = src.flip(1)  # reverse the source
+    bos, eos = torch.ones(4, 1, dtype=torch.long), torch.full((4, 1), 2)
+    tgt = torch.cat([bos, answer, eos], dim=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(src, tgt[:, :-1], targets=tgt[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    decoded = model.eval().greedy_decode(src, max_new_tokens=10)
+    assert torch.equal(decoded[:, :7], torch.cat([answer, eos], dim=1))
+
+
+def test_generate_shapes_and_top_k(gen):
+    model = tiny_gpt(block_size=8).eval()
+    idx = torch.randint(0, 11, (2, 5), generator=gen)
+    out = model.generate(idx, 10, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 15) and torch.equal(out[:, :5], idx)
+    # top_k=1 is greedy: each new token is the argmax given the (cropped) context
+    for t in range(5, 15):
+        logits, _ = model(out[:, max(0, t - 8) : t])
+        assert torch.equal(out[:, t], logits[:, -1].argmax(-1))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 1, temperature=0.0)
+
+
+def test_bad_model_inputs():
+    model = tiny_gpt(block_size=8)
+    with pytest.raises(ValueError, match="longer than the model's maximum length 8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"must lie in \[0, vocab_size=11\)"):
+        model(torch.tensor([[1, 11]]))
+    with pytest.raises(ValueError, match=r"must lie in \[0, vocab_size=11\)"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="divisible"):
+        tiny_gpt(d_model=30, n_heads=4)
+    t = tiny_transformer()
+    with pytest.raises(ValueError, match="src"):
+        t(torch.tensor([[3, 99]]), torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="tgt: sequence length 17"):
+        t(torch.tensor([[3]]), torch.ones(1, 17, dtype=torch.long))
+
+
+@requires_cuda
+def test_models_run_on_cuda(gen):
+    model = tiny_gpt().cuda()
+    idx = torch.randint(0, 11, (2, 8), generator=gen).cuda()
+    logits, loss = model(idx, idx)
+    loss.backward()
+    assert logits.device.type == "cuda"
+    assert model.generate(idx, 3).device.type == "cuda"
+    t = tiny_transformer().cuda().eval()
+    assert t.greedy_decode(idx + 3, 4).device.type == "cuda"

@@ -1,0 +1,105 @@
+"""Tests for transformer_lib/multihead.py: parity with torch.nn.MultiheadAttention, fused vs
+hand-written path, causality, padding invariance, errors."""
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib.multihead import merge_heads, split_heads
+
+
+def make_pair(d_model=16, n_heads=4, bias=True, dtype=torch.float64):
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True).to(dtype)
+    with torch.no_grad():  # random biases, so a bias mix-up cannot hide behind zeros
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    return ref.eval(), tl.MultiHeadAttention.from_torch(ref).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_parity(gen, bias):
+    ref, mine = make_pair(bias=bias)
+    q = torch.randn(3, 5, 16, generator=gen, dtype=torch.float64)
+    kv = torch.randn(3, 7, 16, generator=gen, dtype=torch.float64)
+    out_ref, w_ref = ref(q, kv, kv, average_attn_weights=False)
+    for need_weights in (True, False):
+        out, w = mine(q, kv, kv, need_weights=need_weights)
+        torch.testing.assert_close(out, out_ref)
+        if need_weights:
+            torch.testing.assert_close(w, w_ref)
+        else:
+            assert w is None
+
+
+def test_from_torch_parity_with_masks(gen):
+    ref, mine = make_pair()
+    x = torch.randn(2, 6, 16, generator=gen, dtype=torch.float64)
+    keep = tl.padding_mask(torch.tensor([6, 4]), 6)
+    causal = tl.causal_mask(6)
+    out_ref, w_ref = ref(x, x, x, key_padding_mask=~keep, attn_mask=~causal, average_attn_weights=False)
+    out, w = mine(x, x, x, mask=tl.combine_masks(keep, causal=True), need_weights=True)
+    torch.testing.assert_close(out, out_ref)
+    torch.testing.assert_close(w, w_ref)
+    out2, _ = mine(x, x, x, mask=keep[:, None, None, :], is_causal=True)
+    torch.testing.assert_close(out2, out_ref)
+
+
+def test_fused_and_handwritten_paths_agree_with_gradients(gen):
+    torch.manual_seed(1)
+    mha = tl.MultiHeadAttention(24, 3).double()
+    x = torch.randn(2, 9, 24, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(2, 1, 9, 9, generator=gen) > 0.4
+    mask[0, 0, 2] = False  # a fully masked query row
+    grads = []
+    outs = []
+    for need_weights in (True, False):
+        for kwargs in ({"mask": mask}, {"is_causal": True}, {"mask": mask, "is_causal": True}):
+            x.grad = None
+            mha.zero_grad()
+            out, _ = mha(x, x, x, need_weights=need_weights, **kwargs)
+            out.sum().backward()
+            outs.append(out.detach())
+            grads.append([x.grad.clone()] + [p.grad.clone() for p in mha.parameters()])
+    for i in range(3):
+        torch.testing.assert_close(outs[i], outs[i + 3])
+        for a, b in zip(grads[i], grads[i + 3], strict=True):
+            torch.testing.assert_close(a, b)
+            assert torch.isfinite(a).all()
+
+
+def test_split_merge_roundtrip_and_loop_equivalence(gen):
+    x = torch.randn(2, 5, 12, generator=gen)
+    h = split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4)
+    torch.testing.assert_close(h[:, 1], x[..., 4:8])  # head 1 holds dimensions 4..7
+    assert torch.equal(merge_heads(h), x)
+
+
+def test_causal_property(gen):
+    """Changing positions >= t never changes outputs before t."""
+    torch.manual_seed(0)
+    mha = tl.MultiHeadAttention(16, 4).double().eval()
+    x = torch.randn(2, 8, 16, generator=gen, dtype=torch.float64)
+    for need_weights in (True, False):
+        base, _ = mha(x, x, x, is_causal=True, need_weights=need_weights)
+        for t in range(8):
+            y = x.clone()
+            y[:, t:] = torch.randn(2, 8 - t, 16, generator=gen, dtype=torch.float64)
+            out, _ = mha(y, y, y, is_causal=True, need_weights=need_weights)
+            assert torch.equal(out[:, :t], base[:, :t])
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(4\)"):
+        tl.MultiHeadAttention(10, 4)
+    mha = tl.MultiHeadAttention(8, 2)
+    x = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match="d_model=8"):
+        mha(torch.randn(2, 3, 6), x, x)
+    with pytest.raises(TypeError, match="dtype torch.bool"):
+        mha(x, x, x, mask=torch.ones(3, 3))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        mha(x, x, x, mask=torch.ones(2, 3, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch_first=True"):
+        tl.MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(8, 2))
