@@ -1,0 +1,59 @@
+"""Checks of the repository's own configuration: CI workflow, Binder, table of contents."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_workflows_match_the_github_schema():
+    exe = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    assert workflows
+    result = subprocess.run(
+        [exe, "--builtin-schema", "vendor.github-workflows", *workflows], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_workflow_runs_the_same_steps_as_ci():
+    text = (ROOT / ".github" / "workflows" / "book.yml").read_text()
+    assert "bash .ci/run" in text
+    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_binder_installs_the_cpu_build_of_torch():
+    req = (ROOT / "binder" / "requirements.txt").read_text()
+    assert "download.pytorch.org/whl/cpu" in req and "torch>=" in req
+    assert "pip install --no-deps -e ." in (ROOT / "binder" / "postBuild").read_text()
+
+
+def _toc_files(node):
+    if isinstance(node, dict):
+        if "file" in node:
+            yield node["file"]
+        for value in node.values():
+            yield from _toc_files(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _toc_files(item)
+
+
+def test_every_chapter_is_in_the_table_of_contents():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = set(_toc_files(toc))
+    for nb in (ROOT / "chapters").glob("*.ipynb"):
+        assert f"chapters/{nb.stem}" in listed, f"{nb.name} is missing from _toc.yml"
+    for entry in listed | {toc["root"]}:
+        assert any((ROOT / f"{entry}{ext}").exists() for ext in (".md", ".ipynb")), entry
+
+
+@pytest.mark.parametrize("name", ["torch", "jupyter-book"])
+def test_requirements_bound_the_big_dependencies(name):
+    lines = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith(name)]
+    assert lines and "<" in lines[0], f"{name} needs an upper bound"
