@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/web_assets.sh
 .venv/bin/jupyter-book build . -W --keep-going "$@"
 echo
 echo "The book is built: open $(pwd)/_build/html/index.html"

@@ -7,4 +7,4 @@ bash scripts/setup.sh
 export PYTHONHASHSEED=0 MPLBACKEND=Agg
 .venv/bin/python -m ruff check transformer_lib tests
 .venv/bin/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=600 \
-  --sanitize-with tests/nbval_sanitize.cfg tests chapters "$@"
+  --sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters "$@"

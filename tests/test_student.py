@@ -100,8 +100,13 @@ def test_student_edition_executes(student_edition, chapter):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(student_edition / chapter.name, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(student_edition)}}).execute()
+    nbclient.NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(student_edition)}},
+    ).execute()
     seen_stub = False
     checks = 0
     for cell in nb.cells:
