@@ -10,7 +10,13 @@ from .blocks import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask
 from .models import GPT, GPTConfig, Transformer, TransformerConfig
 from .multihead import MultiHeadAttention, merge_heads, split_heads
-from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
+from .positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    apply_rotary,
+    sinusoidal_encoding,
+)
 from .utils import pick_device, set_seed
 
 __version__ = "0.1.0"
@@ -26,9 +32,11 @@ __all__ = [
     "GPTConfig",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "Transformer",
     "TransformerConfig",
+    "apply_rotary",
     "causal_mask",
     "combine_masks",
     "masked_softmax",

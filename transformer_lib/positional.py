@@ -11,7 +11,16 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
+__all__ = [
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "apply_rotary",
+    "binary_encoding",
+    "relative_rotation",
+    "sinusoidal_encoding",
+    "sinusoidal_frequencies",
+]
 
 
 def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -71,3 +80,100 @@ class LearnedPositionalEmbedding(nn.Module):
 def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
     """Token embeddings multiplied by sqrt(d_model), as in the original paper (chapter 7)."""
     return embedding(ids) * math.sqrt(embedding.embedding_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 6 additions: binary counting, the relative-position rotation, rotary embeddings (RoPE).
+# ---------------------------------------------------------------------------------------------
+
+
+def binary_encoding(max_len: int, n_bits: int) -> Tensor:
+    """Positions written in binary, ``(max_len, n_bits)`` float32 of 0s and 1s (chapter 6).
+
+    Column ``j`` holds bit ``j`` of the position, lowest bit first, so column 0 flips at every
+    step and column ``j`` has period ``2^(j+1)``. Positions wrap around modulo ``2^n_bits``.
+    """
+    if max_len < 1 or n_bits < 1:
+        raise ValueError(f"max_len and n_bits must be positive, got max_len={max_len}, n_bits={n_bits}")
+    pos = torch.arange(max_len)[:, None]  # (max_len, 1)
+    bits = torch.arange(n_bits)  # (n_bits,)
+    return ((pos >> bits) & 1).float()  # (max_len, n_bits)
+
+
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
+    """The angular frequencies ``omega_i = base^(-2i/d_model)``, ``(ceil(d_model/2),)`` float64 (chapter 6).
+
+    Pair ``i`` of the sinusoidal encoding (dimensions ``2i`` and ``2i+1``) is
+    ``(sin(pos * omega_i), cos(pos * omega_i))``.
+    """
+    if d_model < 1:
+        raise ValueError(f"d_model must be positive, got {d_model}")
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
+    return base ** (-two_i / d_model)
+
+
+def relative_rotation(k: int | float, d_model: int, base: float = 10000.0) -> Tensor:
+    """The ``(d_model, d_model)`` float64 matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)`` (chapter 6).
+
+    ``M_k`` is block-diagonal: for each frequency ``omega_i`` the 2x2 block
+    ``[[cos(k w), sin(k w)], [-sin(k w), cos(k w)]]`` (``w = omega_i``) turns the pair
+    ``(sin(pos w), cos(pos w))`` into ``(sin((pos + k) w), cos((pos + k) w))``, whatever ``pos``.
+    For row-major encodings ``pe (T, d_model)`` this reads ``pe[:-k] @ M_k.T == pe[k:]``.
+    ``d_model`` must be even: a lone last sine has no cosine partner to rotate with.
+    """
+    if d_model < 2 or d_model % 2:
+        raise ValueError(f"relative_rotation needs an even d_model (each sine needs its cosine partner), got {d_model}")
+    angle = float(k) * sinusoidal_frequencies(d_model, base)  # (d_model / 2,)
+    c, s = torch.cos(angle), torch.sin(angle)
+    blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (d_model / 2, 2, 2)
+    return torch.block_diag(*blocks)  # (d_model, d_model)
+
+
+def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding (RoPE) of ``x (..., T, d)`` with ``d`` even (chapter 6).
+
+    Each pair of dimensions ``(2i, 2i+1)`` of the vector at position ``m`` is rotated by the
+    angle ``m * omega_i`` with ``omega_i = base^(-2i/d)``, the frequencies of the sinusoidal
+    encoding. Applied to queries and keys, it makes ``q_m . k_n`` depend on the positions only
+    through the offset ``n - m``. ``positions`` is ``(T,)`` (default ``0, 1, ..., T-1``).
+    Returns a tensor of the shape and dtype of ``x``; the norms of the pairs are unchanged.
+    """
+    if x.dim() < 2:
+        raise ValueError(f"apply_rotary expects x of shape (..., T, d), got {tuple(x.shape)}")
+    T, d = x.shape[-2], x.shape[-1]
+    if d % 2:
+        raise ValueError(f"apply_rotary needs an even last dimension d (dimensions are rotated in pairs), got {d}")
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    if positions.shape != (T,):
+        raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
+    omega = sinusoidal_frequencies(d, base).to(x.device)  # (d / 2,)
+    angles = positions.to(torch.float64)[:, None] * omega  # (T, d / 2)
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d / 2)
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., T, d / 2) each
+    out = torch.empty_like(x)
+    out[..., 0::2] = x_even * cos - x_odd * sin
+    out[..., 1::2] = x_even * sin + x_odd * cos
+    return out  # (..., T, d)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding for ``d``-wide queries or keys (chapter 6); no parameters.
+
+    ``forward(x, positions=None)`` is :func:`apply_rotary` with this module's ``base``. Use it
+    on ``q`` and ``k`` of shape ``(B, h, T, d_k)`` after splitting heads, never on ``v``.
+    """
+
+    def __init__(self, d: int, base: float = 10000.0):
+        super().__init__()
+        if d < 2 or d % 2:
+            raise ValueError(f"RotaryEmbedding needs an even width d, got {d}")
+        self.d, self.base = d, base
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        if x.shape[-1] != self.d:
+            raise ValueError(f"expected last dimension d={self.d}, got shape {tuple(x.shape)}")
+        return apply_rotary(x, positions, self.base)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}, base={self.base}"

@@ -1,0 +1,50 @@
+"""Insert (or refresh) the Colab set-up cell at the top of every chapter notebook.
+
+The cell installs ``transformer_lib`` when, and only when, the notebook runs in Google Colab.
+It is tagged ``remove-cell`` (hidden in the book) and marked ``NBVAL_SKIP`` (skipped by nbval).
+
+    python scripts/colab_cell.py
+"""
+
+import json
+import sys
+from pathlib import Path
+
+REPO_URL = "https://github.com/attention-executed/attention-executed"
+SOURCE = f'''# NBVAL_SKIP
+# In Google Colab, install the book's library first; anywhere else this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "transformer_lib @ git+{REPO_URL}"],
+        check=True,
+    )'''
+MARKER = "# NBVAL_SKIP\n# In Google Colab"
+
+
+def colab_cell() -> dict:
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": "colab-setup",
+        "metadata": {"tags": ["remove-cell"]},
+        "outputs": [],
+        "source": SOURCE.splitlines(keepends=True),
+    }
+
+
+def main(paths: list[str]) -> None:
+    notebooks = [Path(p) for p in paths] or sorted(Path("chapters").glob("*.ipynb"))
+    for path in notebooks:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        cells = [c for c in nb["cells"] if not "".join(c["source"]).startswith(MARKER)]
+        nb["cells"] = [colab_cell(), *cells]
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"{path}: Colab cell in place")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
