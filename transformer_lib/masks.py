@@ -6,10 +6,20 @@ attention layers take is ``(B, 1, T_q, T_k)`` (the ``1`` broadcasts over heads).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-__all__ = ["causal_mask", "combine_masks", "padding_mask"]
+__all__ = [
+    "Seq2SeqMasks",
+    "additive_mask",
+    "causal_mask",
+    "combine_masks",
+    "padding_mask",
+    "seq2seq_masks",
+    "to_ignore_mask",
+]
 
 
 def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | None = None) -> Tensor:
@@ -31,16 +41,16 @@ def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
     """Bool ``(B, max_len)``, True at the real tokens of each sequence, False at the padding."""
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be a 1-D integer tensor (B,), got dtype {lengths.dtype} shape {tuple(lengths.shape)}")
+        raise TypeError(
+            f"lengths must be a 1-D integer tensor (B,), got dtype {lengths.dtype} shape {tuple(lengths.shape)}"
+        )
     if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
         raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
     positions = torch.arange(max_len, device=lengths.device)  # (max_len,)
     return positions[None, :] < lengths[:, None]  # (B, max_len)
 
 
-def combine_masks(
-    key_padding_mask: Tensor | None = None, causal: bool = False, T_q: int | None = None
-) -> Tensor:
+def combine_masks(key_padding_mask: Tensor | None = None, causal: bool = False, T_q: int | None = None) -> Tensor:
     """Combine a key-padding mask ``(B, T_k)`` and/or a causal mask into ``(B, 1, T_q, T_k)``.
 
     ``T_q`` defaults to ``T_k`` (self-attention). For cross-attention pass the decoder's length
@@ -59,3 +69,71 @@ def combine_masks(
     if causal:
         mask = mask & causal_mask(T_q, T_k, device=key_padding_mask.device)
     return mask.contiguous()
+
+
+# --- Added in chapter 4 ("Masking"): conversions to other conventions and the three masks of a
+# --- sequence-to-sequence model.
+
+
+def _check_bool_mask(mask: Tensor, name: str = "mask") -> None:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a bool tensor (True = may attend), got {got}")
+
+
+def to_ignore_mask(mask: Tensor) -> Tensor:
+    """The book's mask (True = may attend) in the opposite convention, True = "masked out" (chapter 4).
+
+    ``torch.nn.MultiheadAttention`` reads its boolean ``key_padding_mask`` ``(B, T_k)`` and
+    ``attn_mask`` ``(T_q, T_k)`` this way; pass ``to_ignore_mask(keep)`` there. Same shape as ``mask``.
+    """
+    _check_bool_mask(mask)
+    return ~mask
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32, fill: float | None = None) -> Tensor:
+    """The book's bool mask as a float mask to *add* to the scores before softmax (chapter 4).
+
+    0 where ``mask`` is True (may attend) and ``fill`` where it is False; ``fill`` defaults to
+    ``torch.finfo(dtype).min``, the dtype's most negative finite value (pass ``float("-inf")`` for
+    the form of ``torch.nn.Transformer.generate_square_subsequent_mask``). Same shape as ``mask``.
+    A row with no True entry stays uniform (or NaN with ``-inf``) after softmax: see
+    :func:`~transformer_lib.attention.masked_softmax` for a version that returns zeros there.
+    """
+    _check_bool_mask(mask)
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating point dtype, got {dtype}")
+    fill = torch.finfo(dtype).min if fill is None else fill
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill(~mask, fill)
+
+
+class Seq2SeqMasks(NamedTuple):
+    """The three masks of an encoder-decoder transformer, True = may attend (chapter 4)."""
+
+    encoder: Tensor  # (B, 1, T_src, T_src): encoder self-attention, source padding only
+    decoder: Tensor  # (B, 1, T_tgt, T_tgt): decoder self-attention, target padding and causal
+    cross: Tensor  # (B, 1, T_tgt, T_src): cross-attention, source padding only
+
+
+def seq2seq_masks(
+    src_lengths: Tensor | list[int], tgt_lengths: Tensor | list[int], T_src: int, T_tgt: int
+) -> Seq2SeqMasks:
+    """The encoder, decoder and cross-attention masks for a right-padded batch (chapter 4).
+
+    ``src_lengths`` and ``tgt_lengths`` are ``(B,)`` real lengths; sequences are padded on the
+    right to ``T_src`` and ``T_tgt``. Only the decoder's self-attention is causal; the encoder's
+    self-attention and the cross-attention (decoder queries, encoder keys) mask the source padding.
+    """
+    src_keep = padding_mask(src_lengths, T_src)  # (B, T_src)
+    tgt_keep = padding_mask(tgt_lengths, T_tgt)  # (B, T_tgt)
+    if src_keep.shape[0] != tgt_keep.shape[0]:
+        raise ValueError(
+            f"src_lengths and tgt_lengths must have the same batch size B, got "
+            f"{src_keep.shape[0]} and {tgt_keep.shape[0]}"
+        )
+    return Seq2SeqMasks(
+        encoder=combine_masks(src_keep),  # (B, 1, T_src, T_src)
+        decoder=combine_masks(tgt_keep, causal=True),  # (B, 1, T_tgt, T_tgt)
+        cross=combine_masks(src_keep, T_q=T_tgt),  # (B, 1, T_tgt, T_src)
+    )
