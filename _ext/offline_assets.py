@@ -36,9 +36,46 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
             seen.add(key)
             unique.append(js)
     context["script_files"] = unique
+    _point_requirejs_at_static(pagename, context)
+    _mathjax2_shim_for_widgets(context)
     # the theme's first script reads the colour mode from this variable; empty is an error
     if not context.get("default_mode"):
         context["default_mode"] = "auto"
+
+
+def _point_requirejs_at_static(pagename, context):
+    """The widget manager finds its fonts relative to the URL RequireJS gives its module; map
+    that module to ``_static/html-manager`` (relative to this page) so they load locally."""
+    scripts = context["script_files"]
+    for i, js in enumerate(scripts):
+        if (getattr(js, "filename", None) or "").endswith("require.js"):
+            static = "../" * pagename.count("/") + "_static/html-manager"
+            body = f'require.config({{paths: {{"@jupyter-widgets/html-manager/dist": "{static}"}}}});'
+            scripts.insert(i + 1, type(js)(None, priority=js.priority, body=body))
+            return
+
+
+# The widget manager typesets widget labels with MathJax 2's MathJax.Hub.Queue; Sphinx loads
+# MathJax 3, which has no Hub. This shim forwards those calls to MathJax 3's typesetPromise.
+_MATHJAX_SHIM = """(function () {
+  function queue(job) {
+    var mj = window.MathJax, el = job && job[2];
+    if (mj && mj.typesetPromise && el) { mj.typesetPromise([el]); }
+  }
+  var mj = (window.MathJax = window.MathJax || {});
+  mj.Hub = {Queue: queue};
+  mj.startup = mj.startup || {};
+  mj.startup.ready = function () { window.MathJax.startup.defaultReady(); window.MathJax.Hub = {Queue: queue}; };
+})();"""
+
+
+def _mathjax2_shim_for_widgets(context):
+    scripts = context["script_files"]
+    for i, js in enumerate(scripts):
+        filename = getattr(js, "filename", None) or ""
+        if "mathjax" in filename.lower() or "tex-chtml" in filename:
+            scripts.insert(i, type(js)(None, priority=js.priority, body=_MATHJAX_SHIM))
+            return
 
 
 def setup(app):

@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONHASHSEED=0 MPLBACKEND=Agg
-.venv/bin/python -m ruff check transformer_lib tests
+.venv/bin/python -m ruff check transformer_lib tests _ext
 .venv/bin/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=600 \
-  --sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters "$@"
+  --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters "$@"

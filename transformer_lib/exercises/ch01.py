@@ -1,0 +1,140 @@
+"""Checks for chapter 1 ("Why attention?"): how many convolution layers connect two positions.
+
+The chapter's coding exercise asks for ``layers_to_connect(n, k, dilated=False)``: the smallest
+number of stacked causal 1-D convolutions with kernel width ``k`` after which the last of ``n``
+positions depends on the first. :func:`layers_to_connect` is the reference answer and
+:func:`check_layers_to_connect` grades a student's version.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+from ._core import ExerciseFailure, check
+
+__all__ = ["check_layers_to_connect", "layers_to_connect", "receptive_field"]
+
+
+def receptive_field(layers: int, k: int, dilated: bool = False) -> int:
+    """How many input positions one output sees after ``layers`` causal convolutions (chapter 1).
+
+    Contiguous kernels of width ``k`` add ``k - 1`` positions per layer: ``1 + layers * (k - 1)``.
+    Dilated kernels with dilation ``k**l`` at layer ``l = 0, 1, ...`` multiply the field by ``k``
+    per layer: ``k**layers``.
+    """
+    if layers < 0:
+        raise ValueError(f"layers must be >= 0, got {layers}")
+    if k < 1:
+        raise ValueError(f"kernel width k must be >= 1, got {k}")
+    return k**layers if dilated else 1 + layers * (k - 1)
+
+
+def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
+    """Fewest causal convolution layers (width ``k``) after which position ``n - 1`` sees position 0 (chapter 1).
+
+    Contiguous kernels need ``ceil((n - 1) / (k - 1))`` layers, linear in ``n``; dilated kernels
+    (dilation ``k**l`` at layer ``l``) need ``ceil(log_k n)``, computed here with integers only.
+    ``n = 1`` needs 0 layers. Requires ``n >= 1`` and ``k >= 2``.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if k < 2:
+        raise ValueError(f"kernel width k must be >= 2 to ever connect two positions, got {k}")
+    if not dilated:
+        return -(-(n - 1) // (k - 1))  # ceil((n - 1) / (k - 1)) in integers
+    layers, field = 0, 1
+    while field < n:  # the dilated field is k**layers
+        layers, field = layers + 1, field * k
+    return layers
+
+
+def _cases() -> list[tuple[int, int, bool]]:
+    """Inputs in the order they are tried: smallest first, exact powers of k included."""
+    cases = set()
+    for k in (2, 3, 4, 5, 6, 7):
+        for n in list(range(1, 20)) + [k**2, k**3, k**3 + 1, k**4 - 1, k**4, 100, 1000, 1024]:
+            for dilated in (False, True):
+                cases.add((n, k, dilated))
+    return sorted(cases, key=lambda c: (c[0], c[1], c[2]))
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def _hint(n: int, k: int, dilated: bool, actual: int, expected: int) -> str:
+    """A sentence naming the likely mistake behind a wrong count."""
+    log_k = layers_to_connect(n, k, dilated=True)
+    contiguous = layers_to_connect(n, k, dilated=False)
+    if not dilated and actual == log_k:
+        return (
+            "that is the logarithmic count of a *dilated* stack. With contiguous kernels each layer "
+            "widens the receptive field by only k - 1 positions, so the count grows linearly with n, "
+            "about (n - 1) / (k - 1)."
+        )
+    if dilated and actual == contiguous:
+        return (
+            "that is the count for contiguous kernels: the dilation was ignored. With dilation k**l at "
+            "layer l the receptive field is k**L after L layers, so you need the smallest L with k**L >= n."
+        )
+    if dilated and k != 2 and actual == layers_to_connect(n, 2, dilated=True) and actual != expected:
+        return (
+            f"that is log base 2 of n. The dilation grows by a factor k = {k} per layer, so the receptive "
+            "field is k**L and the count is the base-k logarithm: the smallest L with k**L >= n."
+        )
+    if dilated and n >= k * k and n == k ** round(math.log(n, k)) and actual == expected + 1:
+        return (
+            f"n = {n} is an exact power of k = {k}: k**{expected} = {n} positions are already enough. A "
+            "floating-point log can come out a hair above the whole number (and ceil then rounds it up); "
+            "count with integers instead, for example by multiplying the receptive field by k until it reaches n."
+        )
+    if not dilated and k > 2 and actual == n - 1:
+        return (
+            "that is one layer per step back, as in a recurrent network; a contiguous layer of width k "
+            "reaches k - 1 positions further back, so about (n - 1) / (k - 1) layers are enough."
+        )
+    if abs(actual - expected) == 1:
+        formula = "k**L" if dilated else "1 + L * (k - 1)"
+        if n == 1:
+            return (
+                f"off by one. With n = 1 the first and the last position are the same token, so 0 layers are "
+                f"needed. In general the last output sees {formula} positions after L layers: count positions, "
+                "not gaps, and round up."
+            )
+        field = receptive_field(expected, k, dilated)
+        return (
+            f"off by one. After {_plural(expected, 'layer')} the last output sees "
+            f"{_plural(field, 'input position')} ({formula} with L = {expected}), enough to reach position 0, "
+            f"{_plural(n - 1, 'step')} back; count positions, not gaps, and round up."
+        )
+    if not dilated and actual > expected:
+        return "too many layers: a contiguous layer of width k reaches k - 1 positions further back, not 1."
+    return (
+        "the count should grow linearly with n for contiguous kernels (about (n - 1) / (k - 1)) and "
+        "logarithmically for dilated ones (the smallest L with k**L >= n)."
+    )
+
+
+@check("check_layers_to_connect")
+def check_layers_to_connect(fn: Callable[..., int]) -> None:
+    """Grade ``fn(n, k, dilated=False)`` against :func:`layers_to_connect` (chapter 1, exercise ex-01-2).
+
+    Tries n from 1 up, k from 2 to 7, contiguous and dilated, exact powers of k, and reports the
+    smallest failing input with the expected and returned counts and a hint about the mistake.
+    """
+    for n, k, dilated in _cases():
+        expected = layers_to_connect(n, k, dilated=dilated)
+        actual = fn(n, k, dilated=dilated)
+        call = f"layers_to_connect({n}, {k}, dilated={dilated})"
+        if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
+            raise ExerciseFailure(
+                f"{call} returned {actual!r} of type {type(actual).__name__}; return a whole number of "
+                "layers as an int (round up with math.ceil or integer arithmetic)."
+            )
+        actual = int(actual)
+        if actual != expected:
+            raise ExerciseFailure(
+                f"{call} returned {actual}, expected {expected}: {_hint(n, k, dilated, actual, expected)}"
+            )
