@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.student import main, make_student_edition, stub_source, strip_notebook
+from transformer_lib.student import main, make_student_edition, strip_notebook, stub_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

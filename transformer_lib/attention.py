@@ -134,3 +134,109 @@ class AdditiveAttention(nn.Module):
         scores = self.w_v(torch.tanh(q + k)).squeeze(-1)  # (..., T_q, T_k)
         weights = masked_softmax(scores, mask)  # softmax over the keys: dim=-1, always explicit
         return self.dropout(weights) @ values, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2 ("Queries, keys and values"): a check on attention weights, unscaled (Luong) and
+# parameter-free attention, and one attention head with learned projections.
+
+__all__ += ["SingleHeadAttention", "check_attention_weights", "dot_product_attention", "simple_self_attention"]
+
+
+def check_attention_weights(weights: Tensor, mask: Tensor | None = None, atol: float = 1e-4) -> None:
+    """Raise ``ValueError`` unless every row of ``weights`` is a probability distribution (chapter 2).
+
+    ``weights`` has shape ``(..., T_k)``: each row (the last axis, one query's weights over the
+    keys) must be finite, non-negative and sum to 1 within ``atol``. With a boolean ``mask``
+    (True = may attend, broadcastable to ``weights``), masked keys must get weight 0, and a row
+    whose keys are all masked must be all zeros (the library's convention). The message names the
+    first bad row, its weights and its sum.
+    """
+    w = torch.as_tensor(weights).detach().to(torch.float64)
+    if w.dim() < 1 or w.shape[-1] == 0:
+        raise ValueError(f"weights must have shape (..., T_k) with T_k >= 1, got {tuple(w.shape)}")
+    if mask is not None:
+        check_mask(mask, w.shape)
+        mask = mask.expand(w.shape)
+    else:
+        mask = torch.ones(w.shape, dtype=torch.bool)
+    rows, keep = w.reshape(-1, w.shape[-1]), mask.reshape(-1, w.shape[-1])  # (rows, T_k)
+    totals = rows.sum(-1)  # (rows,)
+    all_masked = ~keep.any(-1)  # (rows,)
+    problems = [
+        (~torch.isfinite(rows).all(-1), "contains NaN or inf"),
+        ((rows < 0).any(-1), "has a negative weight (softmax weights are never negative)"),
+        (((rows != 0) & ~keep).any(-1), "gives non-zero weight to a masked key"),
+        (all_masked & (totals != 0), "should be all zeros because every key is masked"),
+        (~all_masked & ((totals - 1).abs() > atol), None),
+    ]
+    bad = torch.stack([p for p, _ in problems])  # (checks, rows)
+    if not bad.any():
+        return
+    r = int(bad.any(0).nonzero()[0])
+    what = next(text for p, text in problems if p[r])
+    if what is None:
+        what = f"sums to {totals[r].item():.4g}, not 1"
+    if w.dim() == 1:
+        name = "the row of weights"
+    else:
+        index = [int(i) for i in torch.unravel_index(torch.tensor(r), w.shape[:-1])]
+        name = f"row {index[0] if len(index) == 1 else tuple(index)} of the weights"
+    raise ValueError(f"{name} {what}: {[round(x, 4) for x in rows[r].tolist()]}")
+
+
+def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Luong's (unscaled) dot-product attention, softmax(q k^T) v (chapter 2).
+
+    Same arguments and results as :func:`scaled_dot_product_attention`, without the division by
+    ``sqrt(d_k)``: ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, optional
+    boolean mask (True = may attend); returns ``(output (..., T_q, d_v), weights (..., T_q, T_k))``.
+    """
+    _check_qkv(q, k, v)
+    scores = q @ k.transpose(-2, -1)  # (..., T_q, T_k)
+    weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
+    return weights @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+
+def simple_self_attention(x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Parameter-free self-attention, softmax(X X^T) X (chapter 2).
+
+    The token vectors ``x (..., T, d)`` serve as queries, keys and values at once, with no
+    learned weights. Returns ``(output (..., T, d), weights (..., T, T))``.
+    """
+    return dot_product_attention(x, x, x, mask)
+
+
+class SingleHeadAttention(nn.Module):
+    """One attention head with learned projections W_q, W_k, W_v (chapter 2).
+
+    ``forward(x, context=None, mask=None)``: queries come from ``x (..., T_q, d_model)``; keys and
+    values come from ``context (..., T_k, d_context)``, which defaults to ``x`` itself (then it is
+    *self*-attention; with another sequence it is cross-attention). The same three matrices are
+    applied to every position. Returns ``(output (..., T_q, d_v), weights (..., T_q, T_k))``
+    from :func:`scaled_dot_product_attention`; there is no output projection.
+    """
+
+    def __init__(
+        self, d_model: int, d_k: int, d_v: int | None = None, d_context: int | None = None, bias: bool = False
+    ):
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        d_context = d_model if d_context is None else d_context
+        self.d_model, self.d_k, self.d_v, self.d_context = d_model, d_k, d_v, d_context
+        self.W_q = nn.Linear(d_model, d_k, bias=bias)
+        self.W_k = nn.Linear(d_context, d_k, bias=bias)
+        self.W_v = nn.Linear(d_context, d_v, bias=bias)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        context = x if context is None else context
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if context.shape[-1] != self.d_context:
+            raise ValueError(
+                f"context must have last dimension d_context={self.d_context}, got shape {tuple(context.shape)}"
+            )
+        q = self.W_q(x)  # (..., T_q, d_k)
+        k = self.W_k(context)  # (..., T_k, d_k)
+        v = self.W_v(context)  # (..., T_k, d_v)
+        return scaled_dot_product_attention(q, k, v, mask)
