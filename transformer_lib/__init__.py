@@ -9,7 +9,7 @@ from .attention import AdditiveAttention, masked_softmax, scaled_dot_product_att
 from .blocks import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask
 from .models import GPT, GPTConfig, Transformer, TransformerConfig
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .multihead import MultiHeadAttention, head_contributions, merge_heads, multihead_cost, split_heads
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -41,7 +41,9 @@ __all__ = [
     "combine_masks",
     "exercises",
     "masked_softmax",
+    "head_contributions",
     "merge_heads",
+    "multihead_cost",
     "padding_mask",
     "pick_device",
     "scaled_dot_product_attention",

@@ -111,6 +111,72 @@ class MultiHeadAttention(nn.Module):
             if fused_causal:
                 # the pure causal case: let the fused kernel pick its causal (flash) path
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            elif mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, h, T_q, d_k)
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T_q, d_k)
+                # a query with no key to attend to gets zeros, as in the hand-written path, on every
+                # PyTorch version and kernel: let it attend everywhere, then zero its output
+                any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p)
+                out = out * any_key  # (B, h, T_q, d_k)
         return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+
+
+def head_contributions(
+    mha: MultiHeadAttention,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+) -> Tensor:
+    """Each head's additive share of a :class:`MultiHeadAttention` output (chapter 5).
+
+    Concatenating the heads and applying ``W_o`` equals summing, over heads, head ``i``'s output
+    ``(T_q, d_k)`` times the ``d_k`` columns of ``W_o`` that belong to it. This returns those
+    terms, ``(B, h, T_q, d_model)``, so that
+    ``head_contributions(...).sum(1) + mha.out_proj.bias == mha(query, key, value, ...)[0]``.
+    Arguments are those of :meth:`MultiHeadAttention.forward`; the module itself computes the
+    heads (a hook reads the input of ``out_proj``), so masks and dropout behave exactly as there.
+    """
+    captured = []
+    handle = mha.out_proj.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+    try:
+        mha(query, key, value, mask=mask, is_causal=is_causal)
+    finally:
+        handle.remove()
+    merged = captured[0]  # (B, T_q, d_model), the concatenated heads
+    heads = split_heads(merged, mha.n_heads)  # (B, h, T_q, d_k)
+    W_o = mha.out_proj.weight.view(mha.d_model, mha.n_heads, mha.d_k)  # (d_model, h, d_k)
+    return torch.einsum("bhtk,dhk->bhtd", heads, W_o)  # (B, h, T_q, d_model)
+
+
+def multihead_cost(
+    d_model: int, n_heads: int, T_q: int, T_k: int | None = None, batch: int = 1, bias: bool = True
+) -> dict[str, int]:
+    """Parameters and forward FLOPs of one :class:`MultiHeadAttention` call (chapter 5).
+
+    FLOPs count the matrix products only, two per multiply-add (the convention of
+    :class:`torch.utils.flop_counter.FlopCounterMode`); bias additions and the softmax are left
+    out. Returns a dict with ``params``; ``projection_flops`` (Q, K, V and output projections);
+    ``attention_flops`` (the scores ``Q K^T`` and the weighted sum of values, over all heads);
+    ``total_flops``; and ``score_entries``, the number of attention weights, ``B * h * T_q * T_k``,
+    the only term that grows with ``h``. ``T_k`` defaults to ``T_q`` (self-attention).
+    """
+    if n_heads < 1 or d_model % n_heads != 0:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+    T_k = T_q if T_k is None else T_k
+    params = 4 * d_model * d_model + (4 * d_model if bias else 0)
+    projection = 2 * batch * d_model * d_model * (2 * T_q + 2 * T_k)  # Q and output on T_q rows, K and V on T_k
+    d_k = d_model // n_heads
+    attention = 2 * (2 * batch * n_heads * T_q * T_k * d_k)  # Q K^T, then weights @ V
+    return {
+        "params": params,
+        "projection_flops": projection,
+        "attention_flops": attention,
+        "total_flops": projection + attention,
+        "score_entries": batch * n_heads * T_q * T_k,
+    }
+
+
+__all__ += ["head_contributions", "multihead_cost"]
