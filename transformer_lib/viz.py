@@ -1,15 +1,26 @@
-"""Figures and small measurements the chapters share: attention heatmaps and softmax entropy."""
+"""Figures and small measurements the chapters share.
+
+Attention heatmaps, softmax entropy, the softmax Jacobian and temperature, and interactive figures.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["plot_attention", "plot_attention_grid", "softmax_entropy"]
+__all__ = [
+    "live_figure",
+    "plot_attention",
+    "plot_attention_grid",
+    "softmax_entropy",
+    "softmax_jacobian",
+    "softmax_with_temperature",
+]
 
 
 def _to_numpy(w: Tensor | np.ndarray) -> np.ndarray:
@@ -51,8 +62,11 @@ def plot_attention(
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * T_k + 2, 0.45 * T_q + 1.2))
     im = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=max(1e-9, float(w.max())), aspect="auto")
-    ax.set_xticks(range(T_k), labels=list(x_labels) if x_labels is not None else range(T_k),
-                  rotation=90 if x_labels is not None else 0)
+    ax.set_xticks(
+        range(T_k),
+        labels=list(x_labels) if x_labels is not None else range(T_k),
+        rotation=90 if x_labels is not None else 0,
+    )
     ax.set_yticks(range(T_q), labels=list(y_labels) if y_labels is not None else range(T_q))
     ax.set_xlabel("key")
     ax.set_ylabel("query")
@@ -63,8 +77,15 @@ def plot_attention(
     if annotate:
         for i in range(T_q):
             for j in range(T_k):
-                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if w[i, j] < 0.6 * w.max() else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{w[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if w[i, j] < 0.6 * w.max() else "black",
+                )
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return ax
@@ -88,8 +109,15 @@ def plot_attention_grid(
     fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
     for r in range(rows):
         for c in range(cols):
-            plot_attention(w[r, c], x_labels, y_labels, ax=axes[r, c], annotate=False, colorbar=False,
-                           title=f"{row_title} {r}, {col_title} {c}")
+            plot_attention(
+                w[r, c],
+                x_labels,
+                y_labels,
+                ax=axes[r, c],
+                annotate=False,
+                colorbar=False,
+                title=f"{row_title} {r}, {col_title} {c}",
+            )
             if c:
                 axes[r, c].set_ylabel("")
                 axes[r, c].set_yticklabels([])
@@ -97,3 +125,82 @@ def plot_attention_grid(
                 axes[r, c].set_xlabel("")
     fig.tight_layout()
     return fig
+
+
+def softmax_jacobian(weights: Tensor) -> Tensor:
+    """Jacobian of the softmax, written with its output: ``diag(p) - p p^T`` (chapter 3).
+
+    Args:
+        weights: ``(..., n)`` softmax outputs ``p`` (each row sums to 1), for example one row of
+            attention weights per query.
+
+    Returns:
+        ``(..., n, n)`` tensor ``J`` with ``J[..., i, j] = d p_i / d s_j``, where ``p = softmax(s)``.
+        ``J`` is symmetric, its rows sum to 0, and it tends to 0 as ``p`` tends to one-hot.
+    """
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
+    if weights.dim() < 1:
+        raise ValueError("weights must have at least 1 dimension (..., n), got a 0-d tensor")
+    if not weights.is_floating_point():
+        raise TypeError(f"weights must be a floating-point tensor, got dtype {weights.dtype}")
+    p = weights
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
+
+
+def softmax_with_temperature(scores: Tensor, temperature: float, dim: int = -1) -> Tensor:
+    """``softmax(scores / T)`` along ``dim`` (chapter 3).
+
+    ``T < 1`` sharpens the weights towards one-hot (the argmax as ``T -> 0``), ``T > 1`` flattens
+    them towards uniform. Scaled dot-product attention is this with ``T = sqrt(d_k)``.
+    """
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    T = float(temperature)
+    if not (T > 0.0 and np.isfinite(T)):
+        raise ValueError(
+            f"temperature must be a finite number > 0, got {temperature} (T -> 0 gives the argmax, T -> inf uniform)"
+        )
+    return torch.softmax(scores / T, dim=dim)
+
+
+def live_figure(draw: Callable, dpi: int = 80, **controls):
+    """Widgets above a figure that ``draw`` redraws whenever one of them changes (chapter 3).
+
+    ``draw(**values)`` receives each control's current value under the control's keyword name and
+    returns a matplotlib figure, or ``(figure, caption)``. The figure is rendered to PNG bytes
+    inside an ``ipywidgets.Image`` and closed, so a notebook cell that displays the returned box has
+    one output, the widget, identical on every run (which nbval needs), while the picture itself is
+    kept in the widget state that the static book shows.
+
+    Returns an ``ipywidgets.VBox`` (controls, image, caption); show it with
+    ``IPython.display.display``. Example: ``display(live_figure(draw, d_k=IntSlider(64, 1, 1024)))``.
+    """
+    import ipywidgets as widgets  # only the notebooks need ipywidgets, so import it here
+
+    if not callable(draw):
+        raise TypeError(f"draw must be a function returning a figure, got {type(draw).__name__}")
+    if not controls:
+        raise ValueError("live_figure needs at least one control, for example d_k=ipywidgets.IntSlider(...)")
+    for name, control in controls.items():
+        if not isinstance(control, widgets.ValueWidget):
+            raise TypeError(
+                f"control {name!r} must be an ipywidgets widget with a value (a slider, checkbox, ...), "
+                f"got {type(control).__name__}"
+            )
+    image, caption = widgets.Image(format="png"), widgets.Label()
+
+    def update(_change=None) -> None:
+        result = draw(**{name: control.value for name, control in controls.items()})
+        fig, text = result if isinstance(result, tuple) else (result, "")
+        if not isinstance(fig, plt.Figure):
+            raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        image.value, caption.value = buffer.getvalue(), str(text)
+
+    for control in controls.values():
+        control.observe(update, names="value")
+    update()
+    return widgets.VBox([widgets.HBox(list(controls.values())), image, caption])

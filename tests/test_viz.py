@@ -1,0 +1,245 @@
+"""Tests for transformer_lib/viz.py: entropy, softmax Jacobian and temperature, and the heatmap helpers."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+
+import transformer_lib as tl
+import transformer_lib.viz as viz
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+# --------------------------------------------------------------------------------------------
+# softmax_entropy
+# --------------------------------------------------------------------------------------------
+
+
+def test_entropy_of_one_hot_is_zero_and_of_uniform_is_log_n():
+    w = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    h = viz.softmax_entropy(w)
+    assert h.shape == (2,)
+    torch.testing.assert_close(h, torch.tensor([0.0, math.log(4)]))
+
+
+def test_entropy_matches_the_definition_and_zero_weights_add_nothing(gen):
+    p = torch.softmax(torch.randn(3, 5, 7, generator=gen, dtype=torch.float64), dim=-1)
+    torch.testing.assert_close(viz.softmax_entropy(p), -(p * p.log()).sum(-1))
+    padded = torch.cat([p, torch.zeros(3, 5, 2, dtype=torch.float64)], dim=-1)  # masked keys get weight 0
+    torch.testing.assert_close(viz.softmax_entropy(padded), viz.softmax_entropy(p))
+    assert not torch.isnan(viz.softmax_entropy(torch.zeros(2, 3))).any()
+
+
+def test_entropy_along_another_axis(gen):
+    p = torch.softmax(torch.randn(4, 6, generator=gen), dim=0)
+    torch.testing.assert_close(viz.softmax_entropy(p, dim=0), viz.softmax_entropy(p.T))
+
+
+def test_entropy_lies_between_zero_and_log_n(gen):
+    p = torch.softmax(3 * torch.randn(100, 9, generator=gen), dim=-1)
+    h = viz.softmax_entropy(p)
+    assert (h >= -1e-6).all() and (h <= math.log(9) + 1e-6).all()
+
+
+# --------------------------------------------------------------------------------------------
+# softmax_jacobian
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 4), (2, 3, 6)])
+def test_softmax_jacobian_equals_autograd(gen, shape):
+    s = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    J = viz.softmax_jacobian(torch.softmax(s, dim=-1))
+    n = shape[-1]
+    assert J.shape == (*shape, n)
+    for row, J_row in zip(s.reshape(-1, n), J.reshape(-1, n, n), strict=True):
+        auto = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, dim=-1), row)
+        torch.testing.assert_close(J_row, auto)
+
+
+def test_softmax_jacobian_is_symmetric_rows_sum_to_zero_and_vanishes_at_one_hot(gen):
+    p = torch.softmax(torch.randn(4, 7, generator=gen, dtype=torch.float64), dim=-1)
+    J = viz.softmax_jacobian(p)
+    torch.testing.assert_close(J, J.transpose(-2, -1))
+    torch.testing.assert_close(J.sum(-1), torch.zeros(4, 7, dtype=torch.float64))
+    one_hot = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    assert torch.equal(viz.softmax_jacobian(one_hot), torch.zeros(4, 4))
+
+
+def test_softmax_jacobian_entries_are_bounded_by_one_minus_the_largest_weight(gen):
+    """Exercise ex-03-4: if the largest weight is 1 - eps, every entry of J is at most eps in size."""
+    p = torch.softmax(5 * torch.randn(500, 8, generator=gen, dtype=torch.float64), dim=-1)
+    eps = 1 - p.max(dim=-1).values  # (500,)
+    J = viz.softmax_jacobian(p)  # (500, 8, 8)
+    assert (J.abs().amax(dim=(-2, -1)) <= eps + 1e-12).all()
+
+
+def test_softmax_jacobian_keeps_dtype():
+    assert viz.softmax_jacobian(torch.full((3,), 1 / 3, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "bad, error, phrase",
+    [
+        ([0.5, 0.5], TypeError, "must be a torch.Tensor"),
+        (torch.tensor(1.0), ValueError, "at least 1 dimension"),
+        (torch.tensor([0, 1]), TypeError, "floating-point"),
+    ],
+)
+def test_softmax_jacobian_errors(bad, error, phrase):
+    with pytest.raises(error, match=phrase):
+        viz.softmax_jacobian(bad)
+
+
+# --------------------------------------------------------------------------------------------
+# softmax_with_temperature
+# --------------------------------------------------------------------------------------------
+
+
+def test_temperature_one_is_the_plain_softmax(gen):
+    s = torch.randn(3, 5, generator=gen)
+    torch.testing.assert_close(viz.softmax_with_temperature(s, 1.0), torch.softmax(s, dim=-1))
+    torch.testing.assert_close(viz.softmax_with_temperature(s, 2.0, dim=0), torch.softmax(s / 2, dim=0))
+
+
+def test_temperature_sharpens_and_flattens():
+    s = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    entropies = [float(viz.softmax_entropy(viz.softmax_with_temperature(s, T))) for T in (0.01, 0.5, 1, 2, 100)]
+    assert entropies == sorted(entropies)
+    torch.testing.assert_close(viz.softmax_with_temperature(s, 0.01), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    torch.testing.assert_close(viz.softmax_with_temperature(s, 1e6), torch.full((4,), 0.25), atol=1e-5, rtol=0)
+
+
+def test_temperature_sqrt_dk_is_scaled_dot_product_attention(gen):
+    q = torch.randn(2, 3, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    _, w = tl.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(viz.softmax_with_temperature(q @ k.transpose(-2, -1), math.sqrt(16)), w)
+
+
+@pytest.mark.parametrize("T", [0.0, -1.0, float("inf"), float("nan")])
+def test_temperature_must_be_positive_and_finite(T):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        viz.softmax_with_temperature(torch.zeros(3), T)
+
+
+def test_temperature_needs_a_tensor():
+    with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
+        viz.softmax_with_temperature([1.0, 2.0], 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# plot_attention and plot_attention_grid
+# --------------------------------------------------------------------------------------------
+
+
+def test_plot_attention_draws_labels_and_annotations():
+    w = torch.softmax(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), dim=-1)
+    ax = tl.viz.plot_attention(w, x_labels=list("abcd"), y_labels=list("xyz"), title="weights")
+    assert isinstance(ax, plt.Axes)
+    assert ax.get_title() == "weights"
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("abcd")
+    assert [t.get_text() for t in ax.get_yticklabels()] == list("xyz")
+    assert ax.get_xlabel() == "key" and ax.get_ylabel() == "query"
+    assert len(ax.texts) == 12  # one number per cell for a small matrix
+    assert len(ax.figure.axes) == 2  # the heatmap and its colour bar
+    np.testing.assert_allclose(ax.images[0].get_array(), w.numpy(), rtol=1e-6)
+
+
+def test_plot_attention_accepts_numpy_and_an_existing_axes():
+    fig, ax = plt.subplots()
+    out = viz.plot_attention(np.full((20, 20), 0.05), ax=ax, colorbar=False)
+    assert out is ax
+    assert len(ax.texts) == 0  # large matrices are not annotated by default
+    assert len(fig.axes) == 1
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3, 4)])
+def test_plot_attention_rejects_non_matrices(shape):
+    with pytest.raises(ValueError, match=r"expects a 2-D \(T_q, T_k\) matrix"):
+        viz.plot_attention(torch.zeros(shape))
+
+
+def test_plot_attention_rejects_labels_of_the_wrong_length():
+    with pytest.raises(ValueError, match="x_labels has 3 entries but the matrix has 4"):
+        viz.plot_attention(torch.zeros(2, 4), x_labels=list("abc"))
+    with pytest.raises(ValueError, match="y_labels has 1 entries but the matrix has 2"):
+        viz.plot_attention(torch.zeros(2, 4), y_labels=["a"])
+
+
+def test_plot_attention_grid_layout():
+    w = torch.softmax(torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
+    fig = viz.plot_attention_grid(w, row_title="layer", col_title="head")
+    assert isinstance(fig, plt.Figure)
+    assert len(fig.axes) == 6
+    assert fig.axes[0].get_title() == "layer 0, head 0"
+    assert fig.axes[5].get_title() == "layer 1, head 2"
+
+
+def test_plot_attention_grid_treats_3d_input_as_one_row():
+    fig = viz.plot_attention_grid(np.full((3, 2, 2), 0.5))
+    assert len(fig.axes) == 3
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (1, 2, 3, 4, 5)])
+def test_plot_attention_grid_rejects_bad_shapes(shape):
+    with pytest.raises(ValueError, match=r"expects \(rows, cols, T_q, T_k\)"):
+        viz.plot_attention_grid(torch.zeros(shape))
+
+
+# --------------------------------------------------------------------------------------------
+# live_figure
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def widgets():
+    return pytest.importorskip("ipywidgets")
+
+
+def bars(n, label="x"):
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    ax.bar(range(n), np.arange(n))
+    return fig, f"{label}: {n} bars"
+
+
+def test_live_figure_draws_and_redraws_when_a_control_changes(widgets):
+    slider = widgets.IntSlider(value=2, min=1, max=5)
+    box = viz.live_figure(bars, n=slider, label=widgets.Text(value="bars"))
+    controls, image, caption = box.children
+    assert list(controls.children)[0] is slider
+    first = image.value
+    assert first[:8] == b"\x89PNG\r\n\x1a\n"
+    assert caption.value == "bars: 2 bars"
+    slider.value = 4
+    assert caption.value == "bars: 4 bars" and image.value != first
+    assert plt.get_fignums() == []  # every drawn figure is closed
+
+
+def test_live_figure_accepts_a_bare_figure(widgets):
+    box = viz.live_figure(lambda n: bars(n)[0], n=widgets.IntSlider(value=3))
+    assert box.children[2].value == ""
+    assert box.children[1].value[:4] == b"\x89PNG"
+
+
+def test_live_figure_errors(widgets):
+    with pytest.raises(TypeError, match="draw must be a function"):
+        viz.live_figure("not a function", n=widgets.IntSlider())
+    with pytest.raises(ValueError, match="at least one control"):
+        viz.live_figure(bars)
+    with pytest.raises(TypeError, match="control 'n' must be an ipywidgets widget with a value"):
+        viz.live_figure(bars, n=3)
+    with pytest.raises(TypeError, match="draw must return a matplotlib Figure"):
+        viz.live_figure(lambda n: n, n=widgets.IntSlider())
