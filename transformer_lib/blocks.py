@@ -57,8 +57,14 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.0,
-        norm_first: bool = False, activation: str = "relu", bias: bool = True,
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation: str = "relu",
+        bias: bool = True,
     ):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
@@ -88,8 +94,15 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.0,
-        norm_first: bool = False, cross_attention: bool = True, activation: str = "relu", bias: bool = True,
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        cross_attention: bool = True,
+        activation: str = "relu",
+        bias: bool = True,
     ):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
@@ -102,8 +115,12 @@ class DecoderLayer(nn.Module):
         self.self_attn_weights = self.cross_attn_weights = None
 
     def forward(
-        self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None, need_weights: bool = False,
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        need_weights: bool = False,
     ) -> Tensor:
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
@@ -128,8 +145,16 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
     """A stack of ``n_layers`` :class:`EncoderLayer`; pre-LN stacks end with a final LayerNorm."""
 
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int | None = None,
-                 dropout: float = 0.0, norm_first: bool = False, activation: str = "relu"):
+    def __init__(
+        self,
+        n_layers: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation: str = "relu",
+    ):
         super().__init__()
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, activation) for _ in range(n_layers)
@@ -145,9 +170,17 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm."""
 
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int | None = None,
-                 dropout: float = 0.0, norm_first: bool = False, cross_attention: bool = True,
-                 activation: str = "relu"):
+    def __init__(
+        self,
+        n_layers: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        cross_attention: bool = True,
+        activation: str = "relu",
+    ):
         super().__init__()
         self.layers = nn.ModuleList(
             DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, cross_attention, activation)
@@ -155,8 +188,39 @@ class Decoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
         for layer in self.layers:
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights)
         return self.norm(x)  # (B, T, d_model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 7 additions: where the gradient goes in a stack of layers.
+# ---------------------------------------------------------------------------------------------
+
+
+def layer_grad_norms(layers: nn.ModuleList | list[nn.Module]) -> Tensor:
+    """The L2 norm of each layer's parameter gradients, a float32 tensor ``(n_layers,)`` (chapter 7).
+
+    Call it after ``loss.backward()``, for example on ``encoder.layers``. All of a layer's
+    parameters count together, as one long vector; a parameter without a gradient counts as
+    zero. Chapter 7 uses it to compare how the gradient spreads over the layers of a deep
+    post-LN stack and a deep pre-LN stack.
+    """
+    import torch
+
+    norms = []
+    for layer in layers:
+        squares = [p.grad.detach().float().pow(2).sum() for p in layer.parameters() if p.grad is not None]
+        norms.append(torch.stack(squares).sum().sqrt().cpu() if squares else torch.zeros(()))
+    return torch.stack(norms) if norms else torch.zeros(0)
+
+
+__all__ += ["layer_grad_norms"]
