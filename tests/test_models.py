@@ -144,3 +144,12 @@ def test_models_run_on_cuda(gen):
     assert model.generate(idx, 3).device.type == "cuda"
     t = tiny_transformer().cuda().eval()
     assert t.greedy_decode(idx + 3, 4).device.type == "cuda"
+
+
+def test_gpt_bias_flag_removes_every_bias():
+    with_bias = tiny_gpt(bias=True)
+    without = tiny_gpt(bias=False)
+    assert any(name.endswith("bias") for name, _ in with_bias.named_parameters())
+    assert not any(name.endswith("bias") for name, _ in without.named_parameters())
+    logits, _ = without(torch.zeros(1, 4, dtype=torch.long))
+    assert logits.shape == (1, 4, 11)

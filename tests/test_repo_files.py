@@ -1,5 +1,6 @@
 """Checks of the repository's own configuration: CI workflow, Binder, table of contents."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -57,3 +58,13 @@ def test_every_chapter_is_in_the_table_of_contents():
 def test_requirements_bound_the_big_dependencies(name):
     lines = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith(name)]
     assert lines and "<" in lines[0], f"{name} needs an upper bound"
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebook_opens_with_the_colab_setup_cell(notebook):
+    """The first cell installs the library only in Colab; the book hides it and nbval skips it."""
+    first = json.loads(notebook.read_text(encoding="utf-8"))["cells"][0]
+    source = "".join(first["source"])
+    assert first["cell_type"] == "code"
+    assert source.startswith("# NBVAL_SKIP") and '"google.colab" in sys.modules' in source
+    assert "remove-cell" in first["metadata"].get("tags", [])

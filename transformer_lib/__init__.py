@@ -39,6 +39,7 @@ __all__ = [
     "apply_rotary",
     "causal_mask",
     "combine_masks",
+    "data",
     "exercises",
     "masked_softmax",
     "head_contributions",
@@ -50,8 +51,9 @@ __all__ = [
     "set_seed",
     "sinusoidal_encoding",
     "split_heads",
+    "train",
     "viz",
 ]
 
 # last: the exercise checks compare against the names above
-from . import exercises, viz  # noqa: E402, I001
+from . import data, exercises, train, viz  # noqa: E402, I001

@@ -154,12 +154,13 @@ class Encoder(nn.Module):
         dropout: float = 0.0,
         norm_first: bool = False,
         activation: str = "relu",
+        bias: bool = True,
     ):
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, activation) for _ in range(n_layers)
+            EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, activation, bias) for _ in range(n_layers)
         )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
         for layer in self.layers:
@@ -180,13 +181,14 @@ class Decoder(nn.Module):
         norm_first: bool = False,
         cross_attention: bool = True,
         activation: str = "relu",
+        bias: bool = True,
     ):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, cross_attention, activation)
+            DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, cross_attention, activation, bias)
             for _ in range(n_layers)
         )
-        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
 
     def forward(
         self,

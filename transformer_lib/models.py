@@ -31,7 +31,7 @@ def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, name: str = "tok
         raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
     if ids.shape[1] > max_len:
         raise ValueError(f"{name}: sequence length {ids.shape[1]} is longer than the model's maximum length {max_len}")
-    if ids.numel() and not (ids.is_cuda and torch.is_grad_enabled()):
+    if ids.numel() and not (ids.is_cuda and torch.is_grad_enabled()) and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got values from {lo} to {hi}")
@@ -188,6 +188,7 @@ class GPT(nn.Module):
             norm_first=True,
             cross_attention=False,
             activation="gelu",
+            bias=c.bias,
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(_init_weights)
