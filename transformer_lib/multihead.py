@@ -96,8 +96,9 @@ class MultiHeadAttention(nn.Module):
         B, T_q, _ = query.shape
         T_k = key.shape[1]
         check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
-        fused_causal = is_causal and mask is None and T_q == T_k
-        if is_causal:
+        # the pure causal case goes to the fused kernel's causal (flash) path with no mask at all
+        fused_causal = is_causal and mask is None and T_q == T_k and not need_weights
+        if is_causal and not fused_causal:
             causal = causal_mask(T_q, T_k, device=query.device)  # (T_q, T_k)
             mask = causal if mask is None else mask & causal
         q = split_heads(self.q_proj(query), self.n_heads)  # (B, h, T_q, d_k)
@@ -109,7 +110,6 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = None
             if fused_causal:
-                # the pure causal case: let the fused kernel pick its causal (flash) path
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             elif mask is None:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, h, T_q, d_k)

@@ -1,0 +1,474 @@
+"""Attention's cost against the sequence length: the hand-written path, the fused one, and PyTorch's
+kernel called directly.
+
+Three ways to compute the same causal multi-head self-attention of ``x (B, T, d_model)``:
+
+* ``handwritten``: ``tl.MultiHeadAttention(need_weights=True)``, which runs the library's
+  :func:`tl.scaled_dot_product_attention` and builds the ``(B, h, T, T)`` score matrix;
+* ``fused``: the same module with ``need_weights=False``, which calls
+  :func:`torch.nn.functional.scaled_dot_product_attention` (no score matrix is kept);
+* ``direct``: the module's own projections, then ``F.scaled_dot_product_attention`` on the
+  projected ``q, k, v``, written out here with nothing else: what the library's fused path costs
+  at least.
+
+For each sequence length ``T`` it times the forward pass (under ``torch.no_grad``) and the
+forward plus backward pass (gradients of the input and every parameter), taking turns between
+the variants and reporting medians, and measures the peak memory of one call: on a GPU with
+``torch.cuda.max_memory_allocated``; on the CPU by replaying the allocations and frees that
+``torch.profiler`` records (``profile_memory=True``). Beside them it reports the size of one
+score matrix, ``B * h * T^2 * bytes per element``. The numbers go to ``attention_scaling.json``
+and a log-log figure to ``attention_scaling.png`` (``attention_scaling_cuda.png`` for a GPU run).
+
+Targets: ``fused / direct`` within 5% (0.95 to 1.05); the hand-written path's memory grows as
+``T^2`` while the fused one grows as ``T``.
+
+    python -m benchmarks.attention                      # CPU sweep, T = 64 ... 4096 (about 3 minutes)
+    python -m benchmarks.attention --device cuda        # T = 64 ... 16384, float32 and bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import transformer_lib as tl
+
+from .common import (
+    HERE,
+    add_record_flags,
+    append_result,
+    default_threads,
+    format_table,
+    machine_info,
+    median,
+    set_threads,
+    synchronize,
+    time_call,
+)
+
+VARIANTS = ("handwritten", "fused", "direct")
+PASSES = ("forward", "forward+backward")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+JSON_FILE = HERE / "attention_scaling.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# The three variants
+# ---------------------------------------------------------------------------------------------
+
+
+def direct_attention(mha: tl.MultiHeadAttention, x: Tensor, causal: bool = True) -> Tensor:
+    """The module's projections and ``F.scaled_dot_product_attention``, nothing else: ``(B, T, d_model)``."""
+    B, T, d_model = x.shape
+    h, d_k = mha.n_heads, mha.d_k
+    q = mha.q_proj(x).view(B, T, h, d_k).transpose(1, 2)  # (B, h, T, d_k)
+    k = mha.k_proj(x).view(B, T, h, d_k).transpose(1, 2)  # (B, h, T, d_k)
+    v = mha.v_proj(x).view(B, T, h, d_k).transpose(1, 2)  # (B, h, T, d_k)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, h, T, d_k)
+    return mha.out_proj(out.transpose(1, 2).reshape(B, T, d_model))  # (B, T, d_model)
+
+
+def attention_fn(variant: str, mha: tl.MultiHeadAttention, causal: bool = True) -> Callable[[Tensor], Tensor]:
+    """``x (B, T, d_model) -> output (B, T, d_model)`` for one of :data:`VARIANTS`."""
+    if variant == "handwritten":
+        return lambda x: mha(x, x, x, need_weights=True, is_causal=causal)[0]
+    if variant == "fused":
+        return lambda x: mha(x, x, x, need_weights=False, is_causal=causal)[0]
+    if variant == "direct":
+        return lambda x: direct_attention(mha, x, causal)
+    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def make_call(fn: Callable[[Tensor], Tensor], x: Tensor, grad_out: Tensor, params: list[Tensor], pass_: str):
+    """A no-argument callable running one pass of ``fn`` on ``x``."""
+    if pass_ == "forward":
+
+        def forward() -> None:
+            with torch.no_grad():
+                fn(x)
+
+        return forward
+
+    def forward_backward() -> None:
+        out = fn(x)
+        torch.autograd.grad(out, [x, *params], grad_out)  # gradients of the input and every parameter
+
+    return forward_backward
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak memory
+# ---------------------------------------------------------------------------------------------
+
+
+def cpu_peak_bytes(call: Callable[[], None]) -> int:
+    """Peak bytes allocated on the CPU during ``call()``, above what was allocated before it.
+
+    ``torch.profiler`` with ``profile_memory=True`` records every allocation (positive size) and
+    free (negative size); their running sum, in time order, is the memory in use.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    in_use = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        in_use += e.nbytes()  # > 0: allocated, < 0: freed
+        peak = max(peak, in_use)
+    return peak
+
+
+def cuda_peak_bytes(call: Callable[[], None]) -> int:
+    """Peak bytes allocated on the GPU during ``call()``, above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def peak_bytes(call: Callable[[], None], device: torch.device) -> int:
+    return cuda_peak_bytes(call) if device.type == "cuda" else cpu_peak_bytes(call)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def time_in_turns(
+    calls: dict[str, Callable[[], None]], device: torch.device, budget_s: float, max_reps: int
+) -> tuple[dict[str, float], dict[str, int], dict[str, str]]:
+    """Median seconds per call of each of ``calls``, timed in turns (A B C A B C ...).
+
+    One untimed warm-up call each sets how many timed calls fit in ``budget_s`` (at least 1, at
+    most ``max_reps``). Returns ``(medians, repeats, failed)``; ``failed`` names the calls that
+    ran out of memory (they are left out of the rest).
+    """
+    first, failed = {}, {}
+    for v, call in calls.items():
+        try:
+            first[v] = time_call(call, device)
+        except RuntimeError as e:
+            if not _is_oom(e):
+                raise
+            failed[v] = "out of memory"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    reps = {v: max(1, min(max_reps, int(budget_s / t))) for v, t in first.items()}
+    times: dict[str, list[float]] = {v: [] for v in first}
+    for i in range(max(reps.values(), default=0)):
+        for v in first:
+            if i < reps[v]:
+                times[v].append(time_call(calls[v], device))
+    return {v: median(t) for v, t in times.items()}, reps, failed
+
+
+def sweep(
+    seq_lens: list[int],
+    batch_size: int = 1,
+    d_model: int = 128,
+    n_heads: int = 4,
+    device: str = "cpu",
+    dtypes: tuple[str, ...] = ("float32",),
+    budget_s: float = 2.0,
+    max_reps: int = 20,
+    max_call_s: float = 30.0,
+    skip_handwritten_backward_above: int | None = None,
+    measure_memory: bool = True,
+    causal: bool = True,
+    seed: int = 0,
+) -> dict:
+    """Time (and measure the memory of) every variant, pass, dtype and length; returns a dict.
+
+    ``rows`` holds one dict per (dtype, T, pass, variant) with ``time_s`` (median of ``reps``
+    calls, taken in turns with the other variants), ``peak_bytes`` (one call; ``None`` when not
+    measured), ``score_bytes`` (one ``(B, h, T, T)`` score matrix) and ``skipped`` (why a point
+    was not run, else ``None``). Each variant gets about ``budget_s`` seconds of timed calls per
+    point (at most ``max_reps``, at least one): fewer repeats at large ``T``. The
+    hand-written backward is skipped above ``skip_handwritten_backward_above``, and any variant
+    whose time at the previous length, scaled by ``(T / T_prev)^2``, predicts a call longer than
+    ``max_call_s``.
+    """
+    device = torch.device(device)
+    rows = []
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        torch.manual_seed(seed)
+        mha = tl.MultiHeadAttention(d_model, n_heads).to(device=device, dtype=dtype)
+        params = list(mha.parameters())
+        fns = {v: attention_fn(v, mha, causal) for v in VARIANTS}
+        last_time: dict[tuple[str, str], tuple[int, float]] = {}  # (variant, pass) -> (T, seconds)
+        too_big: set[tuple[str, str]] = set()  # (variant, pass) that ran out of memory
+        for T in seq_lens:
+            g = torch.Generator().manual_seed(seed + T)
+            x = torch.randn(batch_size, T, d_model, generator=g).to(device=device, dtype=dtype).requires_grad_()
+            grad_out = torch.randn(batch_size, T, d_model, generator=g).to(device=device, dtype=dtype)
+            score_bytes = batch_size * n_heads * T * T * x.element_size()
+            for pass_ in PASSES:
+                calls, skipped = {}, {}
+                for v in VARIANTS:
+                    prev = last_time.get((v, pass_))
+                    if (v, pass_) in too_big:
+                        skipped[v] = "skipped: out of memory at a shorter length"
+                        continue
+                    limit = skip_handwritten_backward_above
+                    if v == "handwritten" and pass_ != "forward" and limit is not None and T > limit:
+                        skipped[v] = f"skipped above T={limit} (--skip-handwritten-backward-above)"
+                        continue
+                    if prev is not None and prev[1] * (T / prev[0]) ** 2 > max_call_s:
+                        skipped[v] = f"skipped: one call would take about {prev[1] * (T / prev[0]) ** 2:.0f} s"
+                        continue
+                    calls[v] = make_call(fns[v], x, grad_out, params, pass_)
+                medians, reps, failed = time_in_turns(calls, device, budget_s, max_reps)
+                for v, why in failed.items():
+                    skipped[v] = why
+                    too_big.add((v, pass_))
+                for v in VARIANTS:
+                    row = {
+                        "dtype": dtype_name, "T": T, "pass": pass_, "variant": v, "time_s": None, "reps": 0,
+                        "peak_bytes": None, "score_bytes": score_bytes, "skipped": skipped.get(v),
+                    }  # fmt: skip
+                    if v in medians:
+                        row["time_s"], row["reps"] = medians[v], reps[v]
+                        last_time[(v, pass_)] = (T, medians[v])
+                        if measure_memory:
+                            row["peak_bytes"] = peak_bytes(calls[v], device)
+                    rows.append(row)
+                del calls
+            del x, grad_out
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    settings = dict(
+        device=device.type, batch_size=batch_size, d_model=d_model, n_heads=n_heads, d_k=d_model // n_heads,
+        causal=causal, dtypes=list(dtypes), seq_lens=list(seq_lens), budget_s=budget_s,
+        threads=torch.get_num_threads(), seed=seed,
+    )  # fmt: skip
+    return {"settings": settings, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports: table, JSON, figure, summary
+# ---------------------------------------------------------------------------------------------
+
+
+def _find(rows: list[dict], **match) -> dict | None:
+    return next((r for r in rows if all(r[k] == v for k, v in match.items())), None)
+
+
+def _ms(row: dict | None) -> str:
+    return "-" if row is None or row["time_s"] is None else f"{1000 * row['time_s']:.3g}"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.3g}"
+
+
+def _ratio(a: dict | None, b: dict | None) -> float | None:
+    if a is None or b is None or a["time_s"] is None or b["time_s"] is None:
+        return None
+    return a["time_s"] / b["time_s"]
+
+
+def report(result: dict) -> str:
+    """One table per dtype and pass: times in ms, ratios, peak memory and score-matrix size in MiB."""
+    rows, out = result["rows"], []
+    s = result["settings"]
+    for dtype in s["dtypes"]:
+        for pass_ in PASSES:
+            table = []
+            for T in s["seq_lens"]:
+                hw, fu, di = (_find(rows, dtype=dtype, T=T, variant=v, **{"pass": pass_}) for v in VARIANTS)
+                hw_fu, fu_di = _ratio(hw, fu), _ratio(fu, di)
+                table.append(
+                    [
+                        T, _ms(hw), _ms(fu), _ms(di),
+                        "-" if hw_fu is None else f"{hw_fu:.2f}", "-" if fu_di is None else f"{fu_di:.3f}",
+                        _mb(hw["peak_bytes"]), _mb(fu["peak_bytes"]), _mb(di["peak_bytes"]), _mb(hw["score_bytes"]),
+                        "/".join(str(r["reps"]) for r in (hw, fu, di)),
+                    ]
+                )  # fmt: skip
+            headers = [
+                "T", "hand ms", "fused ms", "direct ms", "hand/fused", "fused/direct",
+                "hand MiB", "fused MiB", "direct MiB", "scores MiB", "reps h/f/d",
+            ]  # fmt: skip
+            out.append(f"{dtype}, {pass_} (B={s['batch_size']}, d_model={s['d_model']}, h={s['n_heads']}):")
+            out.append(format_table(headers, table))
+            here = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_ and r["skipped"]]
+            notes = sorted({f"{r['variant']} at T={r['T']}: {r['skipped']}" for r in here})
+            out.extend(f"  {n}" for n in notes)
+            out.append("")
+    return "\n".join(out)
+
+
+def summary(result: dict) -> dict[str, str]:
+    """The few numbers that go into the results file."""
+    rows, s = result["rows"], result["settings"]
+    out = {}
+    for dtype in s["dtypes"]:
+        tag = "" if dtype == "float32" else f"{dtype}_"
+        for pass_, short in zip(PASSES, ("fwd", "fwdbwd"), strict=True):
+            ratios = {}
+            for T in s["seq_lens"]:
+                fu, di = (_find(rows, dtype=dtype, T=T, variant=v, **{"pass": pass_}) for v in ("fused", "direct"))
+                r = _ratio(fu, di)
+                if r is not None:
+                    ratios[T] = r
+            if ratios:
+                within = sum(abs(r - 1) <= 0.05 for r in ratios.values())
+                out[f"{tag}fused/direct_{short}"] = f"{min(ratios.values()):.3f}..{max(ratios.values()):.3f}"
+                out[f"{tag}within5%_{short}"] = f"{within}/{len(ratios)}"
+            speedups = {}
+            for T in s["seq_lens"]:
+                hw, fu = (_find(rows, dtype=dtype, T=T, variant=v, **{"pass": pass_}) for v in ("handwritten", "fused"))
+                r = _ratio(hw, fu)
+                if r is not None:
+                    speedups[T] = (r, hw, fu)
+            if speedups:
+                T = max(speedups)
+                r, hw, fu = speedups[T]
+                out[f"{tag}hand/fused_{short}@T={T}"] = f"{r:.2f}x"
+                if hw["peak_bytes"] is not None and fu["peak_bytes"] is not None:
+                    out[f"{tag}peak_MiB_{short}@T={T}"] = f"hand {_mb(hw['peak_bytes'])} fused {_mb(fu['peak_bytes'])}"
+    return out
+
+
+def save_json(result: dict, path: str | Path = JSON_FILE) -> Path:
+    """Write ``result`` under its device's key (``"cpu"`` or ``"cuda"``), keeping the other device's numbers."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[result["settings"]["device"]] = {
+        **machine_info(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        **result,
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def plot(result: dict, path: str | Path, dtype: str = "float32") -> Path:
+    """Time and peak memory against T, log-log, hand-written against fused (the GPT chapter's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, s = result["rows"], result["settings"]
+    styles = {"handwritten": ("C3", "hand-written"), "fused": ("C0", "fused")}
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for variant, (color, label) in styles.items():
+        for pass_, line in zip(PASSES, ("--", "-"), strict=True):
+            pts = [r for r in rows if r["variant"] == variant and r["pass"] == pass_ and r["dtype"] == dtype]
+            t_pts = [(r["T"], r["time_s"] * 1000) for r in pts if r["time_s"] is not None]
+            m_pts = [(r["T"], r["peak_bytes"] / 2**20) for r in pts if r["peak_bytes"]]
+            if t_pts:
+                ax_t.plot(*zip(*t_pts, strict=True), line, marker="o", ms=3, color=color, label=f"{label}, {pass_}")
+            if m_pts:
+                ax_m.plot(*zip(*m_pts, strict=True), line, marker="o", ms=3, color=color, label=f"{label}, {pass_}")
+    scores = sorted({(r["T"], r["score_bytes"] / 2**20) for r in rows if r["dtype"] == dtype})
+    ax_m.plot(*zip(*scores, strict=True), ":", color="gray", label="one score matrix, B·h·T²·bytes")
+    for ax, ylabel in ((ax_t, "time per call (ms)"), (ax_m, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(s["seq_lens"], [str(T) for T in s["seq_lens"]])
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    ax_m.legend(fontsize=7)
+    where = "GPU" if s["device"] == "cuda" else f"CPU, {s['threads']} thread{'s' if s['threads'] > 1 else ''}"
+    fig.suptitle(
+        f"Causal self-attention, B={s['batch_size']}, d_model={s['d_model']}, h={s['n_heads']}, {dtype}, {where}\n"
+        "hand-written (tl.scaled_dot_product_attention) vs fused (F.scaled_dot_product_attention)",
+        fontsize=9,
+    )
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.attention",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--seq-lens", type=int, nargs="+", default=None, help="default: 64 ... 4096 on the CPU, 64 ... 16384 on a GPU"
+    )
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--d-model", type=int, default=None, help="default: 128 on the CPU, 384 on a GPU (the presets)")
+    parser.add_argument("--heads", type=int, default=None, help="default: 4 on the CPU, 6 on a GPU")
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=None,
+        choices=sorted(DTYPES),
+        help="default: float32 (CPU); float32, bfloat16 (GPU)",
+    )
+    parser.add_argument("--threads", type=int, default=default_threads(), help="torch.set_num_threads (CPU)")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed calls per variant and point")
+    parser.add_argument("--max-reps", type=int, default=20)
+    parser.add_argument("--max-call-s", type=float, default=30.0, help="skip a point whose call would take longer")
+    parser.add_argument("--skip-handwritten-backward-above", type=int, default=None, metavar="T")
+    parser.add_argument("--no-memory", action="store_true", help="do not measure peak memory")
+    parser.add_argument("--json", default=str(JSON_FILE), help="where the raw numbers go")
+    parser.add_argument("--figure", default=None, help="default: attention_scaling.png, or _cuda.png for a GPU")
+    add_record_flags(parser)
+    args = parser.parse_args(argv)
+
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        print("--device cuda needs a CUDA GPU; none is available.")
+        return 0
+    set_threads(args.threads)
+    seq_lens = args.seq_lens or [2**i for i in range(6, 15 if on_gpu else 13)]
+    dtypes = tuple(args.dtypes or (("float32", "bfloat16") if on_gpu else ("float32",)))
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here
+    result = sweep(
+        seq_lens,
+        batch_size=args.batch_size,
+        d_model=args.d_model or (384 if on_gpu else 128),
+        n_heads=args.heads or (6 if on_gpu else 4),
+        device=args.device,
+        dtypes=dtypes,
+        budget_s=args.budget,
+        max_reps=args.max_reps,
+        max_call_s=args.max_call_s,
+        skip_handwritten_backward_above=args.skip_handwritten_backward_above,
+        measure_memory=not args.no_memory,
+    )
+    print(report(result))
+    short = summary(result)
+    print("\n".join(f"{k}: {v}" for k, v in short.items()))
+    if not args.no_record:
+        print(f"\nraw numbers: {save_json(result, args.json)}")
+        figure = args.figure or HERE / ("attention_scaling_cuda.png" if on_gpu else "attention_scaling.png")
+        print(f"figure: {plot(result, figure, dtypes[0])}")
+        settings = {k: v for k, v in result["settings"].items() if k != "seq_lens"}
+        settings["T"] = f"{seq_lens[0]}..{seq_lens[-1]}"
+        settings["dtypes"] = "+".join(dtypes)
+        print(f"appended to {append_result('attention', settings, short, args.results)}")
+    synchronize(args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

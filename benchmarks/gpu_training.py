@@ -1,0 +1,224 @@
+"""GPU training throughput and model FLOPs utilisation (MFU) of ``tl.GPT``.
+
+Two shapes: the training command line's ``gpu`` preset (6 layers, 6 heads, d_model 384, context
+256, batch 64, Tiny Shakespeare's 65 characters) and GPT-2 small (12 layers, 12 heads, d_model
+768, context 1024, vocabulary 50304). Each trains on random tokens with bfloat16 autocast, TF32
+matmuls, fused AdamW and gradient clipping, once eagerly and once under ``torch.compile``;
+after a warm-up (which includes the compilation) it times ``rounds`` blocks of ``steps`` steps
+and reports the median tokens per second, the time per step, the peak memory and
+
+    MFU = tokens/s * (6 N + 12 L h d_k T) / peak FLOP/s,
+
+with ``N`` the parameters without the position embeddings and the peak the GPU's dense bf16
+rate (989.4 TFLOP/s for an H100 or H200; ``--peak-tflops`` for a GPU the table lacks).
+Without CUDA it says so and exits 0.
+
+    python -m benchmarks.gpu_training
+    python -m benchmarks.gpu_training --shapes gpt2-small --compile on --peak-tflops 312
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from torch import Tensor, nn
+
+import transformer_lib as tl
+
+from .common import add_record_flags, append_result, format_table, median, synchronize
+
+SHAPES: dict[str, dict] = {
+    "gpu-preset": dict(n_layers=6, n_heads=6, d_model=384, block_size=256, batch_size=64, vocab_size=65, dropout=0.2),
+    "gpt2-small": dict(
+        n_layers=12, n_heads=12, d_model=768, block_size=1024, batch_size=16, vocab_size=50304, dropout=0.0
+    ),
+}
+
+# Dense bf16 (float16 where the GPU has no bf16) tensor-core peaks in FLOP/s; the first name found
+# in the device's name wins, so the more specific names come first. Used when the trainer has no table.
+KNOWN_PEAKS: dict[str, float] = {
+    "H100 PCIe": 756e12,
+    "H100": 989.4e12,
+    "H200": 989.4e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10": 125e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``device_name``: the trainer's table if it has one, else ours."""
+    try:
+        from transformer_lib.train import gpu_peak_flops
+
+        found = gpu_peak_flops(device_name)
+        if found is not None:
+            return found
+    except ImportError:
+        pass
+    return next((flops for key, flops in KNOWN_PEAKS.items() if key in device_name), None)
+
+
+def flops_per_token(model: tl.GPT, T: int) -> float:
+    """Training FLOPs per token, ``6 N + 12 L h d_k T``: the trainer's function if it has one."""
+    try:
+        from transformer_lib.train import flops_per_token as trainer_flops_per_token
+
+        return trainer_flops_per_token(model, T)
+    except ImportError:
+        c = model.config
+        return 6 * model.num_params() + 12 * c.n_layers * c.d_model * T  # h * d_k = d_model
+
+
+def measure(
+    shape: dict,
+    compile: bool,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    warmup: int = 10,
+    steps: int = 50,
+    rounds: int = 3,
+    seed: int = 0,
+    peak: float | None = None,
+) -> dict:
+    """Train a GPT of ``shape`` on random tokens; returns tokens/s per round, their median, MFU and memory.
+
+    ``shape`` has the keys of :data:`SHAPES`. ``dtype`` is the autocast precision (``torch.float32``:
+    no autocast). ``peak`` is the hardware's FLOP/s; without it ``mfu`` is ``None``.
+    """
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(seed)
+    sizes = {k: shape[k] for k in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model", "dropout")}
+    model = tl.GPT(tl.GPTConfig(**sizes)).to(device).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=True if on_gpu else None)
+    step_model = torch.compile(model) if compile else model
+    B, T = shape["batch_size"], shape["block_size"]
+    g = torch.Generator().manual_seed(seed)
+    batches: list[tuple[Tensor, Tensor]] = []
+    for _ in range(8):
+        tokens = torch.randint(shape["vocab_size"], (B, T + 1), generator=g).to(device)  # (B, T + 1)
+        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    position = 0
+
+    def train_steps(n: int) -> Tensor:
+        nonlocal position
+        for _ in range(n):
+            x, y = batches[position % len(batches)]
+            position += 1
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                _, loss = step_model(x, y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    start = time.perf_counter()
+    train_steps(warmup)
+    synchronize(device)
+    warmup_s = time.perf_counter() - start
+    rates = []
+    for _ in range(rounds):
+        synchronize(device)
+        start = time.perf_counter()
+        loss = train_steps(steps)
+        synchronize(device)
+        rates.append(B * T * steps / (time.perf_counter() - start))
+    rate = median(rates)
+    per_token = flops_per_token(model, T)
+    return {
+        "tokens_per_s": rates,
+        "median_tokens_per_s": rate,
+        "ms_per_step": 1000 * B * T / rate,
+        "flops_per_token": per_token,
+        "mfu": per_token * rate / peak if peak else None,
+        "params": model.num_params(),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
+        "warmup_s": warmup_s,
+        "loss": loss.item(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_training",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--compile", choices=["off", "on", "both"], default="both", help="torch.compile the model")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (the compilation happens here)")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpt2-batch-size", type=int, default=SHAPES["gpt2-small"]["batch_size"])
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: looked up)"
+    )
+    add_record_flags(parser)
+    args = parser.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        print("gpu_training needs a CUDA GPU and this machine has none; nothing to measure.")
+        return 0
+    name = torch.cuda.get_device_name()
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(name)
+    if peak is None:
+        print(f"the peak FLOP/s of {name!r} is not known: MFU is left out (give it with --peak-tflops)")
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    compile_modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    table, records = [], {}
+    for shape_name in args.shapes:
+        shape = dict(SHAPES[shape_name])
+        if shape_name == "gpt2-small":
+            shape["batch_size"] = args.gpt2_batch_size
+        for compiled in compile_modes:
+            r = measure(shape, compiled, "cuda", dtype, args.warmup, args.steps, args.rounds, peak=peak)
+            mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            table.append(
+                [
+                    shape_name,
+                    "on" if compiled else "off",
+                    f"{r['params'] / 1e6:.1f}M",
+                    f"{r['median_tokens_per_s']:,.0f}",
+                    f"{r['ms_per_step']:.1f}",
+                    mfu,
+                    f"{r['peak_memory_bytes'] / 2**30:.1f}",
+                    f"{r['warmup_s']:.0f}",
+                ]
+            )
+            key = f"{shape_name}{'+compile' if compiled else ''}"
+            records[f"{key}_tok_s"] = f"{r['median_tokens_per_s']:.0f}"
+            records[f"{key}_mfu"] = mfu
+            torch.cuda.empty_cache()
+    headers = ["shape", "compile", "params", "tokens/s", "ms/step", "MFU", "peak GiB", "warm-up s"]
+    print(f"{name}, {dtype}, peak {peak / 1e12 if peak else '?'} TFLOP/s\n")
+    print(format_table(headers, table))
+    if not args.no_record:
+        settings = dict(
+            shapes="+".join(args.shapes),
+            gpt2_batch=args.gpt2_batch_size,
+            dtype=str(dtype).removeprefix("torch."),
+            warmup=args.warmup,
+            steps=args.steps,
+            rounds=args.rounds,
+            peak_tflops=peak / 1e12 if peak else None,
+        )
+        print(f"\nappended to {append_result('gpu_training', settings, records, args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Smoke tests of benchmarks/: each benchmark's core function at a tiny size, checking the structure
+of what it returns and the properties that make its comparison fair. No timing is asserted."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_lib as tl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
+
+from benchmarks import attention, common, cpu_throughput, gpu_training, quality  # noqa: E402
+
+TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, block_size=16)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread: tiny models gain nothing from more, and a busy machine makes several threads stall."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_results_rows_have_every_column(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    common.append_result("demo", {"a": 1, "b": "x|y"}, {"speed": "3.0"}, path)
+    common.append_result("demo", {"a": 2}, {"speed": "4.0"}, path)
+    lines = path.read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| date"))
+    rows = [line for line in lines if line.startswith("| 20")]
+    assert len(rows) == 2
+    assert all(row.count("|") == header.count("|") for row in rows)  # a pipe in a value must not add a column
+    assert "a=1" in rows[0] and "speed=3.0" in rows[0] and "load=" in rows[0]
+    assert "cores" in common.machine_info()["machine"]
+
+
+def test_cpu_throughput_compares_equal_models():
+    r = cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=2, threads=1)
+    assert set(r) >= {"settings", "ours", "peer", "ours_median", "peer_median", "ratio", "params", "max_logit_diff"}
+    assert len(r["ours"]) == len(r["peer"]) == 2 and min(r["ours"] + r["peer"]) > 0
+    assert r["ratio"] == pytest.approx(r["ours_median"] / r["peer_median"])
+    assert r["params"]["ours"] == r["params"]["peer"]
+    assert r["max_logit_diff"] < 1e-4  # the peer computes the same function
+    assert r["final_loss"]["ours"] == pytest.approx(r["final_loss"]["peer"], abs=1e-3)  # same start, same batches
+    assert r["settings"]["threads"] == 1
+    assert "ratio ours / peer" in cpu_throughput.report(r)
+
+
+def test_cpu_throughput_reads_a_text_file(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 20)
+    batches, vocab_size, source = cpu_throughput.make_batches(3, 2, 8, seed=0, data=text)
+    assert vocab_size == len(set(text.read_text())) and source == "text text.txt"
+    x, y = batches[0]
+    assert x.shape == y.shape == (2, 8) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_attention_variants_compute_the_same_function():
+    torch.manual_seed(0)
+    mha = tl.MultiHeadAttention(16, 2)
+    x = torch.randn(2, 8, 16)
+    outs = [attention.attention_fn(v, mha)(x) for v in attention.VARIANTS]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_sweep(tmp_path):
+    r = attention.sweep([8, 16], d_model=16, n_heads=2, budget_s=0.01, max_reps=2, skip_handwritten_backward_above=8)
+    rows = r["rows"]
+    assert len(rows) == 2 * len(attention.PASSES) * len(attention.VARIANTS)
+    for row in rows:
+        assert row["score_bytes"] == 1 * 2 * row["T"] ** 2 * 4
+        if row["skipped"]:
+            assert row["time_s"] is None and row["peak_bytes"] is None
+        else:
+            assert row["time_s"] > 0 and row["reps"] >= 1 and row["peak_bytes"] > 0
+    skipped = [(row["T"], row["variant"], row["pass"]) for row in rows if row["skipped"]]
+    assert skipped == [(16, "handwritten", "forward+backward")]
+    hand = attention._find(rows, T=16, variant="handwritten", **{"pass": "forward"})
+    assert hand["peak_bytes"] >= hand["score_bytes"]  # the hand-written path holds the score matrix
+    assert "fused/direct" in attention.report(r)
+    assert set(attention.summary(r)) >= {"fused/direct_fwd", "within5%_fwd", "fused/direct_fwdbwd"}
+    saved = attention.save_json(r, tmp_path / "scaling.json")
+    assert saved.read_text().startswith("{") and '"cpu"' in saved.read_text()
+    assert attention.plot(r, tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_gpu_training_measures_and_computes_mfu():
+    shape = dict(TINY_GPT, batch_size=2, vocab_size=50, dropout=0.0)
+    r = gpu_training.measure(shape, compile=False, device="cpu", dtype=torch.float32, warmup=1, steps=2, rounds=2,
+                             peak=1e12)  # fmt: skip
+    assert len(r["tokens_per_s"]) == 2 and r["median_tokens_per_s"] > 0 and math.isfinite(r["loss"])
+    model = tl.GPT(tl.GPTConfig(vocab_size=50, **TINY_GPT))
+    assert r["flops_per_token"] == 6 * model.num_params() + 12 * 1 * 32 * 16
+    assert r["mfu"] == pytest.approx(r["flops_per_token"] * r["median_tokens_per_s"] / 1e12)
+    assert gpu_training.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert gpu_training.peak_flops("NVIDIA H200") == 989.4e12
+    assert gpu_training.peak_flops("a GPU nobody knows") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_gpu_training_without_a_gpu_exits_cleanly(capsys):
+    assert gpu_training.main(["--no-record"]) == 0
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_quality_runs_the_training_command_line(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
+    tiny = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "8", "--batch-size", "2"]
+    tiny += ["--eval-iters", "1", "--eval-interval", "2", "--warmup-iters", "1", "--lr-decay-iters", "2"]
+    r = quality.run_quality("cpu", steps=2, data=text, device="cpu", threads=1, extra_args=tiny, echo=False)
+    assert r["eval_step"] == 2 and math.isfinite(r["val_loss"]) and r["wall_s"] > 0
+    assert r["corpus"] == "text.txt" and r["reference_loss"] is None  # not Tiny Shakespeare: no reference
+    assert r["command"][1:3] == ["-m", "transformer_lib.train"]
+
+
+def test_attention_timing_drops_a_call_that_runs_out_of_memory():
+    def too_big():
+        raise RuntimeError("CPU out of memory")
+
+    calls = {"small": lambda: None, "big": too_big}
+    medians, reps, failed = attention.time_in_turns(calls, torch.device("cpu"), budget_s=0.001, max_reps=3)
+    assert set(medians) == {"small"} and 1 <= reps["small"] <= 3 and failed == {"big": "out of memory"}
