@@ -1,0 +1,253 @@
+"""Checks for chapter 9 ("A GPT from scratch"): the inputs and targets of a language model, and
+top-k filtering of the next-token logits.
+
+Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..data import get_batch
+from ._core import ExerciseFailure, check, fmt
+
+__all__ = ["check_lm_targets", "check_top_k_filter", "reference_top_k_logits"]
+
+
+# ---------------------------------------------------------------- check_lm_targets
+
+
+def _windows(data: Tensor, starts: Tensor, T: int, shift: int) -> Tensor:
+    """Rows ``data[s + shift : s + shift + T]`` for each start ``s``, as a ``(B, T)`` tensor."""
+    return torch.stack([data[int(s) + shift : int(s) + shift + T] for s in starts])
+
+
+def _lm_cases() -> list[tuple[str, Tensor, Tensor, int]]:
+    """(description, data (N,), starts (B,), block_size) from simple to edge cases."""
+    g = torch.Generator().manual_seed(9)
+    cases = []
+    data = torch.arange(100, 120)  # distinct ids, so every slip shows
+    cases.append(("data = torch.arange(100, 120), starts = [2, 9], block_size = 4", data, torch.tensor([2, 9]), 4))
+    data = torch.randint(0, 50, (64,), generator=g)
+    cases.append(("64 random ids, starts = [3, 17, 40], block_size = 8", data, torch.tensor([3, 17, 40]), 8))
+    cases.append(("block_size = 1, a single start", torch.arange(10, 15), torch.tensor([2]), 1))
+    data = torch.arange(200, 210)
+    cases.append(
+        (
+            "the last possible start: data of 10 ids, block_size = 6, starts = [0, 3]",
+            data,
+            torch.tensor([0, 3]),
+            6,
+        )
+    )
+    return cases
+
+
+@check("check_lm_targets")
+def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]) -> None:
+    """Check ``fn(data, starts, block_size)`` -> ``(x (B, T), y (B, T))`` with ``y`` the next tokens.
+
+    ``x[b] = data[starts[b] : starts[b] + T]`` and ``y[b] = data[starts[b] + 1 : starts[b] + T + 1]``.
+    """
+    for desc, data, starts, T in _lm_cases():
+        out = fn(data.clone(), starts.clone(), T)
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            raise ExerciseFailure(f"for {desc}, return a pair (x, y) of tensors; got {type(out).__name__}.")
+        x, y = out
+        for name, t in (("x", x), ("y", y)):
+            if not isinstance(t, Tensor):
+                raise ExerciseFailure(f"for {desc}, {name} is a {type(t).__name__}; return torch tensors.")
+        B = len(starts)
+        for name, t in (("x", x), ("y", y)):
+            if tuple(t.shape) != (B, T):
+                raise ExerciseFailure(
+                    f"for {desc}, {name} has shape {tuple(t.shape)}; expected (B, T) = ({B}, {T}): one row per "
+                    f"start, block_size tokens per row (both x and y have exactly block_size tokens)."
+                )
+            if t.dtype != data.dtype:
+                raise ExerciseFailure(
+                    f"for {desc}, {name} has dtype {t.dtype}; keep the token ids' dtype {data.dtype} (an "
+                    f"embedding layer and the cross-entropy loss need integer ids)."
+                )
+        expected_x, expected_y = _windows(data, starts, T, 0), _windows(data, starts, T, 1)
+        if torch.equal(x, expected_y) and torch.equal(y, expected_x):
+            raise ExerciseFailure(
+                f"for {desc}, x and y are swapped: the input is the window that starts at `start`, the target "
+                f"the same window moved one token later. Expected x = {fmt(expected_x)}, y = {fmt(expected_y)}."
+            )
+        if not torch.equal(x, expected_x):
+            raise ExerciseFailure(
+                f"for {desc}, x should be the block_size tokens starting at each start, data[start : start + "
+                f"block_size]. Expected {fmt(expected_x)}, got {fmt(x)}."
+            )
+        if torch.equal(y, x):
+            raise ExerciseFailure(
+                f"for {desc}, your targets equal the inputs (no shift). A model trained that way only learns to "
+                f"copy the token it already sees through the causal mask. The target at position t is the "
+                f"token that comes next, data[start + t + 1]. Expected y = {fmt(expected_y)}, got {fmt(y)}."
+            )
+        if all(s >= 1 for s in starts.tolist()) and torch.equal(y, _windows(data, starts, T, -1)):
+            raise ExerciseFailure(
+                f"for {desc}, your targets are shifted the wrong way: y[t] is the token *before* x[t] "
+                f"(data[start + t - 1]), which the model has already seen. The target is the next token, "
+                f"data[start + t + 1]. Expected y = {fmt(expected_y)}, got {fmt(y)}."
+            )
+        if not torch.equal(y, expected_y):
+            raise ExerciseFailure(
+                f"for {desc}, y[b, t] should be data[starts[b] + t + 1], the token that follows x[b, t]. "
+                f"Expected {fmt(expected_y)}, got {fmt(y)}."
+            )
+    # the same windows as the library's sampler draws, for the same random starts
+    data = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(3))
+    expected = get_batch(data, 7, 5, generator=torch.Generator().manual_seed(4))
+    starts = torch.randint(len(data) - 7, (5,), generator=torch.Generator().manual_seed(4))
+    x, y = fn(data.clone(), starts, 7)
+    if not (torch.equal(x, expected[0]) and torch.equal(y, expected[1])):
+        raise ExerciseFailure(
+            "on random starts, your (x, y) differ from transformer_lib.data.get_batch's for the same starts."
+        )
+
+
+# ---------------------------------------------------------------- check_top_k_filter
+
+
+def reference_top_k_logits(logits: Tensor, k: int) -> Tensor:
+    """Every logit below the ``k``-th largest of its row (last axis) set to ``-inf``; ties are kept.
+
+    The filter :meth:`~transformer_lib.models.GPT.generate` applies with ``top_k`` (chapter 9). A new
+    tensor is returned; with ``k >= V`` nothing is removed.
+    """
+    kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_k_cases() -> list[tuple[str, Tensor, int]]:
+    """(description, logits, k), from simple to edge cases."""
+    g = torch.Generator().manual_seed(7)
+    return [
+        ("logits [[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]] (B = 2, V = 6), k = 2",
+         torch.tensor([[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]]), 2),
+        ("random logits of shape (3, 7), k = 3", torch.randn(3, 7, generator=g), 3),
+        ("random logits of shape (2, 5), k = 1 (greedy)", torch.randn(2, 5, generator=g), 1),
+        ("random float64 logits of shape (4, 9), k = 4", torch.randn(4, 9, generator=g, dtype=torch.float64), 4),
+        ("random logits of shape (2, 3, 6) (a batch of sequences), k = 2", torch.randn(2, 3, 6, generator=g), 2),
+        ("a 1-D tensor of logits (V = 5), k = 2", torch.randn(5, generator=g), 2),
+        ("logits [[3.0, 2.0, 2.0, 1.0]] with a tie at the k-th place, k = 2", torch.tensor([[3.0, 2.0, 2.0, 1.0]]), 2),
+        ("random logits of shape (2, 6), k = 6 (= V)", torch.randn(2, 6, generator=g), 6),
+        ("random logits of shape (2, 6), k = 10 (> V)", torch.randn(2, 6, generator=g), 10),
+    ]  # fmt: skip
+
+
+def _where(index: tuple[int, ...]) -> str:
+    """``row (i, j)`` for a leading index, ``the row`` for a 1-D input."""
+    if not index:
+        return "the row"
+    return f"row {index[0]}" if len(index) == 1 else f"row {index}"
+
+
+def _call_top_k(fn: Callable[[Tensor, int], Tensor], desc: str, logits: Tensor, k: int) -> Tensor:
+    """``fn(logits, k)``, turning the typical crashes into a hint."""
+    try:
+        return fn(logits, k)
+    except (RuntimeError, IndexError) as e:
+        if k > logits.shape[-1]:
+            raise ExerciseFailure(
+                f"for {desc}, your function raised {type(e).__name__}: {e}. When k is at least the vocabulary "
+                f"size V there is nothing to remove: return the logits unchanged (for example use min(k, V) "
+                f"with torch.topk)."
+            ) from None
+        if logits.dim() != 2:
+            raise ExerciseFailure(
+                f"for {desc}, your function raised {type(e).__name__}: {e}. The logits may have any number "
+                f"of leading axes, (..., V), not only (B, V): work on the last axis (dim=-1) and index it with "
+                f"`...`, for example values[..., -1:] rather than values[:, [-1]]."
+            ) from None
+        raise
+
+
+@check("check_top_k_filter")
+def check_top_k_filter(fn: Callable[[Tensor, int], Tensor]) -> None:
+    """Check ``fn(logits, k)``: logits ``(..., V)`` with all but the ``k`` largest of each row set to ``-inf``."""
+    for desc, logits, k in _top_k_cases():
+        V = logits.shape[-1]
+        original = logits.clone()
+        out = _call_top_k(fn, desc, logits, k)
+        if not torch.equal(logits, original):
+            raise ExerciseFailure(
+                f"for {desc}, your function changed the logits it was given (in place). Return a new tensor "
+                f"(for example with masked_fill, not masked_fill_), so the caller's logits stay intact."
+            )
+        if not isinstance(out, Tensor):
+            raise ExerciseFailure(f"for {desc}, your function returned a {type(out).__name__}; return a tensor.")
+        if out.shape != logits.shape or out.dtype != logits.dtype:
+            raise ExerciseFailure(
+                f"for {desc}, the result has shape {tuple(out.shape)} and dtype {out.dtype}; expected the "
+                f"logits' shape {tuple(logits.shape)} and dtype {logits.dtype}."
+            )
+        out = out.detach()
+        expected = reference_top_k_logits(logits, k)
+        keep = torch.isfinite(expected)  # (..., V)
+        if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
+            wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
+            if torch.equal(out, wrong_axis):
+                raise ExerciseFailure(
+                    f"for {desc}, you picked the top k along the first axis (across the batch) instead of the "
+                    f"last one (across the vocabulary): each row needs its own k most likely tokens. Use "
+                    f"dim=-1 in torch.topk and keep the k-th value's last axis (values[..., -1:]) for broadcasting."
+                )
+        if torch.allclose(out.double(), torch.softmax(expected.double(), dim=-1), atol=1e-6):
+            raise ExerciseFailure(
+                f"for {desc}, you returned probabilities; return the filtered *logits* (the kept ones "
+                f"unchanged), so that the caller can still divide them by a temperature before the softmax."
+            )
+        probs = torch.softmax(out.double(), dim=-1)  # a removed token must get probability exactly 0
+        leaked = ~keep & (out != logits) & (probs > 0)
+        if leaked.any():
+            idx = tuple(torch.nonzero(leaked)[0].tolist())
+            value = out[idx].item()
+            hint = (
+                " 0 is an ordinary logit (exp(0) = 1), so the token can still be sampled; use float('-inf')."
+                if value == 0
+                else " Use float('-inf'), so that softmax gives the removed tokens probability exactly 0."
+            )
+            raise ExerciseFailure(
+                f"for {desc}, the logit at index {idx} should be removed (it is below the k-th largest), but "
+                f"you set it to {value:.4g}.{hint}"
+            )
+        n_kept, n_expected = (probs > 0).sum(-1), keep.sum(-1)  # (...,)
+        if not torch.equal(n_kept, n_expected):
+            idx = tuple(torch.nonzero(n_kept != n_expected)[0].tolist())
+            got, want = int(n_kept[idx]), int(n_expected[idx])
+            if got > want:
+                why = f"you kept logits below the k-th largest (more than the k = {k} largest)"
+            elif k >= V:
+                why = f"k = {k} is at least V = {V}, so every logit must be kept"
+            elif "tie" in desc:
+                why = (
+                    "two logits tie at the k-th place: keep every logit >= the k-th largest value (as "
+                    "GPT.generate does), so both tied logits stay"
+                )
+            else:
+                why = (
+                    "the k-th largest logit must stay too (keep logits >= the k-th largest, not > it; "
+                    "torch.topk(logits, k).values[..., -1:] is the k-th largest)"
+                )
+            raise ExerciseFailure(
+                f"for {desc}, {_where(idx)} keeps {got} logit{'' if got == 1 else 's'}, expected {want}: {why}. "
+                f"Expected {fmt(expected[idx])}, got {fmt(out[idx])}."
+            )
+        kept_changed = keep & (out != logits)
+        if kept_changed.any():
+            idx = tuple(torch.nonzero(kept_changed)[0].tolist())
+            raise ExerciseFailure(
+                f"for {desc}, the logit at index {idx} is among the k largest and must be returned unchanged "
+                f"({logits[idx].item():.4f}); got {out[idx].item():.4f}."
+            )
+        if not torch.equal(probs > 0, keep):
+            raise ExerciseFailure(
+                f"for {desc}, you kept the wrong logits: keep the k largest of each row. Expected "
+                f"{fmt(expected)}, got {fmt(out)}."
+            )
