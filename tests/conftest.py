@@ -10,3 +10,13 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 def gen():
     """A seeded generator so every random test input is reproducible."""
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def one_thread():
+    """One thread for tiny models: they gain nothing from more, and on a busy machine several
+    threads stall each other."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -18,13 +18,7 @@ from benchmarks import attention, common, cpu_throughput, gpu_training, quality 
 TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, block_size=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: tiny models gain nothing from more, and a busy machine makes several threads stall."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_results_rows_have_every_column(tmp_path):

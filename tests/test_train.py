@@ -14,14 +14,7 @@ import transformer_lib as tl
 from transformer_lib import train as T
 from transformer_lib.data import CharTokenizer, LMBatches, Seq2SeqBatches, sequence_task, split_tokens
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and a busy machine makes them slow: use one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TEXT = "the cat sat on the mat. the dog sat on the log. " * 40
