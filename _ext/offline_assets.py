@@ -79,6 +79,9 @@ def _mathjax2_shim_for_widgets(context):
 
 
 def setup(app):
+    # MathJax on every page, not only where Sphinx saw an equation: generated pages such as the
+    # proof index repeat theorem titles that contain math
+    app.set_html_assets_policy("always")
     app.connect("config-inited", _use_local_assets)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
