@@ -153,7 +153,7 @@ def _is_oom(e: BaseException) -> bool:
 def time_in_turns(
     calls: dict[str, Callable[[], None]], device: torch.device, budget_s: float, max_reps: int
 ) -> tuple[dict[str, float], dict[str, int], dict[str, str]]:
-    """Median seconds per call of each of ``calls``, timed in turns (A B C A B C ...).
+    """Median seconds per call of each of ``calls``, timed in turns (A B C, B C A, C A B, ...).
 
     One untimed warm-up call each sets how many timed calls fit in ``budget_s`` (at least 1, at
     most ``max_reps``). Returns ``(medians, repeats, failed)``; ``failed`` names the calls that
@@ -171,8 +171,11 @@ def time_in_turns(
                 torch.cuda.empty_cache()
     reps = {v: max(1, min(max_reps, int(budget_s / t))) for v, t in first.items()}
     times: dict[str, list[float]] = {v: [] for v in first}
+    order = list(first)
     for i in range(max(reps.values(), default=0)):
-        for v in first:
+        # rotate the order every turn, so no variant always runs right after the memory-hungry
+        # hand-written one (whose freed buffers the next call pays to map again)
+        for v in order[i % len(order) :] + order[: i % len(order)]:
             if i < reps[v]:
                 times[v].append(time_call(calls[v], device))
     return {v: median(t) for v, t in times.items()}, reps, failed
