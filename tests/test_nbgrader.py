@@ -5,7 +5,7 @@ nbgrader's own gradebook, and generate the feedback.
 nbgrader lives in its own environment, ``.venv-instructors`` (``requirements-instructors.txt``;
 ``scripts/test.sh`` installs it); without it the test is skipped, unless ``NBGRADER_REQUIRED=1``
 (set by ``scripts/test.sh``), when it fails. Notebooks run in a kernel of the book's own Python,
-so they import this checkout's ``transformer_lib``.
+so they import this checkout's ``transformer_lib`` (the fixture registers it, as the guide says).
 
 The recorded summary ``tests/data/nbgrader_04_masking.txt`` (shown in the instructors' guide) is
 compared with this run's; ``UPDATE_RECORDED=1`` writes it instead."""
@@ -38,17 +38,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def nbgrader_env(tmp_path_factory):
     """Environment for the nbgrader commands: a "python3" kernel that is the book's Python, and
-    Jupyter folders of its own (no user configuration)."""
+    Jupyter folders of their own (no user configuration)."""
     if not NBGRADER.exists():
         if os.environ.get("NBGRADER_REQUIRED") == "1":
             pytest.fail(f"nbgrader is not installed at {NBGRADER} (see requirements-instructors.txt)")
         pytest.skip("nbgrader is not installed in .venv-instructors (bash scripts/test.sh installs it)")
+    # The step of the instructors' guide: nbgrader's "python3" kernel is the book's Python.
+    prefix = str(NBGRADER.parent.parent)
+    install = [sys.executable, "-m", "ipykernel", "install", "--prefix", prefix, "--name", "python3"]
+    done = subprocess.run([*install, "--display-name", "Python 3 (the book)"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     jupyter = tmp_path_factory.mktemp("jupyter")
-    kernel = jupyter / "data" / "kernels" / "python3"
-    kernel.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "language": "python"}
-    (kernel / "kernel.json").write_text(json.dumps({**spec, "display_name": "Python 3 (the book's)"}))
-    env = {**os.environ, "JUPYTER_PATH": str(jupyter / "data"), "JUPYTER_CONFIG_DIR": str(jupyter / "config")}
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(jupyter / "config")}
     env.update(JUPYTER_DATA_DIR=str(jupyter / "data"), PYTHONHASHSEED="0", OMP_WAIT_POLICY="PASSIVE")
     env["PATH"] = f"{NBGRADER.parent}{os.pathsep}{env.get('PATH', '')}"  # nbgrader runs its own "alembic"
     return env
@@ -189,12 +190,17 @@ def test_nbgrader_end_to_end(tmp_path, nbgrader_env):
 
     summary = "\n".join(
         [
+            "== the release: answer cell ex-04-1-code ==",
+            released["ex-04-1-code"].rstrip(),
+            f"== the release: test cell ex-04-1-check-1 (locked, {POINTS['ex-04-1']} points) ==",
+            released["ex-04-1-check-1"].rstrip(),
+            "== the gradebook ==",
             *(
                 f"{s}: {got[s]['score']:g} of {got[s]['max']:g} points "
                 f"(autograded {got[s]['code']:g} of {got[s]['max_code']:g})"
                 for s in ("right", "wrong")
             ),  # fmt: skip
-            "wrong, cell ex-04-1-check-1:",
+            "== the feedback of wrong, cell ex-04-1-check-1 ==",
             failing_output(course, "wrong", "ex-04-1-check-1"),
         ]
     )
