@@ -68,7 +68,20 @@ def test_strip_notebook_removes_solutions_and_outputs():
 
 def test_cli_reports_missing_chapters(tmp_path, capsys):
     assert main([str(tmp_path / "out"), "--chapters", str(tmp_path / "nothing")]) == 2
+    assert "no chapters folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "out"), "--chapters", str(tmp_path / "empty")]) == 2
     assert "no notebooks found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_stub_of_a_one_line_function():
+    out = stub_source("def f(x): return x + 1\n")
+    assert "x + 1" not in out and "def f(x):" in out
+    namespace = {}
+    exec(out, namespace)
+    with pytest.raises(NotImplementedError):
+        namespace["f"](1)
 
 
 @pytest.fixture(scope="module")

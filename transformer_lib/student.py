@@ -1,8 +1,9 @@
-"""Write the student edition of the book's notebooks: solutions out, checks kept.
+"""Write the student edition of the book's notebooks (solutions out, checks kept), or a graded
+nbgrader course.
 
-    python -m transformer_lib.student OUT_DIR [--chapters chapters]
+    python -m transformer_lib.student OUT_DIR [--nbgrader] [--chapter NAME ...] [--force]
 
-For every notebook under ``chapters/`` it writes a copy into ``OUT_DIR`` where
+For every notebook under ``chapters/`` the student edition writes a copy into ``OUT_DIR`` where
 
 - each code cell tagged ``solution`` keeps its imports and the signature and docstring of each
   function, with the body replaced by ``raise NotImplementedError`` (the checks report "not
@@ -11,7 +12,13 @@ For every notebook under ``chapters/`` it writes a copy into ``OUT_DIR`` where
   ``{solution}`` directive left in other markdown cells;
 - all outputs and execution counts are cleared.
 
-The instructor's guide in the book explains how to hand the edition out.
+With ``--nbgrader`` it writes an nbgrader course folder instead (see :mod:`transformer_lib.course`).
+
+Nothing a user has is lost: every notebook is read and checked before any file is written; the
+command refuses to write into the book's ``chapters/`` (or any folder holding the book's source
+notebooks) and refuses to overwrite an existing file unless ``--force``; each file is written
+atomically. Errors print one line on stderr and exit with status 2 (``--debug`` shows the
+traceback). The instructor's guide in the book explains how to hand the edition out.
 """
 
 from __future__ import annotations
@@ -20,23 +27,76 @@ import argparse
 import ast
 import copy
 import json
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
-__all__ = ["make_student_edition", "strip_notebook", "stub_source"]
+__all__ = [
+    "EditionError",
+    "MalformedNotebookError",
+    "UnsafeOutputError",
+    "load_notebooks",
+    "main",
+    "make_student_edition",
+    "strip_notebook",
+    "stub_source",
+    "write_files",
+]
 
 SOLUTION_TAG = "solution"
 STUB_LINE = 'raise NotImplementedError("write your answer here")'
 _SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
 
 
+class EditionError(ValueError):
+    """Instructors' guide: a student edition or course cannot be written; the message names the
+    problem and the value (and the file)."""
+
+
+class MalformedNotebookError(EditionError):
+    """Instructors' guide: a source notebook is not valid (the message names the file and the cell)."""
+
+
+class UnsafeOutputError(EditionError):
+    """Instructors' guide: writing would destroy something the command did not make (the book's
+    own notebooks, or an existing file without ``--force``)."""
+
+
+def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, str]:
+    """Instructors' guide: where the answer part of a function starts.
+
+    Returns the last line (1-based) of the function's header, including its docstring when it
+    has one, and the indentation of its body. Needs a function whose body starts on a line of
+    its own.
+    """
+    first = node.body[0]
+    value = first.value if isinstance(first, ast.Expr) else None
+    has_doc = isinstance(value, ast.Constant) and isinstance(value.value, str)
+    header_end = first.end_lineno if has_doc else first.lineno - 1
+    return header_end, " " * first.col_offset
+
+
+def one_line_functions_expanded(source: str) -> str:
+    """Instructors' guide: ``source`` with every top-level ``def f(x): return x`` rewritten over
+    several lines, so that each function's body starts on a line of its own."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    for node in reversed(tree.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body[0].lineno == node.lineno:
+            lines[node.lineno - 1 : node.end_lineno] = ast.unparse(node).splitlines()
+    return "\n".join(lines) + "\n"
+
+
 def stub_source(source: str) -> str:
-    """Replace the body of every function in ``source`` with ``raise NotImplementedError``.
+    """Instructors' guide: replace the body of every function in ``source`` (a solution cell's
+    code) with ``raise NotImplementedError``.
 
     Imports and the functions' signatures, decorators and docstrings are kept; any other
     top-level statement (which could reveal the answer) is dropped.
     """
+    source = one_line_functions_expanded(source)
     tree = ast.parse(source)
     lines = source.splitlines()
     out: list[str] = []
@@ -45,39 +105,33 @@ def stub_source(source: str) -> str:
             out.extend(lines[node.lineno - 1 : node.end_lineno])
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            body_start = node.body[0].lineno
-            has_doc = (
-                isinstance(node.body[0], ast.Expr)
-                and isinstance(node.body[0].value, ast.Constant)
-                and isinstance(node.body[0].value.value, str)
-            )
+            header_end, indent = function_body_start(node)
             if out:
                 out.extend(["", ""])
-            if body_start == node.lineno:  # a one-line function: rebuild its header
-                header = copy.copy(node)
-                header.body = [ast.Pass()]
-                out.extend(ast.unparse(header).splitlines()[:-1])
-                indent = " " * 4
-            else:
-                header_end = node.body[0].end_lineno if has_doc else body_start - 1
-                out.extend(lines[first - 1 : header_end])
-                indent = " " * node.body[0].col_offset
+            out.extend(lines[first - 1 : header_end])
             out.append(f"{indent}# Your code here.")
             out.append(f"{indent}{STUB_LINE}")
     return "\n".join(out) + "\n"
 
 
-def _tags(cell: dict) -> list[str]:
+def tags(cell: dict) -> list[str]:
+    """Instructors' guide: the tags of a notebook cell (JSON data)."""
     return cell.get("metadata", {}).get("tags", [])
 
 
+def cell_source(cell: dict) -> str:
+    """Instructors' guide: a cell's source as one string (notebooks store a string or a list of lines)."""
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
 def strip_notebook(nb: dict) -> tuple[dict, int]:
-    """Return the student version of a notebook (as JSON data) and the number of stubbed cells."""
+    """Instructors' guide: the student version of a notebook (JSON data) and the number of stubbed cells."""
     nb = copy.deepcopy(nb)
     cells, stubs = [], 0
     for cell in nb["cells"]:
-        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        is_solution = SOLUTION_TAG in _tags(cell)
+        src = cell_source(cell)
+        is_solution = SOLUTION_TAG in tags(cell)
         if cell["cell_type"] == "markdown":
             if is_solution:
                 continue
@@ -86,8 +140,8 @@ def strip_notebook(nb: dict) -> tuple[dict, int]:
             if is_solution:
                 src = stub_source(src)
                 stubs += 1
-                tags = [t for t in _tags(cell) if t not in ("hide-input", "remove-input", SOLUTION_TAG)]
-                cell["metadata"]["tags"] = [*tags, "exercise-stub"]
+                kept = [t for t in tags(cell) if t not in ("hide-input", "remove-input", SOLUTION_TAG)]
+                cell["metadata"]["tags"] = [*kept, "exercise-stub"]
             cell["outputs"] = []
             cell["execution_count"] = None
         cell["source"] = src
@@ -97,38 +151,184 @@ def strip_notebook(nb: dict) -> tuple[dict, int]:
     return nb, stubs
 
 
-def make_student_edition(out_dir: str | Path, chapters: str | Path = "chapters") -> list[Path]:
-    """Write the student edition of every notebook in ``chapters`` into ``out_dir``."""
+def _check_cell(path: Path, index: int, cell: object) -> None:
+    """Raise MalformedNotebookError unless ``cell`` is a well-formed nbformat 4 cell."""
+    where = f"{path}, cell {index + 1}"
+    if not isinstance(cell, dict) or cell.get("cell_type") not in ("markdown", "code", "raw"):
+        kind = cell.get("cell_type") if isinstance(cell, dict) else type(cell).__name__
+        raise MalformedNotebookError(f"{where}: not a notebook cell (cell_type {kind!r})")
+    src = cell.get("source")
+    if not (isinstance(src, str) or (isinstance(src, list) and all(isinstance(s, str) for s in src))):
+        raise MalformedNotebookError(f"{where}: source must be text, got {type(src).__name__}")
+    meta = cell.get("metadata", {})
+    if not isinstance(meta, dict) or not isinstance(meta.get("tags", []), list):
+        raise MalformedNotebookError(f"{where}: metadata must be a mapping with a list of tags, got {meta!r}")
+    if cell["cell_type"] == "code" and SOLUTION_TAG in tags(cell):
+        try:
+            tree = ast.parse(cell_source(cell))
+        except SyntaxError as exc:
+            problem = f"the solution code does not parse ({exc.msg}, line {exc.lineno})"
+            raise MalformedNotebookError(f"{where}: {problem}") from None
+        if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in tree.body):
+            raise MalformedNotebookError(f"{where}: a solution cell must define a function")
+
+
+def read_notebook(path: Path) -> dict:
+    """Instructors' guide: read and check one source notebook (nbformat 4 JSON data).
+
+    Raises MalformedNotebookError naming the file (and the cell) when it is not valid.
+    """
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise MalformedNotebookError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise MalformedNotebookError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise MalformedNotebookError(f"{path}: not a notebook (no list of cells)")
+    if nb.get("nbformat") != 4:
+        raise MalformedNotebookError(f"{path}: nbformat {nb.get('nbformat')!r}, expected 4")
+    for index, cell in enumerate(nb["cells"]):
+        _check_cell(path, index, cell)
+    return nb
+
+
+def load_notebooks(chapters: str | Path, only: list[str] | None = None) -> list[tuple[Path, dict]]:
+    """Instructors' guide: read and check the book's notebooks in ``chapters`` (all of them, or
+    those whose file name without ``.ipynb`` is in ``only``), before anything is written."""
+    chapters = Path(chapters)
+    if not chapters.is_dir():
+        raise EditionError(f"no chapters folder at {chapters}")
+    paths = sorted(chapters.glob("*.ipynb"))
+    if not paths:
+        raise EditionError(f"no notebooks found in {chapters}")
+    if only:
+        names = {p.stem for p in paths}
+        unknown = [name for name in only if name not in names]
+        if unknown:
+            raise EditionError(f"no chapter {unknown[0]!r} in {chapters} (chapters: {', '.join(sorted(names))})")
+        paths = [p for p in paths if p.stem in only]
+    return [(path, read_notebook(path)) for path in paths]
+
+
+def _is_book_notebook(path: Path) -> bool:
+    """True when ``path`` is one of the book's source notebooks (it still holds solution cells)."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        return any(SOLUTION_TAG in tags(c) for c in nb.get("cells", []))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
+def check_output_dir(out_dir: Path, chapters: Path) -> None:
+    """Instructors' guide: refuse an output folder that is (or is inside) the book's chapters
+    folder, or that holds the book's source notebooks, whatever ``--force`` says."""
+    out, src = out_dir.resolve(), chapters.resolve()
+    if out == src or src in out.parents:
+        raise UnsafeOutputError(f"refusing to write into {out_dir}: it is the book's chapters folder or inside it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UnsafeOutputError(f"output {out_dir} exists and is not a folder")
+    for source in chapters.glob("*.ipynb"):
+        if _is_book_notebook(out_dir / source.name):
+            raise UnsafeOutputError(f"refusing to write into {out_dir}: it holds the book's notebook {source.name}")
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` through a temporary file and a rename, so that it is never half-written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_files(files: dict[Path, str], out_dir: Path, chapters: Path, force: bool = False) -> list[Path]:
+    """Instructors' guide: write ``files`` (path -> text, all under ``out_dir``) safely.
+
+    Refuses an unsafe ``out_dir`` (:func:`check_output_dir`) and, unless ``force``, any target
+    that exists; nothing is written when it refuses.
+    """
+    check_output_dir(out_dir, chapters)
+    existing = [p for p in files if p.exists()]
+    if any(p.is_dir() for p in existing):
+        raise UnsafeOutputError(f"{next(p for p in existing if p.is_dir())} is a folder, not a file")
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise UnsafeOutputError(
+            f"{existing[0]} already exists{more}; use --force to overwrite, or choose another folder"
+        )
+    for target, text in files.items():
+        _write_atomic(target, text)
+    return list(files)
+
+
+def notebook_text(nb: dict) -> str:
+    """Instructors' guide: a notebook (JSON data) as the text of an ``.ipynb`` file."""
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def make_student_edition(
+    out_dir: str | Path, chapters: str | Path = "chapters", force: bool = False, only: list[str] | None = None
+) -> list[Path]:
+    """Instructors' guide: write the student edition of the notebooks in ``chapters`` into ``out_dir``.
+
+    Every notebook is read and checked before any is written; see :func:`write_files` for the
+    refusals. Returns the paths written.
+    """
     chapters, out_dir = Path(chapters), Path(out_dir)
-    notebooks = sorted(p for p in chapters.glob("*.ipynb"))
-    if not notebooks:
-        raise FileNotFoundError(f"no notebooks found in {chapters}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in notebooks:
-        nb, stubs = strip_notebook(json.loads(path.read_text(encoding="utf-8")))
-        target = out_dir / path.name
-        target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        written.append(target)
-        print(f"{target}: {stubs} exercise stub(s)")
+    files, stubs = {}, {}
+    for path, nb in load_notebooks(chapters, only):
+        student, stubs[path.name] = strip_notebook(nb)
+        files[out_dir / path.name] = notebook_text(student)
+    written = write_files(files, out_dir, chapters, force)
+    for target in written:
+        print(f"{target}: {stubs[target.name]} exercise stub(s)")
     return written
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line on stderr, status 2 (argparse prints the usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """Instructors' guide: the command line ``python -m transformer_lib.student``; returns the exit status."""
+    parser = _Parser(
         prog="python -m transformer_lib.student",
-        description="Write the student edition of the chapter notebooks (solutions replaced by stubs).",
+        description="Write the student edition of the chapter notebooks (solutions replaced by stubs), "
+        "or with --nbgrader an nbgrader course folder.",
     )
-    parser.add_argument("out_dir", help="folder to write the student notebooks into")
+    parser.add_argument("out_dir", help="folder to write into")
     parser.add_argument("--chapters", default="chapters", help="folder of the book's notebooks (default: chapters)")
+    parser.add_argument("--chapter", action="append", metavar="NAME", help="only this chapter, e.g. 04_masking")
+    parser.add_argument("--nbgrader", action="store_true", help="write an nbgrader course folder")
+    parser.add_argument("--force", action="store_true", help="overwrite files that exist")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)
     try:
-        make_student_edition(args.out_dir, args.chapters)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if args.nbgrader:
+            from .course import make_course
+
+            make_course(args.out_dir, args.chapters, force=args.force, only=args.chapter)
+        else:
+            make_student_edition(args.out_dir, args.chapters, force=args.force, only=args.chapter)
+    except (EditionError, OSError) as exc:
+        if args.debug:
+            raise
+        message = str(exc) if isinstance(exc, EditionError) else f"cannot write: {exc}"
+        print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the imported module's main, so that the error classes are the ones transformer_lib.course uses.
+    from transformer_lib.student import main as _main
+
+    raise SystemExit(_main())

@@ -1,0 +1,204 @@
+"""The book's exercises as an nbgrader course: graded assignments for instructors.
+
+    python -m transformer_lib.student COURSE --nbgrader [--chapter 04_masking ...] [--force]
+
+writes an nbgrader course folder:
+
+- ``nbgrader_config.py``;
+- ``source/<chapter>/<chapter>.ipynb`` for every chapter, in which every coding exercise's model
+  answer (each function's body) sits between nbgrader's ``### BEGIN SOLUTION`` and
+  ``### END SOLUTION`` markers, every check cell is a locked, autograded test cell that asserts
+  the check passed (one test cell per check, so an exercise with two checks earns partial
+  credit), and every written exercise becomes a manually graded answer cell that holds the
+  model answer (nbgrader replaces it by "YOUR ANSWER HERE" in the release).
+
+The points of every exercise are in one table, :data:`POINTS`. nbgrader itself is needed only
+by instructors (``requirements-instructors.txt``); the same safety as the student edition
+applies (see :mod:`transformer_lib.student`).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from pathlib import Path
+
+from .student import (
+    SOLUTION_TAG,
+    MalformedNotebookError,
+    cell_source,
+    function_body_start,
+    load_notebooks,
+    notebook_text,
+    one_line_functions_expanded,
+    tags,
+    write_files,
+)
+
+__all__ = ["NBGRADER_CONFIG", "POINTS", "course_notebook", "make_course", "mark_solutions"]
+
+#: Points of every exercise, by label. A coding exercise's points are shared equally by its
+#: checks (one autograded test cell each); a written exercise is graded by hand.
+POINTS: dict[str, int] = {
+    "ex-01-1": 2, "ex-01-2": 3, "ex-01-3": 2, "ex-01-4": 3,
+    "ex-02-1": 1, "ex-02-2": 3, "ex-02-3": 3, "ex-02-4": 2, "ex-02-5": 3,
+    "ex-03-1": 2, "ex-03-2": 3, "ex-03-3": 3, "ex-03-4": 3,
+    "ex-04-1": 3, "ex-04-2": 4, "ex-04-3": 2, "ex-04-4": 3,
+    "ex-05-1": 3, "ex-05-2": 4, "ex-05-3": 4, "ex-05-4": 3,
+    "ex-06-1": 2, "ex-06-2": 3, "ex-06-3": 4, "ex-06-4": 3,
+    "ex-07-1": 3, "ex-07-2": 4, "ex-07-3": 2, "ex-07-4": 3,
+    "ex-08-1": 3, "ex-08-2": 4, "ex-08-3": 2, "ex-08-4": 3,
+    "ex-09-1": 3, "ex-09-2": 3, "ex-09-3": 4, "ex-09-4": 2, "ex-09-5": 3,
+}  # fmt: skip
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+NBGRADER_CONFIG = '''\
+"""nbgrader configuration of the course made from "Attention, Executed"."""
+
+c = get_config()  # noqa: F821 (nbgrader provides it)
+c.CourseDirectory.course_id = "attention-executed"
+# Chapters train small models: give each cell up to ten minutes.
+c.Execute.timeout = 600
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+'''
+
+_EXERCISE_LABEL = re.compile(r"\{exercise\}[^\n]*\n(?::[^\n]*\n)*?:label:\s*(ex-\d+-\d+)")
+_SOLUTION_BODY = re.compile(r"^(`{3,}|:{3,})\{solution\}\s*(ex-\d+-\d+)[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.M)
+_SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
+
+
+def mark_solutions(source: str) -> str:
+    """Instructors' guide: put nbgrader's solution markers around the answer part of a solution cell.
+
+    Each function keeps its signature and docstring; its body goes between ``### BEGIN
+    SOLUTION`` and ``### END SOLUTION``. Imports stay; any other top-level statement is marked
+    as a whole.
+    """
+    source = one_line_functions_expanded(source)
+    lines = source.splitlines()
+    for node in reversed(ast.parse(source).body):  # bottom up, so earlier line numbers hold
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            header_end, indent = function_body_start(node)
+        else:
+            header_end, indent = node.lineno - 1, ""
+        lines.insert(node.end_lineno, indent + END)
+        lines.insert(header_end, indent + BEGIN)
+    return "\n".join(lines) + "\n"
+
+
+def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution}
+    if points is not None:
+        meta["points"] = points
+    meta["task"] = False
+    return meta
+
+
+def _new_cell(kind: str, source: str, meta: dict) -> dict:
+    cell = {"cell_type": kind, "id": meta["grade_id"], "metadata": {"nbgrader": meta}, "source": source}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+def _test_cells(label: str, source: str, where: str) -> list[dict]:
+    """One locked, autograded test cell per check call in a check cell's ``source``."""
+    checks = []
+    for node in ast.parse(source).body:
+        call = node.value if isinstance(node, ast.Assign | ast.Expr) else None
+        func = getattr(call, "func", None)
+        if isinstance(func, ast.Attribute) and func.attr.startswith("check_"):
+            checks.append(f"result = {ast.get_source_segment(source, call)}\nassert result, result.message")
+    if not checks:
+        raise MalformedNotebookError(f"{where}: the cell after the solution of {label} calls no check")
+    points = POINTS[label] / len(checks)
+    points = int(points) if points == int(points) else round(points, 2)
+    return [
+        _new_cell("code", text, _nbgrader(f"{label}-check-{k}", grade=True, solution=False, locked=True, points=points))
+        for k, text in enumerate(checks, start=1)
+    ]
+
+
+def _written_answer(src: str, where: str) -> tuple[str, dict]:
+    """The label of a written solution cell and the manually graded answer cell holding it."""
+    match = _SOLUTION_BODY.search(src)
+    if not match:
+        raise MalformedNotebookError(f"{where}: a markdown solution cell without a {{solution}} directive")
+    label, body = match.group(2), match.group(3)
+    body = "\n".join(line for line in body.splitlines() if not line.startswith(":class:")).strip()
+    meta = _nbgrader(f"{label}-answer", grade=True, solution=True, locked=False, points=_points(label, where))
+    return label, _new_cell("markdown", body + "\n", meta)
+
+
+def _points(label: str | None, where: str) -> int:
+    if label not in POINTS:
+        raise MalformedNotebookError(f"{where}: exercise {label!r} has no points in transformer_lib.course.POINTS")
+    return POINTS[label]
+
+
+def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict[str, float]]:
+    """Instructors' guide: the nbgrader source version of a chapter notebook (JSON data).
+
+    Returns it with the points of each graded cell, by nbgrader ``grade_id``.
+    """
+    nb = copy.deepcopy(nb)
+    cells, label, coded, pending = [], None, set(), None
+    for index, cell in enumerate(nb["cells"]):
+        where, src = f"{path}, cell {index + 1}", cell_source(cell)
+        if pending is not None and cell["cell_type"] == "code":
+            cells.extend(_test_cells(pending, src, where))
+            pending = None
+            continue
+        if cell["cell_type"] == "markdown" and SOLUTION_TAG in tags(cell):
+            written, answer = _written_answer(src, where)
+            if written not in coded:  # a coding exercise is graded by its checks
+                cells.append(answer)
+            continue
+        if cell["cell_type"] == "markdown":
+            label = ([label] + _EXERCISE_LABEL.findall(src))[-1]
+            src = _SOLUTION_DIRECTIVE.sub("", src)
+        elif SOLUTION_TAG in tags(cell):
+            _points(label, where)
+            coded.add(label)
+            pending, src = label, mark_solutions(src)
+            kept = [t for t in tags(cell) if t not in ("hide-input", "remove-input", SOLUTION_TAG)]
+            cell["metadata"] = {**cell["metadata"], "tags": kept}
+            cell["metadata"]["nbgrader"] = _nbgrader(f"{label}-code", grade=False, solution=True, locked=False)
+        if cell["cell_type"] == "code":
+            cell.update(outputs=[], execution_count=None)
+        cell["source"] = src
+        cells.append(cell)
+    if pending is not None:
+        raise MalformedNotebookError(f"{path}: the solution of {pending} is not followed by a check cell")
+    nb["cells"] = cells
+    nb.get("metadata", {}).pop("widgets", None)
+    graded = [c["metadata"].get("nbgrader", {}) for c in cells]
+    return nb, {m["grade_id"]: m["points"] for m in graded if "points" in m}
+
+
+def make_course(
+    out_dir: str | Path, chapters: str | Path = "chapters", force: bool = False, only: list[str] | None = None
+) -> list[Path]:
+    """Instructors' guide: write an nbgrader course folder for the notebooks in ``chapters``.
+
+    ``out_dir/nbgrader_config.py`` and ``out_dir/source/<chapter>/<chapter>.ipynb``; every
+    notebook is read and converted before any file is written, with the refusals of
+    :func:`transformer_lib.student.write_files`. Returns the paths written.
+    """
+    chapters, out_dir = Path(chapters), Path(out_dir)
+    files, summary = {out_dir / "nbgrader_config.py": NBGRADER_CONFIG}, {}
+    for path, nb in load_notebooks(chapters, only):
+        graded, points = course_notebook(nb, path)
+        target = out_dir / "source" / path.stem / path.name
+        files[target] = notebook_text(graded)
+        auto = [v for k, v in points.items() if "-check-" in k]
+        summary[target] = (len(auto), sum(auto), len(points) - len(auto), sum(points.values()) - sum(auto))
+    write_files(files, out_dir, chapters, force)
+    for target, (n_auto, p_auto, n_manual, p_manual) in summary.items():
+        print(f"{target}: {n_auto} autograded cell(s), {p_auto} points; {n_manual} written, {p_manual} points")
+    return list(files)
