@@ -94,7 +94,7 @@ def test_split_rejects_interleaved_features():
 def test_split_rejects_missing_transpose_by_shape():
     wrong = lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h)
     r = ch05.check_split_heads(wrong, verbose=False)
-    assert r.status == "failed" and "should have shape (B, h, T, d_k)" in r.message
+    assert r.status == "failed" and "expected (B, h, T, d_k)" in r.message
 
 
 def test_split_rejects_wrong_transpose_order():

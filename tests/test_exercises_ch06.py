@@ -184,7 +184,7 @@ def test_rotation_right_answers_pass(fn):
         (same_frequency, "the block of pair i=1 (dimensions 2, 3) is wrong"),
         (ignores_k, "for k=0, d_model=2 the block of pair i=0"),
         (dense_blocked, "mixes different frequency pairs: entry M[0, 2]"),
-        (lambda k, d: torch.eye(d + 1), "expected a (d_model, d_model) = (2, 2) matrix"),
+        (lambda k, d: torch.eye(d + 1), "expected (d_model, d_model) = (2, 2)"),
         (lambda k, d: torch.eye(d, dtype=torch.long), "floating-point"),
     ],
 )

@@ -79,7 +79,7 @@ def test_ffn_params_rejects_one_layer():
 
 def test_ffn_params_rejects_floats_and_reports_stubs_and_crashes():
     r = run(ch07.check_ffn_params, ffn_float)
-    assert r.status == "failed" and "return an int" in r.message
+    assert r.status == "failed" and "as an int" in r.message
     assert run(ch07.check_ffn_params, ffn_stub).status == "not implemented"
     r = run(ch07.check_ffn_params, lambda d_model, d_ff: 0)  # forgot the bias argument
     assert r.status == "error" and "TypeError" in r.message

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..attention import masked_softmax
 from ..masks import causal_mask, combine_masks, padding_mask
-from ._core import ExerciseFailure, check, close, fmt
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_tensor
 
 __all__ = ["check_causal_mask", "check_masked_softmax"]
 
@@ -45,28 +45,22 @@ def _diagnose_causal(mask: Tensor, T: int) -> None:
     )
 
 
+_NOT_BOOL_HINT = (
+    ": the book's masks are torch.bool (True = may attend), and the library rejects other dtypes. If it is an "
+    "additive mask (0 where allowed, a large negative number where masked), return the boolean mask instead: "
+    "the attention function does the filling. Otherwise convert with .bool() or build it with dtype=torch.bool"
+)
+
+
 @check("check_causal_mask")
 def check_causal_mask(fn: Callable[[int], Tensor]) -> None:
-    """Check ``fn(T)``: a bool ``(T, T)`` tensor, True where query ``i`` may attend to key ``j <= i``."""
+    """Chapter 4, exercise 4.1: check ``fn(T)`` returns a bool ``(T, T)`` tensor, True where query ``i``
+    may attend to key ``j <= i``. ``fn`` is given the ints T = 1, 2, 3, 5 and 8."""
     sizes = (1, 2, 3, 5, 8)
     masks = {}
     for T in sizes:
-        mask = fn(T)
-        if not isinstance(mask, Tensor):
-            raise ExerciseFailure(f"your function returned a {type(mask).__name__} for T={T}; return a torch.Tensor.")
-        if mask.shape != (T, T):
-            raise ExerciseFailure(f"for T={T} the mask has shape {tuple(mask.shape)}; expected ({T}, {T}).")
-        if mask.dtype != torch.bool:
-            hint = (
-                " If it is an additive mask (0 where allowed, a large negative number where masked), return "
-                "the boolean mask instead: the attention function does the filling."
-                if mask.is_floating_point()
-                else " Convert with .bool() or build it with dtype=torch.bool."
-            )
-            raise ExerciseFailure(
-                f"for T={T} the mask has dtype {mask.dtype}; the book's masks are torch.bool (True = may "
-                f"attend), and the library rejects other dtypes.{hint}"
-            )
+        where = f"for T={T}"
+        mask = require_tensor(fn(T), where, (T, T), torch.bool, what="the mask", dtype_hint=_NOT_BOOL_HINT)
         masks[T] = mask.detach().cpu()
     if all(torch.equal(masks[T], ~causal_mask(T)) for T in sizes if T > 1):
         T = 3
@@ -111,20 +105,18 @@ def _first_row(bad: Tensor) -> tuple[int, ...]:
 
 @check("check_masked_softmax")
 def check_masked_softmax(fn: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Check ``fn(scores, mask)``: softmax over the keys ignoring masked keys; zeros on all-masked rows."""
+    """Chapter 4, exercise 4.2: check ``fn(scores, mask)``: softmax over the keys ignoring masked keys.
+
+    ``fn`` is given ``scores (..., T_q, T_k)`` (float32 or float64, with no or two leading axes)
+    and a bool ``mask`` that broadcasts to them (True = may attend), and must return weights of
+    the scores' shape and dtype, with rows of zeros where a query has no allowed key. Its gradient
+    must stay finite on such rows.
+    """
     for desc, scores, mask in _cases():
         expected = masked_softmax(scores, mask)
-        w = fn(scores.clone(), mask.clone())
-        if not isinstance(w, Tensor):
-            raise ExerciseFailure(f"your function returned a {type(w).__name__} for {desc}; return a torch.Tensor.")
-        if w.shape != scores.shape:
-            raise ExerciseFailure(
-                f"for {desc}, the weights have shape {tuple(w.shape)}; expected the scores' {tuple(scores.shape)}."
-            )
-        if w.dtype != scores.dtype:
-            raise ExerciseFailure(
-                f"for {desc}, the weights have dtype {w.dtype}; expected the scores' dtype {scores.dtype}."
-            )
+        where = f"for {desc}"
+        w = call_student(fn, (scores, mask), where)
+        require_tensor(w, where, scores.shape, scores.dtype, what="the weights")
         w = w.detach()
         empty = ~mask.expand(scores.shape).any(-1)  # (..., T_q): rows with no allowed key
         if torch.isnan(w).any():
