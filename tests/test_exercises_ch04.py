@@ -1,6 +1,8 @@
 """The chapter 4 checks accept right answers and reject plausible wrong ones with the right message."""
 
+import pytest
 import torch
+from _exercise_cases import FIELDS, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.exercises import ch04
@@ -44,68 +46,24 @@ def causal_fixed_size(T):
     return torch.tril(torch.ones(4, 4, dtype=torch.bool))
 
 
-def causal_stub(T):
-    raise NotImplementedError
+CAUSAL = ch04.check_causal_mask
+CAUSAL_CASES = [
+    case(CAUSAL, causal_model_answer, "passed"),
+    case(CAUSAL, tl.causal_mask, "passed", id="library"),
+    case(CAUSAL, causal_upper_triangle, "failed", "row 0 attends to position 1, which is in the future"),
+    case(CAUSAL, causal_excludes_self, "failed", "row 0 may not attend to itself", "T=1"),
+    case(CAUSAL, causal_int_dtype, "failed", "dtype torch.int64", "torch.bool"),
+    case(CAUSAL, causal_additive, "failed", "additive mask"),
+    case(CAUSAL, causal_inverted, "failed", "exact opposite", "True means 'may attend'"),
+    case(CAUSAL, causal_only_diagonal, "failed", "row 1 cannot attend to position 0, which is in its past"),
+    case(CAUSAL, causal_list, "failed", "returned a list"),
+    case(CAUSAL, causal_fixed_size, "failed", "shape (4, 4); expected (1, 1)"),
+    case(CAUSAL, stub, "not implemented"),
+]
 
 
-def run(checker, fn):
-    return checker(fn, verbose=False)
-
-
-def test_causal_mask_accepts_model_answer_and_library():
-    assert run(ch04.check_causal_mask, causal_model_answer).passed
-    assert run(ch04.check_causal_mask, tl.causal_mask).passed
-
-
-def test_causal_mask_rejects_upper_triangle():
-    r = run(ch04.check_causal_mask, causal_upper_triangle)
-    assert r.status == "failed"
-    assert "row 0 attends to position 1, which is in the future" in r.message
-
-
-def test_causal_mask_rejects_missing_diagonal():
-    r = run(ch04.check_causal_mask, causal_excludes_self)
-    assert r.status == "failed"
-    assert "row 0 may not attend to itself" in r.message and "T=1" in r.message
-
-
-def test_causal_mask_rejects_int_dtype():
-    r = run(ch04.check_causal_mask, causal_int_dtype)
-    assert "dtype torch.int64" in r.message and "torch.bool" in r.message
-
-
-def test_causal_mask_rejects_additive_float_mask():
-    r = run(ch04.check_causal_mask, causal_additive)
-    assert "additive mask" in r.message
-
-
-def test_causal_mask_rejects_inverted_convention():
-    r = run(ch04.check_causal_mask, causal_inverted)
-    assert "exact opposite" in r.message and "True means 'may attend'" in r.message
-
-
-def test_masked_softmax_accepts_where_after_masked_fill():
-    # the masked_fill version of the where trick: masked_fill's backward stops the NaN
-    def fn(scores, mask):
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        return torch.where(mask.any(-1, keepdim=True), weights, torch.zeros_like(weights))
-
-    assert run(ch04.check_masked_softmax, fn).passed
-
-
-def test_causal_mask_rejects_past_masked():
-    r = run(ch04.check_causal_mask, causal_only_diagonal)
-    assert "row 1 cannot attend to position 0, which is in its past" in r.message
-
-
-def test_causal_mask_rejects_non_tensor_and_wrong_shape():
-    assert "returned a list" in run(ch04.check_causal_mask, causal_list).message
-    assert "shape (4, 4); expected (1, 1)" in run(ch04.check_causal_mask, causal_fixed_size).message
-
-
-def test_causal_mask_stub_is_not_implemented(capsys):
-    r = ch04.check_causal_mask(causal_stub)
-    assert r.status == "not implemented"
+def test_causal_mask_stub_prints_not_implemented(capsys):
+    assert ch04.check_causal_mask(stub).status == "not implemented"
     assert "not implemented yet" in capsys.readouterr().out
 
 
@@ -160,48 +118,29 @@ def softmax_in_place(scores, mask):
     return torch.softmax(scores, dim=-1) * mask.any(dim=-1, keepdim=True)
 
 
-def test_masked_softmax_accepts_model_answer_and_library():
-    assert run(ch04.check_masked_softmax, softmax_model_answer).passed
-    assert run(ch04.check_masked_softmax, tl.masked_softmax).passed
-    assert run(ch04.check_masked_softmax, softmax_in_place).passed
+def softmax_where_after_masked_fill(scores, mask):
+    """The masked_fill version of the where trick: masked_fill's backward stops the NaN."""
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.where(mask.any(-1, keepdim=True), weights, torch.zeros_like(weights))
 
 
-def test_masked_softmax_rejects_tiny_fill():
-    r = run(ch04.check_masked_softmax, softmax_tiny_fill)
-    assert r.status == "failed"
-    assert "is masked in row 0 but gets weight" in r.message and "-1e-9" in r.message
+SOFTMAX = ch04.check_masked_softmax
+SOFTMAX_CASES = [
+    *(
+        case(SOFTMAX, fn, "passed")
+        for fn in (softmax_model_answer, tl.masked_softmax, softmax_in_place, softmax_where_after_masked_fill)
+    ),
+    case(SOFTMAX, softmax_tiny_fill, "failed", "is masked in row 0 but gets weight", "-1e-9"),
+    case(SOFTMAX, softmax_zero_fill, "failed", "but gets weight", "a causal mask, T=4"),
+    case(SOFTMAX, softmax_zero_after, "failed", "not 1", "after the softmax"),
+    case(SOFTMAX, softmax_minus_inf, "failed", "row 0 has every key masked", "NaN", "0/0"),
+    case(SOFTMAX, softmax_uniform_empty_rows, "failed", "row 0 has every key masked", "uniform"),
+    case(SOFTMAX, softmax_add_minus_inf_then_where, "failed", "gradient", "rows [0, 3]"),
+    case(SOFTMAX, softmax_wrong_axis, "failed", "dim=-2", "nothing masked"),
+    case(SOFTMAX, softmax_float32, "failed", "dtype torch.float32", "float64"),
+]
 
 
-def test_masked_softmax_rejects_zero_fill():
-    r = run(ch04.check_masked_softmax, softmax_zero_fill)
-    assert "but gets weight" in r.message and "a causal mask, T=4" in r.message
-
-
-def test_masked_softmax_rejects_zeroing_after_softmax():
-    r = run(ch04.check_masked_softmax, softmax_zero_after)
-    assert "not 1" in r.message and "after the softmax" in r.message
-
-
-def test_masked_softmax_rejects_nan_rows():
-    r = run(ch04.check_masked_softmax, softmax_minus_inf)
-    assert "row 0 has every key masked" in r.message and "NaN" in r.message and "0/0" in r.message
-
-
-def test_masked_softmax_rejects_uniform_empty_rows():
-    r = run(ch04.check_masked_softmax, softmax_uniform_empty_rows)
-    assert "row 0 has every key masked" in r.message and "uniform" in r.message
-
-
-def test_masked_softmax_rejects_nan_gradient():
-    r = run(ch04.check_masked_softmax, softmax_add_minus_inf_then_where)
-    assert "gradient" in r.message and "rows [0, 3]" in r.message
-
-
-def test_masked_softmax_rejects_wrong_axis():
-    r = run(ch04.check_masked_softmax, softmax_wrong_axis)
-    assert "dim=-2" in r.message and "nothing masked" in r.message
-
-
-def test_masked_softmax_rejects_wrong_dtype():
-    r = run(ch04.check_masked_softmax, softmax_float32)
-    assert "dtype torch.float32" in r.message and "float64" in r.message
+@pytest.mark.parametrize(FIELDS, CAUSAL_CASES + SOFTMAX_CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)

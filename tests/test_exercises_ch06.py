@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from _exercise_cases import FIELDS, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.exercises import ch06
@@ -88,55 +89,35 @@ def float32_formula(max_len, d_model):
     return pe
 
 
-def not_implemented(max_len, d_model):
-    raise NotImplementedError("write your answer here")
+def off_by_a_bit(max_len, d_model):
+    pe = model_sinusoidal(max_len, d_model)
+    pe[-1, -1] += 0.1
+    return pe
 
 
 @pytest.mark.parametrize("fn", [model_sinusoidal, tl.sinusoidal_encoding, float32_formula])
-def test_sinusoidal_right_answers_pass(fn, capsys):
-    result = ch06.check_sinusoidal(fn)
-    assert result.passed, result.message
+def test_sinusoidal_right_answers_print_correct(fn, capsys):
+    assert ch06.check_sinusoidal(fn).passed
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "fn, message",
-    [
-        (swapped, "sine and cosine are swapped"),
-        (half_exponent, "10000^(i/d_model)"),
-        (dim_exponent, "must share one angle"),
-        (blocked, "all the sines first"),
-        (base_1000, "base of the geometric progression is 10000, not 1000"),
-        (odd_crash, "With an odd d_model the last dimension"),
-        (from_one, "positions start at 0"),
-        (transposed, "transpose it"),
-    ],
-)
-def test_sinusoidal_wrong_answers_are_named(fn, message):
-    result = ch06.check_sinusoidal(fn, verbose=False)
-    assert result.status == "failed"
-    assert message in result.message
-
-
-def test_sinusoidal_odd_crash_names_the_smallest_input():
-    result = ch06.check_sinusoidal(odd_crash, verbose=False)
-    assert "max_len=5, d_model=3" in result.message
-
-
-def test_sinusoidal_unknown_mistake_reports_first_wrong_entry():
-    def off_by_a_bit(max_len, d_model):
-        pe = model_sinusoidal(max_len, d_model)
-        pe[-1, -1] += 0.1
-        return pe
-
-    result = ch06.check_sinusoidal(off_by_a_bit, verbose=False)
-    assert result.status == "failed"
-    assert "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000" in result.message
-
-
-def test_sinusoidal_wrong_type_and_stub():
-    assert "return a torch.Tensor" in ch06.check_sinusoidal(lambda m, d: [[0.0]], verbose=False).message
-    assert ch06.check_sinusoidal(not_implemented, verbose=False).status == "not implemented"
+SINUSOIDAL = ch06.check_sinusoidal
+SINUSOIDAL_CASES = [
+    *(case(SINUSOIDAL, fn, "passed") for fn in (model_sinusoidal, tl.sinusoidal_encoding, float32_formula)),
+    case(SINUSOIDAL, swapped, "failed", "sine and cosine are swapped"),
+    case(SINUSOIDAL, half_exponent, "failed", "10000^(i/d_model)"),
+    case(SINUSOIDAL, dim_exponent, "failed", "must share one angle"),
+    case(SINUSOIDAL, blocked, "failed", "all the sines first"),
+    case(SINUSOIDAL, base_1000, "failed", "base of the geometric progression is 10000, not 1000"),
+    # the crash on odd widths is named, with the smallest input that shows it
+    case(SINUSOIDAL, odd_crash, "failed", "With an odd d_model the last dimension", "max_len=5, d_model=3"),
+    case(SINUSOIDAL, from_one, "failed", "positions start at 0"),
+    case(SINUSOIDAL, transposed, "failed", "transpose it"),
+    # an unknown mistake: the first wrong entry
+    case(SINUSOIDAL, off_by_a_bit, "failed", "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000"),
+    case(SINUSOIDAL, lambda m, d: [[0.0]], "failed", "return a torch.Tensor", id="a list"),
+    case(SINUSOIDAL, stub, "not implemented"),
+]
 
 
 # --- answers to ex-06-3 (the relative-position rotation) --------------------------------------
@@ -171,28 +152,21 @@ def dense_blocked(k, d_model):
     return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
 
 
-@pytest.mark.parametrize("fn", [model_rotation, relative_rotation, lambda k, d: relative_rotation(k, d).float()])
-def test_rotation_right_answers_pass(fn):
-    result = ch06.check_rotation(fn, verbose=False)
-    assert result.passed, result.message
+ROTATION = ch06.check_rotation
+ROTATION_CASES = [
+    case(ROTATION, model_rotation, "passed"),
+    case(ROTATION, relative_rotation, "passed", id="library"),
+    case(ROTATION, lambda k, d: relative_rotation(k, d).float(), "passed", id="library in float32"),
+    case(ROTATION, backwards, "failed", "moves the encoding backwards"),
+    case(ROTATION, same_frequency, "failed", "the block of pair i=1 (dimensions 2, 3) is wrong"),
+    case(ROTATION, ignores_k, "failed", "for k=0, d_model=2 the block of pair i=0"),
+    case(ROTATION, dense_blocked, "failed", "mixes different frequency pairs: entry M[0, 2]"),
+    case(ROTATION, lambda k, d: torch.eye(d + 1), "failed", "expected (d_model, d_model) = (2, 2)", id="wrong shape"),
+    case(ROTATION, lambda k, d: torch.eye(d, dtype=torch.long), "failed", "floating-point", id="integer dtype"),
+    case(ROTATION, stub, "not implemented"),
+]
 
 
-@pytest.mark.parametrize(
-    "fn, message",
-    [
-        (backwards, "moves the encoding backwards"),
-        (same_frequency, "the block of pair i=1 (dimensions 2, 3) is wrong"),
-        (ignores_k, "for k=0, d_model=2 the block of pair i=0"),
-        (dense_blocked, "mixes different frequency pairs: entry M[0, 2]"),
-        (lambda k, d: torch.eye(d + 1), "expected (d_model, d_model) = (2, 2)"),
-        (lambda k, d: torch.eye(d, dtype=torch.long), "floating-point"),
-    ],
-)
-def test_rotation_wrong_answers_are_named(fn, message):
-    result = ch06.check_rotation(fn, verbose=False)
-    assert result.status == "failed"
-    assert message in result.message
-
-
-def test_rotation_stub_is_not_implemented():
-    assert ch06.check_rotation(not_implemented, verbose=False).status == "not implemented"
+@pytest.mark.parametrize(FIELDS, SINUSOIDAL_CASES + ROTATION_CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)
