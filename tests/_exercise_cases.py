@@ -2,7 +2,8 @@
 
 Each chapter's test module lists the answers its checks must accept or reject as rows made by
 :func:`case`: the check, the student's function, the verdict status it must get and the words
-its message must contain. :func:`assert_verdict` runs a row and checks, besides the status and
+its message must contain. A :class:`Table` collects them; its ``add`` decorator puts a named
+answer's row right above the answer's code. :func:`assert_verdict` runs a row and checks, besides the status and
 the words, what every verdict promises: one line, starting the way its status says.
 """
 
@@ -26,6 +27,19 @@ def case(check: Callable, fn: Callable, status: str, *phrases: str, id: str | No
         assert name != "<lambda>", "give a row for a lambda an explicit id"
         id = name
     return pytest.param(check, fn, status, phrases, id=f"{check.__name__}-{id}")
+
+
+class Table(list):
+    """A chapter's verdict cases, to pass to ``pytest.mark.parametrize(FIELDS, table)``."""
+
+    def add(self, check: Callable, status: str, *phrases: str, id: str | None = None) -> Callable:
+        """Decorator: add the row ``case(check, fn, status, *phrases)`` for the function below."""
+
+        def register(fn: Callable) -> Callable:
+            self.append(case(check, fn, status, *phrases, id=id))
+            return fn
+
+        return register
 
 
 def assert_verdict(check: Callable, fn: Callable, status: str, phrases: tuple[str, ...]) -> None:

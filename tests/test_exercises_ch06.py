@@ -2,11 +2,15 @@
 
 import pytest
 import torch
-from _exercise_cases import FIELDS, assert_verdict, case, stub
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.exercises import ch06
 from transformer_lib.positional import relative_rotation, sinusoidal_frequencies
+
+SINUSOIDAL = ch06.check_sinusoidal
+ROTATION = ch06.check_rotation
+CASES = Table()  # the rows of the answers below that are written as functions
 
 # --- answers to ex-06-2 (the sinusoidal encoding) ---------------------------------------------
 
@@ -26,22 +30,27 @@ def _angles(max_len, d_model, base=10000.0, exponent=lambda i, d: 2 * i / d):
     return pos / base ** exponent(i, d_model)
 
 
+def _interleave(even, odd, d_model):
+    """A float32 ``(max_len, d_model)`` encoding: ``even`` on dimensions 0, 2, ..., ``odd`` on 1, 3, ...."""
+    pe = torch.zeros(even.shape[0], d_model)
+    pe[:, 0::2] = even
+    pe[:, 1::2] = odd  # a shape mismatch when the widths do not fit
+    return pe
+
+
+@CASES.add(SINUSOIDAL, "failed", "sine and cosine are swapped")
 def swapped(max_len, d_model):
     a = _angles(max_len, d_model)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.cos(a)
-    pe[:, 1::2] = torch.sin(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.cos(a), torch.sin(a[:, : d_model // 2]), d_model)
 
 
+@CASES.add(SINUSOIDAL, "failed", "10000^(i/d_model)")
 def half_exponent(max_len, d_model):
     a = _angles(max_len, d_model, exponent=lambda i, d: i / d)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
+@CASES.add(SINUSOIDAL, "failed", "must share one angle")
 def dim_exponent(max_len, d_model):
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]
     dims = torch.arange(d_model, dtype=torch.float64)
@@ -50,31 +59,31 @@ def dim_exponent(max_len, d_model):
     return pe
 
 
+@CASES.add(SINUSOIDAL, "failed", "all the sines first")
 def blocked(max_len, d_model):
     a = _angles(max_len, d_model)
     return torch.cat([torch.sin(a), torch.cos(a[:, : d_model // 2])], dim=1)
 
 
+@CASES.add(SINUSOIDAL, "failed", "base of the geometric progression is 10000, not 1000")
 def base_1000(max_len, d_model):
     a = _angles(max_len, d_model, base=1000.0)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
+# the crash on odd widths is named, with the smallest input that shows it
+@CASES.add(SINUSOIDAL, "failed", "With an odd d_model the last dimension", "max_len=5, d_model=3")
 def odd_crash(max_len, d_model):
     a = _angles(max_len, d_model)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a)  # shape mismatch when d_model is odd
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a), d_model)  # shape mismatch when d_model is odd
 
 
+@CASES.add(SINUSOIDAL, "failed", "positions start at 0")
 def from_one(max_len, d_model):
     return model_sinusoidal(max_len + 1, d_model)[1:]
 
 
+@CASES.add(SINUSOIDAL, "failed", "transpose it")
 def transposed(max_len, d_model):
     return model_sinusoidal(max_len, d_model).T
 
@@ -83,12 +92,11 @@ def float32_formula(max_len, d_model):
     # computing the angles in float32 is accurate enough for the check's tolerance
     pos = torch.arange(max_len, dtype=torch.float32)[:, None]
     a = pos * torch.exp(-torch.arange(0, d_model, 2, dtype=torch.float32) * (9.210340371976184 / d_model))
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
+# an unknown mistake: the first wrong entry
+@CASES.add(SINUSOIDAL, "failed", "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000")
 def off_by_a_bit(max_len, d_model):
     pe = model_sinusoidal(max_len, d_model)
     pe[-1, -1] += 0.1
@@ -101,20 +109,8 @@ def test_sinusoidal_right_answers_print_correct(fn, capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-SINUSOIDAL = ch06.check_sinusoidal
 SINUSOIDAL_CASES = [
     *(case(SINUSOIDAL, fn, "passed") for fn in (model_sinusoidal, tl.sinusoidal_encoding, float32_formula)),
-    case(SINUSOIDAL, swapped, "failed", "sine and cosine are swapped"),
-    case(SINUSOIDAL, half_exponent, "failed", "10000^(i/d_model)"),
-    case(SINUSOIDAL, dim_exponent, "failed", "must share one angle"),
-    case(SINUSOIDAL, blocked, "failed", "all the sines first"),
-    case(SINUSOIDAL, base_1000, "failed", "base of the geometric progression is 10000, not 1000"),
-    # the crash on odd widths is named, with the smallest input that shows it
-    case(SINUSOIDAL, odd_crash, "failed", "With an odd d_model the last dimension", "max_len=5, d_model=3"),
-    case(SINUSOIDAL, from_one, "failed", "positions start at 0"),
-    case(SINUSOIDAL, transposed, "failed", "transpose it"),
-    # an unknown mistake: the first wrong entry
-    case(SINUSOIDAL, off_by_a_bit, "failed", "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000"),
     case(SINUSOIDAL, lambda m, d: [[0.0]], "failed", "return a torch.Tensor", id="a list"),
     case(SINUSOIDAL, stub, "not implemented"),
 ]
@@ -123,6 +119,7 @@ SINUSOIDAL_CASES = [
 # --- answers to ex-06-3 (the relative-position rotation) --------------------------------------
 
 
+@CASES.add(ROTATION, "passed")
 def model_rotation(k, d_model):
     blocks = []
     for w in sinusoidal_frequencies(d_model).tolist():
@@ -131,20 +128,24 @@ def model_rotation(k, d_model):
     return torch.block_diag(*blocks)
 
 
+@CASES.add(ROTATION, "failed", "moves the encoding backwards")
 def backwards(k, d_model):
     return model_rotation(k, d_model).T
 
 
+@CASES.add(ROTATION, "failed", "the block of pair i=1 (dimensions 2, 3) is wrong")
 def same_frequency(k, d_model):
     # every pair rotated by k radians: right for pair 0 only
     c, s = torch.cos(torch.tensor(float(k))), torch.sin(torch.tensor(float(k)))
     return torch.block_diag(*[torch.tensor([[c, s], [-s, c]])] * (d_model // 2))
 
 
+@CASES.add(ROTATION, "failed", "for k=0, d_model=2 the block of pair i=0")
 def ignores_k(k, d_model):
     return model_rotation(1, d_model)
 
 
+@CASES.add(ROTATION, "failed", "mixes different frequency pairs: entry M[0, 2]")
 def dense_blocked(k, d_model):
     # rotation written for the [sines | cosines] layout
     w = k * sinusoidal_frequencies(d_model)
@@ -152,21 +153,15 @@ def dense_blocked(k, d_model):
     return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
 
 
-ROTATION = ch06.check_rotation
 ROTATION_CASES = [
-    case(ROTATION, model_rotation, "passed"),
     case(ROTATION, relative_rotation, "passed", id="library"),
     case(ROTATION, lambda k, d: relative_rotation(k, d).float(), "passed", id="library in float32"),
-    case(ROTATION, backwards, "failed", "moves the encoding backwards"),
-    case(ROTATION, same_frequency, "failed", "the block of pair i=1 (dimensions 2, 3) is wrong"),
-    case(ROTATION, ignores_k, "failed", "for k=0, d_model=2 the block of pair i=0"),
-    case(ROTATION, dense_blocked, "failed", "mixes different frequency pairs: entry M[0, 2]"),
     case(ROTATION, lambda k, d: torch.eye(d + 1), "failed", "expected (d_model, d_model) = (2, 2)", id="wrong shape"),
     case(ROTATION, lambda k, d: torch.eye(d, dtype=torch.long), "failed", "floating-point", id="integer dtype"),
     case(ROTATION, stub, "not implemented"),
 ]
 
 
-@pytest.mark.parametrize(FIELDS, SINUSOIDAL_CASES + ROTATION_CASES)
+@pytest.mark.parametrize(FIELDS, CASES + SINUSOIDAL_CASES + ROTATION_CASES)
 def test_verdict(check, fn, status, phrases):
     assert_verdict(check, fn, status, phrases)

@@ -2,52 +2,56 @@
 
 import pytest
 import torch
-from _exercise_cases import FIELDS, assert_verdict, case, stub
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.exercises import ch07
 
+FFN = ch07.check_ffn_params
+PRE_LN = ch07.check_pre_ln
+POST_LN = ch07.check_post_ln
+CASES = Table()  # the rows of the answers below that are written as functions
+
 # ---------------------------------------------------------------- check_ffn_params
 
 
+@CASES.add(FFN, "passed")
 def ffn_model_answer(d_model, d_ff, bias=True):
     return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
 
+@CASES.add(FFN, "passed")
 def ffn_by_counting(d_model, d_ff, bias=True):
     return sum(p.numel() for p in tl.FeedForward(d_model, d_ff, bias=bias).parameters())
 
 
+@CASES.add(FFN, "failed", "ffn_param_count(2, 3, bias=True)", "returned 12", "also has a bias vector")
 def ffn_weights_only(d_model, d_ff, bias=True):
     return 2 * d_model * d_ff
 
 
+@CASES.add(FFN, "failed", "bias=False", "no bias vectors")
 def ffn_ignores_bias_flag(d_model, d_ff, bias=True):
     return 2 * d_model * d_ff + d_ff + d_model
 
 
+@CASES.add(FFN, "failed", "its bias has d_model entries")
 def ffn_both_biases_d_ff(d_model, d_ff, bias=True):
     return 2 * d_model * d_ff + (2 * d_ff if bias else 0)
 
 
+@CASES.add(FFN, "failed", "looks like one linear layer")
 def ffn_one_layer(d_model, d_ff, bias=True):
     return d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
 
+@CASES.add(FFN, "failed", "as an int")
 def ffn_float(d_model, d_ff, bias=True):
     return float(ffn_model_answer(d_model, d_ff, bias))
 
 
-FFN = ch07.check_ffn_params
 FFN_CASES = [
-    case(FFN, ffn_model_answer, "passed"),
-    case(FFN, ffn_by_counting, "passed"),
     case(FFN, lambda d, f, bias=True: torch.tensor(ffn_model_answer(d, f, bias)), "passed", id="an integer tensor"),
-    case(FFN, ffn_weights_only, "failed", "ffn_param_count(2, 3, bias=True)", "returned 12", "also has a bias vector"),
-    case(FFN, ffn_ignores_bias_flag, "failed", "bias=False", "no bias vectors"),
-    case(FFN, ffn_both_biases_d_ff, "failed", "its bias has d_model entries"),
-    case(FFN, ffn_one_layer, "failed", "looks like one linear layer"),
-    case(FFN, ffn_float, "failed", "as an int"),
     case(FFN, stub, "not implemented"),
     case(FFN, lambda d_model, d_ff: 0, "error", "TypeError", id="forgot the bias argument"),
 ]
@@ -63,56 +67,56 @@ def test_ffn_params_does_not_move_the_global_rng():
 # ---------------------------------------------------------------- check_pre_ln
 
 
+@CASES.add(PRE_LN, "passed")
+@CASES.add(POST_LN, "failed", "pre-LN arrangement", "LayerNorm(x + Sublayer(x))")
 def pre_ln_model_answer(x, sublayer, norm):
     return x + sublayer(norm(x))
 
 
+@CASES.add(PRE_LN, "failed", "post-LN arrangement", "x of shape (2, 3, 4)", "x + Sublayer(LayerNorm(x))")
 def pre_ln_is_post_ln(x, sublayer, norm):
     return norm(x + sublayer(x))
 
 
+@CASES.add(PRE_LN, "failed", "after adding the residual")
 def pre_ln_norm_after_residual(x, sublayer, norm):
     return norm(x + sublayer(norm(x)))
 
 
+@CASES.add(PRE_LN, "failed", "residual connection is missing")
 def pre_ln_no_residual(x, sublayer, norm):
     return sublayer(norm(x))
 
 
+@CASES.add(PRE_LN, "failed", "carries the normalised x")
 def pre_ln_normed_residual(x, sublayer, norm):
     x = norm(x)
     return x + sublayer(x)
 
 
+@CASES.add(PRE_LN, "failed", "added before the sublayer")
 def pre_ln_residual_before_sublayer(x, sublayer, norm):
     return sublayer(x + norm(x))
 
 
+@CASES.add(PRE_LN, "failed", "LayerNorm is missing")
+@CASES.add(POST_LN, "failed", "LayerNorm is missing")
 def pre_ln_no_norm(x, sublayer, norm):
     return x + sublayer(x)
 
 
+@CASES.add(PRE_LN, "failed", "in place")
 def pre_ln_in_place(x, sublayer, norm):
     x += sublayer(norm(x))
     return x
 
 
+@CASES.add(PRE_LN, "failed", "float64", "dtype")
 def pre_ln_float32(x, sublayer, norm):
     return (x + sublayer(norm(x))).float()
 
 
-PRE_LN = ch07.check_pre_ln
 PRE_LN_CASES = [
-    case(PRE_LN, pre_ln_model_answer, "passed"),
-    case(PRE_LN, pre_ln_is_post_ln, "failed", "post-LN arrangement", "x of shape (2, 3, 4)",
-         "x + Sublayer(LayerNorm(x))"),
-    case(PRE_LN, pre_ln_norm_after_residual, "failed", "after adding the residual"),
-    case(PRE_LN, pre_ln_no_residual, "failed", "residual connection is missing"),
-    case(PRE_LN, pre_ln_normed_residual, "failed", "carries the normalised x"),
-    case(PRE_LN, pre_ln_residual_before_sublayer, "failed", "added before the sublayer"),
-    case(PRE_LN, pre_ln_no_norm, "failed", "LayerNorm is missing"),
-    case(PRE_LN, pre_ln_in_place, "failed", "in place"),
-    case(PRE_LN, pre_ln_float32, "failed", "float64", "dtype"),
     # other answers: expected and actual values, the shape, the type
     case(PRE_LN, lambda x, sublayer, norm: 2 * x, "failed", "expected [", "got [", id="unknown"),
     case(PRE_LN, lambda x, sublayer, norm: (x + sublayer(norm(x)))[:, :1], "failed", "keeps the shape of x",
@@ -127,25 +131,22 @@ PRE_LN_CASES = [
 # ---------------------------------------------------------------- check_post_ln
 
 
+@CASES.add(POST_LN, "passed")
 def post_ln_model_answer(x, sublayer, norm):
     return norm(x + sublayer(x))
 
 
-POST_LN = ch07.check_post_ln
 POST_LN_CASES = [
-    case(POST_LN, post_ln_model_answer, "passed"),
-    case(POST_LN, pre_ln_model_answer, "failed", "pre-LN arrangement", "LayerNorm(x + Sublayer(x))"),
     case(POST_LN, lambda x, sublayer, norm: norm(sublayer(x)), "failed", "residual connection is missing",
          id="no residual"),
     case(POST_LN, lambda x, sublayer, norm: x + norm(sublayer(x)), "failed", "normalised the sublayer's output only",
          id="norm on the branch only"),
     case(POST_LN, lambda x, sublayer, norm: norm(x) + sublayer(x), "failed", "adds first and then normalises",
          id="added to the normalised input"),
-    case(POST_LN, pre_ln_no_norm, "failed", "LayerNorm is missing"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(FIELDS, FFN_CASES + PRE_LN_CASES + POST_LN_CASES)
+@pytest.mark.parametrize(FIELDS, CASES + FFN_CASES + PRE_LN_CASES + POST_LN_CASES)
 def test_verdict(check, fn, status, phrases):
     assert_verdict(check, fn, status, phrases)
 

@@ -2,74 +2,77 @@
 
 import pytest
 import torch
-from _exercise_cases import FIELDS, assert_verdict, case, stub
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 from transformer_lib.exercises import ch08
+
+SHIFT = ch08.check_teacher_forcing_shift
+GREEDY = ch08.check_greedy_decode
+CASES = Table()  # the rows of the answers below that are written as functions
 
 # ---------------------------------------------------------------- check_teacher_forcing_shift
 
 
+@CASES.add(SHIFT, "passed")
 def shift_model_answer(tgt):
     return tgt[:, :-1], tgt[:, 1:]
 
 
+@CASES.add(SHIFT, "failed", "there is no shift")
 def shift_none(tgt):
     return tgt, tgt
 
 
+@CASES.add(SHIFT, "failed", "there is no shift")
 def shift_none_trimmed(tgt):
     return tgt[:, 1:], tgt[:, 1:]
 
 
+@CASES.add(SHIFT, "failed", "the shift goes the wrong way")
 def shift_wrong_way(tgt):
     return tgt[:, 1:], tgt[:, :-1]
 
 
+@CASES.add(SHIFT, "failed", "your decoder input has shape (3, 5)", "expected (3, 4)")
 def shift_full_input(tgt):
     return tgt, tgt[:, 1:]
 
 
+@CASES.add(SHIFT, "failed", "your targets have shape (3, 3)")
 def shift_drops_eos_column_from_targets(tgt):
     return tgt[:, :-1], tgt[:, 1:-1]
 
 
+@CASES.add(SHIFT, "failed", "contains <bos>")
 def shift_targets_with_bos(tgt):
     return tgt[:, :-1], tgt[:, :-1].roll(-1, dims=1)
 
 
+@CASES.add(SHIFT, "failed", "has no <eos>")
 def shift_eos_removed_from_targets(tgt):
     out = tgt[:, 1:].clone()
     out[out == 2] = 0
     return tgt[:, :-1], out
 
 
+@CASES.add(SHIFT, "failed", "dtype torch.float32")
 def shift_float(tgt):
     return tgt[:, :-1].float(), tgt[:, 1:].float()
 
 
+@CASES.add(SHIFT, "failed", "changed its argument tgt in place")
 def shift_in_place(tgt):
     tgt[tgt == 2] = 0
     return tgt[:, :-1], tgt[:, 1:]
 
 
+@CASES.add(SHIFT, "failed", "return a pair")
 def shift_returns_one_tensor(tgt):
     return torch.stack([tgt[:, :-1], tgt[:, 1:]])
 
 
-SHIFT = ch08.check_teacher_forcing_shift
 SHIFT_CASES = [
-    case(SHIFT, shift_model_answer, "passed"),
     case(SHIFT, lambda t: [t[:, :-1], t[:, 1:]], "passed", id="a list"),
-    case(SHIFT, shift_none, "failed", "there is no shift"),
-    case(SHIFT, shift_none_trimmed, "failed", "there is no shift"),
-    case(SHIFT, shift_wrong_way, "failed", "the shift goes the wrong way"),
-    case(SHIFT, shift_full_input, "failed", "your decoder input has shape (3, 5)", "expected (3, 4)"),
-    case(SHIFT, shift_drops_eos_column_from_targets, "failed", "your targets have shape (3, 3)"),
-    case(SHIFT, shift_targets_with_bos, "failed", "contains <bos>"),
-    case(SHIFT, shift_eos_removed_from_targets, "failed", "has no <eos>"),
-    case(SHIFT, shift_float, "failed", "dtype torch.float32"),
-    case(SHIFT, shift_in_place, "failed", "changed its argument tgt in place"),
-    case(SHIFT, shift_returns_one_tensor, "failed", "return a pair"),
     case(SHIFT, stub, "not implemented"),
 ]
 
@@ -77,6 +80,7 @@ SHIFT_CASES = [
 # ---------------------------------------------------------------- check_greedy_decode
 
 
+@CASES.add(GREEDY, "passed")
 def greedy_model_answer(model, src, max_new_tokens):
     c = model.config
     memory, src_keep = model.encode(src)
@@ -120,6 +124,7 @@ def make_greedy(
     return fn
 
 
+@CASES.add(GREEDY, "failed", "called the decoder with an empty prefix")
 def greedy_from_an_empty_prefix(model, src, max_new_tokens):
     memory, src_keep = model.encode(src)
     out = torch.zeros(src.shape[0], 0, dtype=torch.long)
@@ -129,9 +134,7 @@ def greedy_from_an_empty_prefix(model, src, max_new_tokens):
     return out
 
 
-GREEDY = ch08.check_greedy_decode
 GREEDY_CASES = [
-    case(GREEDY, greedy_model_answer, "passed"),
     case(GREEDY, lambda m, s, n: m.greedy_decode(s, max_new_tokens=n), "passed", id="library"),
     case(GREEDY, make_greedy(forward=True), "passed", id="through forward"),
     case(GREEDY, make_greedy(keep_bos=True), "failed", "the first column of your output is <bos>", id="keeps bos"),
@@ -152,11 +155,10 @@ GREEDY_CASES = [
          id="eos replaced by pad"),
     case(GREEDY, lambda m, s, n: m.greedy_decode(s, max_new_tokens=n).tolist(), "failed", "returned a list",
          id="a list"),
-    case(GREEDY, greedy_from_an_empty_prefix, "failed", "called the decoder with an empty prefix"),
     case(GREEDY, stub, "not implemented"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(FIELDS, SHIFT_CASES + GREEDY_CASES)
+@pytest.mark.parametrize(FIELDS, CASES + SHIFT_CASES + GREEDY_CASES)
 def test_verdict(check, fn, status, phrases):
     assert_verdict(check, fn, status, phrases)

@@ -2,51 +2,63 @@
 
 import pytest
 import torch
-from _exercise_cases import FIELDS, assert_verdict, case, stub
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.data import get_batch
 from transformer_lib.exercises import ch09
 
+LM = ch09.check_lm_targets
+TOP_K = ch09.check_top_k_filter
+CASES = Table()  # the rows of the answers below that are written as functions
+
 # ---------------------------------------------------------------- check_lm_targets
 
 
+@CASES.add(LM, "passed")
 def lm_model_answer(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)  # (B, T)
     return data[offsets], data[offsets + 1]
 
 
+@CASES.add(LM, "passed")
 def lm_loop_answer(data, starts, block_size):
     xs = [data[s : s + block_size] for s in starts.tolist()]
     ys = [data[s + 1 : s + block_size + 1] for s in starts.tolist()]
     return torch.stack(xs), torch.stack(ys)
 
 
+@CASES.add(LM, "failed", "your targets equal the inputs (no shift)")
 def lm_no_shift(data, starts, block_size):
     x, _ = lm_model_answer(data, starts, block_size)
     return x, x.clone()
 
 
+@CASES.add(LM, "failed", "shifted the wrong way")
 def lm_wrong_way(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)
     return data[offsets], data[offsets - 1]
 
 
+@CASES.add(LM, "failed", "x and y are swapped")
 def lm_swapped(data, starts, block_size):
     x, y = lm_model_answer(data, starts, block_size)
     return y, x
 
 
+@CASES.add(LM, "failed", "y has shape (2, 5); expected (B, T) = (2, 4)")
 def lm_one_too_long(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size + 1)
     return data[offsets[:, :-1]], data[offsets]
 
 
+@CASES.add(LM, "failed", "y[b, t] should be data[starts[b] + t + 1]")
 def lm_shift_by_two(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)
     return data[offsets], data[(offsets + 2).clamp_max(len(data) - 1)]
 
 
+@CASES.add(LM, "failed", "dtype torch.float32", "integer ids")
 def lm_float(data, starts, block_size):
     x, y = lm_model_answer(data, starts, block_size)
     return x.float(), y.float()
@@ -59,16 +71,7 @@ def test_lm_targets_matches_get_batch(gen):
     assert all(torch.equal(a, b) for a, b in zip(lm_model_answer(data, starts, 6), (x, y), strict=True))
 
 
-LM = ch09.check_lm_targets
 LM_CASES = [
-    case(LM, lm_model_answer, "passed"),
-    case(LM, lm_loop_answer, "passed"),
-    case(LM, lm_no_shift, "failed", "your targets equal the inputs (no shift)"),
-    case(LM, lm_wrong_way, "failed", "shifted the wrong way"),
-    case(LM, lm_swapped, "failed", "x and y are swapped"),
-    case(LM, lm_one_too_long, "failed", "y has shape (2, 5); expected (B, T) = (2, 4)"),
-    case(LM, lm_shift_by_two, "failed", "y[b, t] should be data[starts[b] + t + 1]"),
-    case(LM, lm_float, "failed", "dtype torch.float32", "integer ids"),
     case(LM, stub, "not implemented"),
 ]
 
@@ -99,51 +102,62 @@ def top_k_generate_way(logits, k):
     return flat.masked_fill(flat < kth, float("-inf")).reshape(logits.shape)
 
 
+@CASES.add(TOP_K, "failed", "row 0 keeps 1 logit, expected 2", "the k-th largest logit must stay too")
 def top_k_drops_kth(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits <= kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "keeps 3 logits, expected 2", "kept logits below the k-th largest")
 def top_k_keeps_one_more(logits, k):
     kth = torch.topk(logits, min(k + 1, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "you set it to 0", "0 is an ordinary logit")
 def top_k_zero_fill(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, 0.0)
 
 
+@CASES.add(TOP_K, "failed", "you set it to -1e-09", "float('-inf')")
 def top_k_tiny_fill(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, -1e-9)
 
 
+@CASES.add(TOP_K, "failed", "k = 10 (> V)", "return the logits unchanged")
 def top_k_no_min(logits, k):
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "along the first axis (across the batch)")
 def top_k_wrong_axis(logits, k):
     kth = torch.topk(logits, k, dim=0).values[-1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "changed the logits it was given in place")
 def top_k_in_place(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill_(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "tie at the k-th place", "keeps 2 logits, expected 3")
 def top_k_scatter_no_ties(logits, k):
     idx = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
     out = torch.full_like(logits, float("-inf"))
     return out.scatter(-1, idx, logits.gather(-1, idx))
 
 
+@CASES.add(TOP_K, "failed", "you returned probabilities")
 def top_k_probabilities(logits, k):
     return torch.softmax(top_k_model_answer(logits, k), dim=-1)
 
 
+# a batch-only index, as nanoGPT writes it
+@CASES.add(TOP_K, "failed", "(a batch of sequences)", "values[..., -1:]")
 def top_k_nanogpt_indexing(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1])).values[:, [-1]]
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -162,28 +176,16 @@ def test_reference_matches_generate(gen):
     assert kept[torch.arange(64), out].all()
 
 
-TOP_K = ch09.check_top_k_filter
 TOP_K_CASES = [
     *(
         case(TOP_K, fn, "passed")
         for fn in (top_k_model_answer, top_k_sort_answer, top_k_finfo_min, top_k_generate_way,
                    ch09.reference_top_k_logits)
     ),
-    case(TOP_K, top_k_drops_kth, "failed", "row 0 keeps 1 logit, expected 2", "the k-th largest logit must stay too"),
-    case(TOP_K, top_k_keeps_one_more, "failed", "keeps 3 logits, expected 2", "kept logits below the k-th largest"),
-    case(TOP_K, top_k_zero_fill, "failed", "you set it to 0", "0 is an ordinary logit"),
-    case(TOP_K, top_k_tiny_fill, "failed", "you set it to -1e-09", "float('-inf')"),
-    case(TOP_K, top_k_no_min, "failed", "k = 10 (> V)", "return the logits unchanged"),
-    case(TOP_K, top_k_wrong_axis, "failed", "along the first axis (across the batch)"),
-    case(TOP_K, top_k_in_place, "failed", "changed the logits it was given in place"),
-    case(TOP_K, top_k_scatter_no_ties, "failed", "tie at the k-th place", "keeps 2 logits, expected 3"),
-    case(TOP_K, top_k_probabilities, "failed", "you returned probabilities"),
-    # a batch-only index, as nanoGPT writes it
-    case(TOP_K, top_k_nanogpt_indexing, "failed", "(a batch of sequences)", "values[..., -1:]"),
     case(TOP_K, stub, "not implemented"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(FIELDS, LM_CASES + TOP_K_CASES)
+@pytest.mark.parametrize(FIELDS, CASES + LM_CASES + TOP_K_CASES)
 def test_verdict(check, fn, status, phrases):
     assert_verdict(check, fn, status, phrases)
