@@ -113,64 +113,72 @@ def check_masked_softmax(fn: Callable[[Tensor, Tensor], Tensor]) -> None:
     must stay finite on such rows.
     """
     for desc, scores, mask in _cases():
-        expected = masked_softmax(scores, mask)
         where = f"for {desc}"
         w = call_student(fn, (scores, mask), where)
         require_tensor(w, where, scores.shape, scores.dtype, what="the weights")
-        w = w.detach()
-        empty = ~mask.expand(scores.shape).any(-1)  # (..., T_q): rows with no allowed key
-        if torch.isnan(w).any():
-            row = _first_row(torch.isnan(w).any(-1))
-            if bool(empty[row]):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has every key masked and your weights there are NaN: with -inf "
-                    f"in every score, softmax computes 0/0. Return a row of zeros for such queries. "
-                    f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
-                )
-            raise ExerciseFailure(f"for {desc}, your weights contain NaN in row {row[-1]}: {fmt(w[row])}.")
-        leak = (w.abs() > 1e-6) & ~mask.expand(scores.shape)
-        if leak.any():
-            idx = tuple(torch.nonzero(leak)[0].tolist())
-            row = idx[:-1]
-            if bool(empty[row]) and close(w[row], torch.full_like(w[row], 1.0 / scores.shape[-1])):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has every key masked and your weights there are uniform "
-                    f"({fmt(w[row])}): when every score is the same fill value, softmax spreads the weight "
-                    f"evenly over keys that are all masked. Return zeros for rows with no allowed key."
-                )
+        _diagnose_weights(desc, scores, mask, w.detach())
+    _check_gradient(fn)
+
+
+def _diagnose_weights(desc: str, scores: Tensor, mask: Tensor, w: Tensor) -> None:
+    """Raise ExerciseFailure naming the first problem of weights ``w`` with the scores' shape."""
+    expected = masked_softmax(scores, mask)
+    empty = ~mask.expand(scores.shape).any(-1)  # (..., T_q): rows with no allowed key
+    if torch.isnan(w).any():
+        row = _first_row(torch.isnan(w).any(-1))
+        if bool(empty[row]):
             raise ExerciseFailure(
-                f"for {desc}, key {idx[-1]} is masked in row {row[-1]} but gets weight {w[idx].item():.4f} "
-                f"(expected 0). The fill value must be a large negative number (such as -1e9 or "
-                f"torch.finfo(dtype).min), not a tiny one like -1e-9 or 0, and it goes in before the softmax. "
-                f"Row {row[-1]}: got {fmt(w[row])}, expected {fmt(expected[row])}."
-            )
-        sums = w.sum(-1)
-        expected_sums = (~empty).to(w.dtype)
-        if not close(sums, expected_sums, atol=1e-4):
-            col_sums = w.sum(-2)
-            if not empty.any() and close(col_sums, torch.ones_like(col_sums), atol=1e-4):
-                raise ExerciseFailure(
-                    f"for {desc}, your weights sum to 1 down each column (over the queries, dim=-2) instead of "
-                    f"along each row (over the keys, dim=-1). Each query needs its own distribution over the "
-                    f"keys: use softmax(..., dim=-1). Got {fmt(w)}."
-                )
-            row = _first_row((sums - expected_sums).abs() > 1e-4)
-            if bool(empty[row]):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has no allowed key and should be all zeros; got {fmt(w[row])}."
-                )
-            raise ExerciseFailure(
-                f"for {desc}, row {row[-1]} of your weights sums to {sums[row].item():.4f}, not 1. Zeroing the "
-                f"masked weights after the softmax leaves the rest unnormalised (and their normaliser still "
-                f"depends on the masked scores): mask the scores before the softmax instead. "
+                f"for {desc}, row {row[-1]} has every key masked and your weights there are NaN: with -inf "
+                f"in every score, softmax computes 0/0. Return a row of zeros for such queries. "
                 f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
             )
-        if not close(w, expected):
-            row = _first_row(~torch.isclose(w.double(), expected.double(), atol=1e-5, rtol=1e-4).all(-1))
+        raise ExerciseFailure(f"for {desc}, your weights contain NaN in row {row[-1]}: {fmt(w[row])}.")
+    leak = (w.abs() > 1e-6) & ~mask.expand(scores.shape)
+    if leak.any():
+        idx = tuple(torch.nonzero(leak)[0].tolist())
+        row = idx[:-1]
+        if bool(empty[row]) and close(w[row], torch.full_like(w[row], 1.0 / scores.shape[-1])):
             raise ExerciseFailure(
-                f"for {desc}, row {row[-1]} of your weights is {fmt(w[row])}; expected {fmt(expected[row])}."
+                f"for {desc}, row {row[-1]} has every key masked and your weights there are uniform "
+                f"({fmt(w[row])}): when every score is the same fill value, softmax spreads the weight "
+                f"evenly over keys that are all masked. Return zeros for rows with no allowed key."
             )
-    # gradients: a row with no allowed key must not send NaN backwards
+        raise ExerciseFailure(
+            f"for {desc}, key {idx[-1]} is masked in row {row[-1]} but gets weight {w[idx].item():.4f} "
+            f"(expected 0). The fill value must be a large negative number (such as -1e9 or "
+            f"torch.finfo(dtype).min), not a tiny one like -1e-9 or 0, and it goes in before the softmax. "
+            f"Row {row[-1]}: got {fmt(w[row])}, expected {fmt(expected[row])}."
+        )
+    sums = w.sum(-1)
+    expected_sums = (~empty).to(w.dtype)
+    if not close(sums, expected_sums, atol=1e-4):
+        col_sums = w.sum(-2)
+        if not empty.any() and close(col_sums, torch.ones_like(col_sums), atol=1e-4):
+            raise ExerciseFailure(
+                f"for {desc}, your weights sum to 1 down each column (over the queries, dim=-2) instead of "
+                f"along each row (over the keys, dim=-1). Each query needs its own distribution over the "
+                f"keys: use softmax(..., dim=-1). Got {fmt(w)}."
+            )
+        row = _first_row((sums - expected_sums).abs() > 1e-4)
+        if bool(empty[row]):
+            raise ExerciseFailure(
+                f"for {desc}, row {row[-1]} has no allowed key and should be all zeros; got {fmt(w[row])}."
+            )
+        raise ExerciseFailure(
+            f"for {desc}, row {row[-1]} of your weights sums to {sums[row].item():.4f}, not 1. Zeroing the "
+            f"masked weights after the softmax leaves the rest unnormalised (and their normaliser still "
+            f"depends on the masked scores): mask the scores before the softmax instead. "
+            f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
+        )
+    if not close(w, expected):
+        row = _first_row(~torch.isclose(w.double(), expected.double(), atol=1e-5, rtol=1e-4).all(-1))
+        raise ExerciseFailure(
+            f"for {desc}, row {row[-1]} of your weights is {fmt(w[row])}; expected {fmt(expected[row])}."
+        )
+
+
+def _check_gradient(fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """A row with no allowed key must not send NaN backwards to the scores."""
     desc, scores, mask = _cases()[-1]
     scores = scores.clone().requires_grad_(True)
     w = fn(scores * 1.0, mask.clone())  # a non-leaf copy, so in-place edits inside fn are allowed

@@ -50,7 +50,6 @@ def check_teacher_forcing_shift(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -
     and must return two ``(B, T - 1)`` long tensors without changing ``tgt``.
     """
     for desc, tgt in _shift_cases():
-        B, T = tgt.shape
         where = f"for {desc}"
         result = call_student(
             fn,
@@ -69,55 +68,61 @@ def check_teacher_forcing_shift(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -
                 hint=": token ids stay integers (the embedding and the loss both need them)",
             )
         expected_inp, expected_out = tgt[:, :-1], tgt[:, 1:]
-        if torch.equal(inp, expected_inp) and torch.equal(out, expected_out):
-            continue
-        if inp.shape == out.shape and torch.equal(inp, out):
+        if not (torch.equal(inp, expected_inp) and torch.equal(out, expected_out)):
+            _diagnose_shift(desc, tgt, inp, out)
+
+
+def _diagnose_shift(desc: str, tgt: Tensor, inp: Tensor, out: Tensor) -> None:
+    """Raise ExerciseFailure naming the slip behind a wrong ``(decoder_input, targets)`` pair."""
+    B, T = tgt.shape
+    where = f"for {desc}"
+    expected_inp, expected_out = tgt[:, :-1], tgt[:, 1:]
+    if inp.shape == out.shape and torch.equal(inp, out):
+        raise ExerciseFailure(
+            f"for {desc}, your targets equal the decoder input: there is no shift, so the model would only "
+            f"learn to copy the token it is given. The target at position t is the token that comes "
+            f"next, tgt[:, t + 1]. Got decoder input {fmt(inp)}."
+        )
+    if torch.equal(inp, expected_out) and torch.equal(out, expected_inp):
+        raise ExerciseFailure(
+            f"for {desc}, the shift goes the wrong way: your decoder input starts with the first answer "
+            f"token and your targets start with <bos>. The decoder is given <bos> and asked for the "
+            f"answer, so decoder_input = tgt[:, :-1] and targets = tgt[:, 1:]."
+        )
+    for name, t in (("decoder input", inp), ("targets", out)):
+        require_shape(
+            t,
+            (B, T - 1),
+            f"{where} (tgt of shape {tuple(tgt.shape)})",
+            what=f"your {name}",
+            hint=": both drop one column of tgt, the input its last and the targets their first",
+        )
+    if not bool((inp[:, 0] == BOS).all()):
+        r = int((inp[:, 0] != BOS).nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the decoder input starts with {int(inp[r, 0])}, not <bos> (id {BOS}): "
+            f"the decoder's first input is always <bos>. Got {fmt(inp[r])}, expected {fmt(expected_inp[r])}."
+        )
+    if bool((out == BOS).any()):
+        r = int((out == BOS).any(1).nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the targets contains <bos> (id {BOS}): the model is given <bos>, it never "
+            f"has to predict it. Got {fmt(out[r])}, expected {fmt(expected_out[r])}."
+        )
+    no_eos = ~(out == EOS).any(1)
+    if bool(no_eos.any()):
+        r = int(no_eos.nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the targets has no <eos> (id {EOS}): the model must learn to predict "
+            f"the end of the answer, or it cannot stop when it decodes. Got {fmt(out[r])}, expected "
+            f"{fmt(expected_out[r])}."
+        )
+    for name, t, e in (("decoder input", inp, expected_inp), ("targets", out, expected_out)):
+        if not torch.equal(t, e):
+            r = int((t != e).any(1).nonzero()[0])
             raise ExerciseFailure(
-                f"for {desc}, your targets equal the decoder input: there is no shift, so the model would only "
-                f"learn to copy the token it is given. The target at position t is the token that comes "
-                f"next, tgt[:, t + 1]. Got decoder input {fmt(inp)}."
+                f"for {desc}, row {r} of the {name} is {fmt(t[r])}; expected {fmt(e[r])} (from tgt row {fmt(tgt[r])})."
             )
-        if torch.equal(inp, expected_out) and torch.equal(out, expected_inp):
-            raise ExerciseFailure(
-                f"for {desc}, the shift goes the wrong way: your decoder input starts with the first answer "
-                f"token and your targets start with <bos>. The decoder is given <bos> and asked for the "
-                f"answer, so decoder_input = tgt[:, :-1] and targets = tgt[:, 1:]."
-            )
-        for name, t in (("decoder input", inp), ("targets", out)):
-            require_shape(
-                t,
-                (B, T - 1),
-                f"{where} (tgt of shape {tuple(tgt.shape)})",
-                what=f"your {name}",
-                hint=": both drop one column of tgt, the input its last and the targets their first",
-            )
-        if not bool((inp[:, 0] == BOS).all()):
-            r = int((inp[:, 0] != BOS).nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the decoder input starts with {int(inp[r, 0])}, not <bos> (id {BOS}): "
-                f"the decoder's first input is always <bos>. Got {fmt(inp[r])}, expected {fmt(expected_inp[r])}."
-            )
-        if bool((out == BOS).any()):
-            r = int((out == BOS).any(1).nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the targets contains <bos> (id {BOS}): the model is given <bos>, it never "
-                f"has to predict it. Got {fmt(out[r])}, expected {fmt(expected_out[r])}."
-            )
-        no_eos = ~(out == EOS).any(1)
-        if bool(no_eos.any()):
-            r = int(no_eos.nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the targets has no <eos> (id {EOS}): the model must learn to predict "
-                f"the end of the answer, or it cannot stop when it decodes. Got {fmt(out[r])}, expected "
-                f"{fmt(expected_out[r])}."
-            )
-        for name, t, e in (("decoder input", inp, expected_inp), ("targets", out, expected_out)):
-            if not torch.equal(t, e):
-                r = int((t != e).any(1).nonzero()[0])
-                raise ExerciseFailure(
-                    f"for {desc}, row {r} of the {name} is {fmt(t[r])}; expected {fmt(e[r])} (from tgt row "
-                    f"{fmt(tgt[r])})."
-                )
 
 
 # ---------------------------------------------------------------- check_greedy_decode
@@ -207,6 +212,40 @@ def _eos_position(row: Tensor) -> int | None:
     return int(hits[0]) if len(hits) else None
 
 
+def _diagnose_feeding(where: str, model: Transformer, src: Tensor, got: Tensor, expected: Tensor) -> None:
+    """Raise ExerciseFailure when a step appended something other than the model's own greedy choice.
+
+    Replays the decoder inputs the scripted model recorded: each must be the previous one plus the
+    argmax of the logits at its last position (for rows that had not ended).
+    """
+    calls = getattr(model, "calls", [])
+    with torch.no_grad():
+        memory, src_keep = model.encode(src)
+    for k in range(1, len(calls)):
+        prev, now = calls[k - 1], calls[k]
+        if now.shape[0] != prev.shape[0] or now.shape[1] != prev.shape[1] + 1:
+            break  # not the growing-prefix protocol: fall through to the general message
+        with torch.no_grad():
+            logits = model.decode(prev, memory, src_keep)
+        calls.pop()  # that call was ours
+        last, first = logits[:, -1].argmax(-1), logits[:, 0].argmax(-1)
+        alive = ~(prev == EOS).any(1)  # rows that had not ended before this step
+        fed = now[:, -1]
+        if bool((fed[alive] != last[alive]).any()):
+            if bool((fed[alive] == first[alive]).all()) and prev.shape[1] > 1:
+                raise ExerciseFailure(
+                    f"{where}, at step {k} you appended the prediction of the first position (logits[:, 0]); "
+                    f"the next token is predicted at the last position of the prefix, logits[:, -1]. "
+                    f"Expected {fmt(expected)}, got {fmt(got)}."
+                )
+            raise ExerciseFailure(
+                f"{where}, at step {k} the token you appended to the decoder input, {fmt(fed)}, is not the "
+                f"model's most likely next token {fmt(last)} (the argmax over the vocabulary of "
+                f"logits[:, -1]). Greedy decoding feeds the model its own prediction. Expected "
+                f"{fmt(expected)}, got {fmt(got)}."
+            )
+
+
 def _diagnose_greedy(desc: str, model: Transformer, src: Tensor, n: int, got: Tensor, expected: Tensor) -> None:
     """Raise ExerciseFailure naming the likely slip behind a wrong greedy decoding."""
     B, E = expected.shape
@@ -260,31 +299,7 @@ def _diagnose_greedy(desc: str, model: Transformer, src: Tensor, n: int, got: Te
             f"one, or after max_new_tokens={n} steps."
         )
     if calls and len(calls) > 1:
-        with torch.no_grad():
-            memory, src_keep = model.encode(src)
-        for k in range(1, len(calls)):
-            prev, now = calls[k - 1], calls[k]
-            if now.shape[0] != prev.shape[0] or now.shape[1] != prev.shape[1] + 1:
-                break  # not the growing-prefix protocol: fall through to the general message
-            with torch.no_grad():
-                logits = model.decode(prev, memory, src_keep)
-            calls.pop()  # that call was ours
-            last, first = logits[:, -1].argmax(-1), logits[:, 0].argmax(-1)
-            alive = ~(prev == EOS).any(1)  # rows that had not ended before this step
-            fed = now[:, -1]
-            if bool((fed[alive] != last[alive]).any()):
-                if bool((fed[alive] == first[alive]).all()) and prev.shape[1] > 1:
-                    raise ExerciseFailure(
-                        f"{where}, at step {k} you appended the prediction of the first position (logits[:, 0]); "
-                        f"the next token is predicted at the last position of the prefix, logits[:, -1]. "
-                        f"Expected {fmt(expected)}, got {fmt(got)}."
-                    )
-                raise ExerciseFailure(
-                    f"{where}, at step {k} the token you appended to the decoder input, {fmt(fed)}, is not the "
-                    f"model's most likely next token {fmt(last)} (the argmax over the vocabulary of "
-                    f"logits[:, -1]). Greedy decoding feeds the model its own prediction. Expected "
-                    f"{fmt(expected)}, got {fmt(got)}."
-                )
+        _diagnose_feeding(where, model, src, got, expected)
     if got.shape != expected.shape:
         raise ExerciseFailure(f"{where}, your output has shape {tuple(got.shape)}; expected {tuple(expected.shape)}.")
     r = int((got != expected).any(1).nonzero()[0])

@@ -98,7 +98,11 @@ def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]])
                 f"for {desc}, y[b, t] should be data[starts[b] + t + 1], the token that follows x[b, t]. "
                 f"Expected {fmt(expected_y)}, got {fmt(y)}."
             )
-    # the same windows as the library's sampler draws, for the same random starts
+    _check_against_get_batch(fn)
+
+
+def _check_against_get_batch(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]) -> None:
+    """The same windows as the library's sampler draws, for the same random starts."""
     data = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(3))
     expected = get_batch(data, 7, 5, generator=torch.Generator().manual_seed(4))
     starts = torch.randint(len(data) - 7, (5,), generator=torch.Generator().manual_seed(4))
@@ -177,7 +181,6 @@ def check_top_k_filter(fn: Callable[[Tensor, int], Tensor]) -> None:
     dtype, keeping ties at the k-th place.
     """
     for desc, logits, k in _top_k_cases():
-        V = logits.shape[-1]
         where = f"for {desc}"
         out = call_student(
             fn,
@@ -189,67 +192,75 @@ def check_top_k_filter(fn: Callable[[Tensor, int], Tensor]) -> None:
             "logits stay intact",
         )
         require_tensor(out, where, logits.shape, logits.dtype, what="the filtered logits")
-        out = out.detach()
-        expected = reference_top_k_logits(logits, k)
-        keep = torch.isfinite(expected)  # (..., V)
-        if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
-            wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
-            if torch.equal(out, wrong_axis):
-                raise ExerciseFailure(
-                    f"for {desc}, you picked the top k along the first axis (across the batch) instead of the "
-                    f"last one (across the vocabulary): each row needs its own k most likely tokens. Use "
-                    f"dim=-1 in torch.topk and keep the k-th value's last axis (values[..., -1:]) for broadcasting."
-                )
-        if torch.allclose(out.double(), torch.softmax(expected.double(), dim=-1), atol=1e-6):
+        _diagnose_top_k(desc, logits, k, out.detach())
+
+
+def _kept_count_hint(desc: str, k: int, V: int, got: int, want: int) -> str:
+    """Why a row of filtered logits keeps ``got`` tokens where it should keep ``want``."""
+    if got > want:
+        return f"you kept logits below the k-th largest (more than the k = {k} largest)"
+    if k >= V:
+        return f"k = {k} is at least V = {V}, so every logit must be kept"
+    if "tie" in desc:
+        return (
+            "two logits tie at the k-th place: keep every logit >= the k-th largest value (as "
+            "GPT.generate does), so both tied logits stay"
+        )
+    return (
+        "the k-th largest logit must stay too (keep logits >= the k-th largest, not > it; "
+        "torch.topk(logits, k).values[..., -1:] is the k-th largest)"
+    )
+
+
+def _diagnose_top_k(desc: str, logits: Tensor, k: int, out: Tensor) -> None:
+    """Raise ExerciseFailure naming the first problem of filtered logits ``out`` of the logits' shape."""
+    expected = reference_top_k_logits(logits, k)
+    keep = torch.isfinite(expected)  # (..., V)
+    if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
+        wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
+        if torch.equal(out, wrong_axis):
             raise ExerciseFailure(
-                f"for {desc}, you returned probabilities; return the filtered *logits* (the kept ones "
-                f"unchanged), so that the caller can still divide them by a temperature before the softmax."
+                f"for {desc}, you picked the top k along the first axis (across the batch) instead of the "
+                f"last one (across the vocabulary): each row needs its own k most likely tokens. Use "
+                f"dim=-1 in torch.topk and keep the k-th value's last axis (values[..., -1:]) for broadcasting."
             )
-        probs = torch.softmax(out.double(), dim=-1)  # a removed token must get probability exactly 0
-        leaked = ~keep & (out != logits) & (probs > 0)
-        if leaked.any():
-            idx = tuple(torch.nonzero(leaked)[0].tolist())
-            value = out[idx].item()
-            hint = (
-                " 0 is an ordinary logit (exp(0) = 1), so the token can still be sampled; use float('-inf')."
-                if value == 0
-                else " Use float('-inf'), so that softmax gives the removed tokens probability exactly 0."
-            )
-            raise ExerciseFailure(
-                f"for {desc}, the logit at index {idx} should be removed (it is below the k-th largest), but "
-                f"you set it to {value:.4g}.{hint}"
-            )
-        n_kept, n_expected = (probs > 0).sum(-1), keep.sum(-1)  # (...,)
-        if not torch.equal(n_kept, n_expected):
-            idx = tuple(torch.nonzero(n_kept != n_expected)[0].tolist())
-            got, want = int(n_kept[idx]), int(n_expected[idx])
-            if got > want:
-                why = f"you kept logits below the k-th largest (more than the k = {k} largest)"
-            elif k >= V:
-                why = f"k = {k} is at least V = {V}, so every logit must be kept"
-            elif "tie" in desc:
-                why = (
-                    "two logits tie at the k-th place: keep every logit >= the k-th largest value (as "
-                    "GPT.generate does), so both tied logits stay"
-                )
-            else:
-                why = (
-                    "the k-th largest logit must stay too (keep logits >= the k-th largest, not > it; "
-                    "torch.topk(logits, k).values[..., -1:] is the k-th largest)"
-                )
-            raise ExerciseFailure(
-                f"for {desc}, {_where(idx)} keeps {got} logit{'' if got == 1 else 's'}, expected {want}: {why}. "
-                f"Expected {fmt(expected[idx])}, got {fmt(out[idx])}."
-            )
-        kept_changed = keep & (out != logits)
-        if kept_changed.any():
-            idx = tuple(torch.nonzero(kept_changed)[0].tolist())
-            raise ExerciseFailure(
-                f"for {desc}, the logit at index {idx} is among the k largest and must be returned unchanged "
-                f"({logits[idx].item():.4f}); got {out[idx].item():.4f}."
-            )
-        if not torch.equal(probs > 0, keep):
-            raise ExerciseFailure(
-                f"for {desc}, you kept the wrong logits: keep the k largest of each row. Expected "
-                f"{fmt(expected)}, got {fmt(out)}."
-            )
+    if torch.allclose(out.double(), torch.softmax(expected.double(), dim=-1), atol=1e-6):
+        raise ExerciseFailure(
+            f"for {desc}, you returned probabilities; return the filtered *logits* (the kept ones "
+            f"unchanged), so that the caller can still divide them by a temperature before the softmax."
+        )
+    probs = torch.softmax(out.double(), dim=-1)  # a removed token must get probability exactly 0
+    leaked = ~keep & (out != logits) & (probs > 0)
+    if leaked.any():
+        idx = tuple(torch.nonzero(leaked)[0].tolist())
+        value = out[idx].item()
+        hint = (
+            " 0 is an ordinary logit (exp(0) = 1), so the token can still be sampled; use float('-inf')."
+            if value == 0
+            else " Use float('-inf'), so that softmax gives the removed tokens probability exactly 0."
+        )
+        raise ExerciseFailure(
+            f"for {desc}, the logit at index {idx} should be removed (it is below the k-th largest), but "
+            f"you set it to {value:.4g}.{hint}"
+        )
+    n_kept, n_expected = (probs > 0).sum(-1), keep.sum(-1)  # (...,)
+    if not torch.equal(n_kept, n_expected):
+        idx = tuple(torch.nonzero(n_kept != n_expected)[0].tolist())
+        got, want = int(n_kept[idx]), int(n_expected[idx])
+        why = _kept_count_hint(desc, k, logits.shape[-1], got, want)
+        raise ExerciseFailure(
+            f"for {desc}, {_where(idx)} keeps {got} logit{'' if got == 1 else 's'}, expected {want}: {why}. "
+            f"Expected {fmt(expected[idx])}, got {fmt(out[idx])}."
+        )
+    kept_changed = keep & (out != logits)
+    if kept_changed.any():
+        idx = tuple(torch.nonzero(kept_changed)[0].tolist())
+        raise ExerciseFailure(
+            f"for {desc}, the logit at index {idx} is among the k largest and must be returned unchanged "
+            f"({logits[idx].item():.4f}); got {out[idx].item():.4f}."
+        )
+    if not torch.equal(probs > 0, keep):
+        raise ExerciseFailure(
+            f"for {desc}, you kept the wrong logits: keep the k largest of each row. Expected "
+            f"{fmt(expected)}, got {fmt(out)}."
+        )
