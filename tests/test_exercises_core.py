@@ -58,6 +58,13 @@ def test_verdicts_for_each_outcome():
     assert crash.status == "error" and crash.message.startswith("demo: your function raised ZeroDivisionError")
 
 
+def test_an_error_verdict_stays_on_one_line():
+    def crash():
+        raise RuntimeError("first line\nsecond line")
+
+    assert _demo(crash, verbose=False).message == "demo: your function raised RuntimeError: first line"
+
+
 def _fails(guard, *args, **kwargs) -> str:
     with pytest.raises(ExerciseFailure) as info:
         guard(*args, **kwargs)

@@ -96,7 +96,7 @@ def _run(name: str, body: Callable, fn, args: tuple, kwargs: dict) -> CheckResul
     except ExerciseFailure as exc:
         return CheckResult(name, "failed", f"Not yet: {exc}")
     except Exception as exc:  # the student's code crashed: report it, do not raise
-        return CheckResult(name, "error", f"{name}: your function raised {type(exc).__name__}: {exc}")
+        return CheckResult(name, "error", f"{name}: your function raised {type(exc).__name__}: {_first_line(exc)}")
     return CheckResult(name, "passed", f"Correct: {name} passed every test case.")
 
 
@@ -138,6 +138,11 @@ def _sentence(text: str) -> str:
     return text if text.endswith(".") else text + "."
 
 
+def _first_line(exc: Exception) -> str:
+    """The first line of an exception's message, so that a verdict stays on one line."""
+    return str(exc).splitlines()[0] if str(exc) else "no message"
+
+
 def call_student(
     fn: Callable,
     args: Sequence,
@@ -164,9 +169,9 @@ def call_student(
         hint = crash_hint(exc) if callable(crash_hint) else crash_hint
         if hint is None:
             raise
-        detail = str(exc).splitlines()[0] if str(exc) else "no message"
         raise ExerciseFailure(
-            _sentence(f"{where}, your function raised {type(exc).__name__}: {detail}") + (f" {hint}" if hint else "")
+            _sentence(f"{where}, your function raised {type(exc).__name__}: {_first_line(exc)}")
+            + (f" {hint}" if hint else "")
         ) from None
     changed = [isinstance(a, Tensor) and not torch.equal(a, c) for a, c in zip(args, copies, strict=True)]
     if inputs is not None and any(changed):
