@@ -1,31 +1,11 @@
-"""Tests for chapter 1's exercise check: the reference passes, plausible mistakes fail with the right hint."""
+"""Chapter 1's exercise check: the reference passes, plausible mistakes fail with the right hint."""
 
 import math
 
 import pytest
+from _exercise_cases import FIELDS, assert_verdict, case, stub
 
-from transformer_lib.exercises import ch01
 from transformer_lib.exercises.ch01 import check_layers_to_connect, layers_to_connect, receptive_field
-
-
-def _verdict(fn):
-    return check_layers_to_connect(fn, verbose=False)
-
-
-def test_reference_passes():
-    result = _verdict(layers_to_connect)
-    assert result.passed, result.message
-
-
-def test_model_answer_with_loops_passes():
-    def by_simulation(n, k, dilated=False):
-        layers, field = 0, 1
-        while field < n:
-            field = field * k if dilated else field + k - 1
-            layers += 1
-        return layers
-
-    assert _verdict(by_simulation).passed
 
 
 @pytest.mark.parametrize("k", [2, 3, 5])
@@ -50,102 +30,120 @@ def test_known_values():
         layers_to_connect(0, 3)
 
 
+# ---------------------------------------------------------------- answers, right and wrong
+
+
+def by_simulation(n, k, dilated=False):
+    layers, field = 0, 1
+    while field < n:
+        field = field * k if dilated else field + k - 1
+        layers += 1
+    return layers
+
+
 def _log_k(n, k):
-    return ch01.layers_to_connect(n, k, dilated=True)
+    return layers_to_connect(n, k, dilated=True)
 
 
-def test_contiguous_as_logarithm_is_rejected():
-    # the exponential/log confusion: treats a contiguous stack as if it were dilated
-    result = _verdict(lambda n, k, dilated=False: _log_k(n, k))
-    assert result.status == "failed"
-    assert "grows linearly" in result.message
-    assert "layers_to_connect(4, 2, dilated=False) returned 2, expected 3" in result.message
+def contiguous_as_logarithm(n, k, dilated=False):
+    """The exponential/log confusion: treats a contiguous stack as if it were dilated."""
+    return _log_k(n, k)
 
 
-def test_ignoring_dilation_is_rejected():
-    result = _verdict(lambda n, k, dilated=False: layers_to_connect(n, k, dilated=False))
-    assert result.status == "failed"
-    assert "dilation was ignored" in result.message
-    assert "layers_to_connect(4, 2, dilated=True) returned 3, expected 2" in result.message
+def ignores_dilation(n, k, dilated=False):
+    return layers_to_connect(n, k, dilated=False)
 
 
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        lambda n, k, dilated=False: math.ceil(n / (k - 1)),  # counts gaps as positions
-        lambda n, k, dilated=False: math.ceil(n / k),  # receptive field L * k instead of 1 + L(k - 1)
-        lambda n, k, dilated=False: (n - 1) // (k - 1),  # rounds down
-    ],
-)
-def test_contiguous_off_by_one_is_rejected(wrong):
+def contiguous_by(wrong):
+    """A right dilated count with ``wrong(n, k)`` as the contiguous one."""
+
     def fn(n, k, dilated=False):
         return _log_k(n, k) if dilated else wrong(n, k)
 
-    result = _verdict(fn)
-    assert result.status == "failed"
-    assert "off by one" in result.message
-    assert "dilated=False" in result.message
-    assert "count positions, not gaps" in result.message
+    return fn
 
 
-def test_dilated_floor_plus_one_is_rejected():
-    # smallest L with k**L > n (floor(log_k n) + 1): one layer too many at exact powers of k, n = 1 included
+def dilated_by(wrong):
+    """A right contiguous count with ``wrong(n, k)`` as the dilated one."""
+
     def fn(n, k, dilated=False):
-        if not dilated:
-            return layers_to_connect(n, k)
-        layers, field = 0, 1
-        while field <= n:
-            layers, field = layers + 1, field * k
-        return layers
+        return wrong(n, k) if dilated else layers_to_connect(n, k)
 
-    result = _verdict(fn)
-    assert result.status == "failed"
-    assert "layers_to_connect(1, 2, dilated=True) returned 1, expected 0: off by one" in result.message
+    return fn
 
 
-def test_float_logarithm_is_rejected():
-    def fn(n, k, dilated=False):
-        return math.ceil(math.log(n, k)) if dilated else layers_to_connect(n, k)
-
-    result = _verdict(fn)
-    assert result.status == "failed"
-    assert "layers_to_connect(125, 5, dilated=True) returned 4, expected 3" in result.message
-    assert "exact power" in result.message
+def dilated_floor_plus_one(n, k):
+    """Smallest L with k**L > n (floor(log_k n) + 1): one layer too many at exact powers of k, n = 1 included."""
+    layers, field = 0, 1
+    while field <= n:
+        layers, field = layers + 1, field * k
+    return layers
 
 
-def test_log_base_two_is_rejected():
-    def fn(n, k, dilated=False):
-        return _log_k(n, 2) if dilated else layers_to_connect(n, k)
-
-    result = _verdict(fn)
-    assert result.status == "failed"
-    assert "log base 2" in result.message
-    assert "layers_to_connect(3, 3, dilated=True) returned 2, expected 1" in result.message
+def crash(n, k, dilated=False):
+    return n // (k - 2)
 
 
-def test_rnn_style_count_is_rejected():
-    # one step per layer, as in a recurrent network
-    result = _verdict(lambda n, k, dilated=False: n - 1)
-    assert result.status == "failed"
-    assert "layers_to_connect(3, 3, dilated=False) returned 2, expected 1" in result.message
-    assert "recurrent network" in result.message
+# counting gaps as positions, a receptive field of L * k instead of 1 + L(k - 1), rounding down
+OFF_BY_ONE = ("off by one", "dilated=False", "count positions, not gaps")
+
+CASES = [
+    case(check_layers_to_connect, layers_to_connect, "passed", id="reference"),
+    case(check_layers_to_connect, by_simulation, "passed"),
+    case(
+        check_layers_to_connect,
+        contiguous_as_logarithm,
+        "failed",
+        "grows linearly",
+        "layers_to_connect(4, 2, dilated=False) returned 2, expected 3",
+    ),
+    case(
+        check_layers_to_connect,
+        ignores_dilation,
+        "failed",
+        "dilation was ignored",
+        "layers_to_connect(4, 2, dilated=True) returned 3, expected 2",
+    ),
+    case(check_layers_to_connect, contiguous_by(lambda n, k: math.ceil(n / (k - 1))), "failed", *OFF_BY_ONE, id="gaps"),
+    case(check_layers_to_connect, contiguous_by(lambda n, k: math.ceil(n / k)), "failed", *OFF_BY_ONE, id="L * k"),
+    case(check_layers_to_connect, contiguous_by(lambda n, k: (n - 1) // (k - 1)), "failed", *OFF_BY_ONE, id="floor"),
+    case(
+        check_layers_to_connect,
+        dilated_by(dilated_floor_plus_one),
+        "failed",
+        "layers_to_connect(1, 2, dilated=True) returned 1, expected 0: off by one",
+        id="dilated floor plus one",
+    ),
+    case(
+        check_layers_to_connect,
+        dilated_by(lambda n, k: math.ceil(math.log(n, k))),
+        "failed",
+        "layers_to_connect(125, 5, dilated=True) returned 4, expected 3",
+        "exact power",
+        id="float logarithm",
+    ),
+    case(
+        check_layers_to_connect,
+        dilated_by(lambda n, k: _log_k(n, 2)),
+        "failed",
+        "log base 2",
+        "layers_to_connect(3, 3, dilated=True) returned 2, expected 1",
+        id="log base two",
+    ),
+    case(
+        check_layers_to_connect,
+        lambda n, k, dilated=False: n - 1,
+        "failed",
+        "layers_to_connect(3, 3, dilated=False) returned 2, expected 1",
+        "recurrent network",
+        id="one layer per step, as an RNN",
+    ),
+    case(check_layers_to_connect, contiguous_by(lambda n, k: (n - 1) / (k - 1)), "failed", "as an int", id="float"),
+    case(check_layers_to_connect, stub, "not implemented"),
+    case(check_layers_to_connect, crash, "error", "ZeroDivisionError"),
+]
 
 
-def test_float_result_is_rejected():
-    result = _verdict(lambda n, k, dilated=False: (n - 1) / (k - 1) if not dilated else _log_k(n, k))
-    assert result.status == "failed"
-    assert "as an int" in result.message
-
-
-def test_not_implemented_and_crash_are_reported():
-    def stub(n, k, dilated=False):
-        raise NotImplementedError
-
-    assert _verdict(stub).status == "not implemented"
-
-    def crash(n, k, dilated=False):
-        return n // (k - 2)
-
-    result = _verdict(crash)
-    assert result.status == "error"
-    assert "ZeroDivisionError" in result.message
+@pytest.mark.parametrize(FIELDS, CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)

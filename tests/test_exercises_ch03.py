@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from _exercise_cases import FIELDS, assert_verdict, case, stub
 
 import transformer_lib.viz as viz
 from transformer_lib.exercises import ch03
@@ -69,50 +70,28 @@ def scores_numpy(q, k):
     return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).numpy()
 
 
-def scores_stub(q, k):
-    raise NotImplementedError
-
-
-def run(check, fn):
-    return check(fn, verbose=False)
-
-
-@pytest.mark.parametrize("fn", [scores_right, scores_from_library])
-def test_scaled_scores_accepts_right_answers(fn):
-    result = run(ch03.check_scaled_scores, fn)
-    assert result.passed, result.message
-    assert result.message == "Correct: scaled scores passed every test case."
-
-
-@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
-@pytest.mark.parametrize(
-    "fn, phrases",
-    [
-        (scores_no_scaling, ["sqrt(d_k) = 4 times too large", "not scaled at all", "T_q=2, T_k=3, d_k=16"]),
-        (scores_divide_by_dk, ["sqrt(d_k) = 4 times too small", "divided by d_k = 16"]),
-        (scores_multiply, ["multiplied by sqrt(d_k) instead of dividing"]),
-        (scores_sqrt_T_k, ["divided by sqrt(T_k) = 1.732", "last axis of q and k"]),
-        (scores_sqrt_T_q, ["divided by sqrt(T_q) = 1.414", "last axis of q and k"]),
-        (scores_transposed, ["should be (..., T_q, T_k) = (2, 3)", "not k times q"]),
-        (scores_2d_only, ["shape (2, 3, 4, 25)", "raised RuntimeError", "k.transpose(-2, -1) rather than k.T"]),
-        (scores_axis_1, ["shape (2, 3, 4, 25)", "the 2-D cases passed", "d_k = q.shape[-1]"]),
-        (scores_float32, ["dtype torch.float32, expected torch.float64", "keep the input's dtype"]),
-        (scores_in_place, ["changed q or k in place"]),
-        (scores_numpy, ["returned an object of type ndarray", "return a torch.Tensor"]),
-    ],
-)
-def test_scaled_scores_rejects_wrong_answers(fn, phrases):
-    result = run(ch03.check_scaled_scores, fn)
-    assert result.status == "failed", result.message
-    assert result.message.startswith("Not yet: For q of shape")
-    for phrase in phrases:
-        assert phrase in result.message, (phrase, result.message)
-
-
-def test_scaled_scores_stub_is_not_implemented():
-    result = run(ch03.check_scaled_scores, scores_stub)
-    assert result.status == "not implemented"
-    assert result.message == "scaled scores: not implemented yet."
+SCORES = ch03.check_scaled_scores
+SCORES_CASES = [
+    case(SCORES, scores_right, "passed", "Correct: scaled scores passed every test case."),
+    case(SCORES, scores_from_library, "passed", "Correct: scaled scores passed every test case."),
+    *(
+        case(SCORES, fn, "failed", "Not yet: For q of shape", *phrases)
+        for fn, phrases in [
+            (scores_no_scaling, ["sqrt(d_k) = 4 times too large", "not scaled at all", "T_q=2, T_k=3, d_k=16"]),
+            (scores_divide_by_dk, ["sqrt(d_k) = 4 times too small", "divided by d_k = 16"]),
+            (scores_multiply, ["multiplied by sqrt(d_k) instead of dividing"]),
+            (scores_sqrt_T_k, ["divided by sqrt(T_k) = 1.732", "last axis of q and k"]),
+            (scores_sqrt_T_q, ["divided by sqrt(T_q) = 1.414", "last axis of q and k"]),
+            (scores_transposed, ["expected (..., T_q, T_k) = (2, 3)", "not k times q"]),
+            (scores_2d_only, ["shape (2, 3, 4, 25)", "raised RuntimeError", "k.transpose(-2, -1) rather than k.T"]),
+            (scores_axis_1, ["shape (2, 3, 4, 25)", "the 2-D cases passed", "d_k = q.shape[-1]"]),
+            (scores_float32, ["dtype torch.float32; expected torch.float64", "keep the input's dtype"]),
+            (scores_in_place, ["changed q or k in place"]),
+            (scores_numpy, ["returned a ndarray", "return a torch.Tensor"]),
+        ]
+    ),
+    case(SCORES, stub, "not implemented", "scaled scores: not implemented yet."),
+]
 
 
 def test_scaled_scores_prints_one_line(capsys):
@@ -171,46 +150,36 @@ def jac_wrong_shape(p):
     return p - p * p
 
 
-def jac_stub(p):
-    raise NotImplementedError
+JACOBIAN = ch03.check_softmax_jacobian
+JACOBIAN_CASES = [
+    *(case(JACOBIAN, fn, "passed") for fn in (jac_right, viz.softmax_jacobian, jac_autograd)),
+    *(
+        case(JACOBIAN, fn, "failed", "Not yet: For p", *phrases)
+        for fn, phrases in [
+            (jac_diag_only, ["For p = [1.0] (shape (1,))", "diag(p) only", "Expected [[0.0]], got [[1.0]]"]),
+            (jac_sign_flipped, ["For p = [0.2, 0.3, 0.5]", "sign is flipped"]),
+            (jac_diagonal_terms_only, ["For p = [0.2, 0.3, 0.5]", "every off-diagonal entry is 0", "-p_i p_j"]),
+            (jac_inner_product, ["For p = [0.2, 0.3, 0.5]", "inner product p . p", "outer product"]),
+            (jac_minus_p, ["For p = [0.2, 0.3, 0.5]", "subtracted p itself"]),
+            (jac_one_vector_only, ["For p of shape (2, 4)", "raised RuntimeError", "torch.diag_embed"]),
+            (jac_mixes_batch, ["For p of shape (2, 4)", "the values are wrong", "First matrix expected"]),
+            (jac_wrong_shape, ["expected (..., n, n) = (1, 1)", "has shape (1,)"]),
+        ]
+    ),
+    case(JACOBIAN, stub, "not implemented"),
+]
 
 
-@pytest.mark.parametrize("fn", [jac_right, viz.softmax_jacobian, jac_autograd])
-def test_softmax_jacobian_accepts_right_answers(fn):
-    result = run(ch03.check_softmax_jacobian, fn)
-    assert result.passed, result.message
-
-
-@pytest.mark.parametrize(
-    "fn, phrases",
-    [
-        (jac_diag_only, ["For p = [1.0] (shape (1,))", "diag(p) only", "Expected [[0.0]], got [[1.0]]"]),
-        (jac_sign_flipped, ["For p = [0.2, 0.3, 0.5]", "sign is flipped"]),
-        (jac_diagonal_terms_only, ["For p = [0.2, 0.3, 0.5]", "every off-diagonal entry is 0", "-p_i p_j"]),
-        (jac_inner_product, ["For p = [0.2, 0.3, 0.5]", "inner product p . p", "outer product"]),
-        (jac_minus_p, ["For p = [0.2, 0.3, 0.5]", "subtracted p itself"]),
-        (jac_one_vector_only, ["For p of shape (2, 4)", "raised RuntimeError", "torch.diag_embed"]),
-        (jac_mixes_batch, ["For p of shape (2, 4)", "the values are wrong", "First matrix expected"]),
-        (jac_wrong_shape, ["expected a Jacobian of shape (..., n, n) = (1, 1)", "got (1,)"]),
-    ],
-)
-def test_softmax_jacobian_rejects_wrong_answers(fn, phrases):
-    result = run(ch03.check_softmax_jacobian, fn)
-    assert result.status == "failed", result.message
-    assert result.message.startswith("Not yet: For p")
-    for phrase in phrases:
-        assert phrase in result.message, (phrase, result.message)
-
-
-def test_softmax_jacobian_stub_is_not_implemented():
-    result = run(ch03.check_softmax_jacobian, jac_stub)
-    assert result.status == "not implemented"
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
+@pytest.mark.parametrize(FIELDS, SCORES_CASES + JACOBIAN_CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)
 
 
 def test_checks_never_show_solution_code():
     for fn in (jac_diag_only, jac_inner_product, jac_one_vector_only):
-        message = run(ch03.check_softmax_jacobian, fn).message
+        message = ch03.check_softmax_jacobian(fn, verbose=False).message
         assert "unsqueeze" not in message and "def " not in message
     for fn in (scores_no_scaling, scores_2d_only):
-        message = run(ch03.check_scaled_scores, fn).message
+        message = ch03.check_scaled_scores(fn, verbose=False).message
         assert "math.sqrt" not in message and "def " not in message

@@ -2,10 +2,15 @@
 
 import pytest
 import torch
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.exercises import ch06
 from transformer_lib.positional import relative_rotation, sinusoidal_frequencies
+
+SINUSOIDAL = ch06.check_sinusoidal
+ROTATION = ch06.check_rotation
+CASES = Table()  # the rows of the answers below that are written as functions
 
 # --- answers to ex-06-2 (the sinusoidal encoding) ---------------------------------------------
 
@@ -25,22 +30,27 @@ def _angles(max_len, d_model, base=10000.0, exponent=lambda i, d: 2 * i / d):
     return pos / base ** exponent(i, d_model)
 
 
+def _interleave(even, odd, d_model):
+    """A float32 ``(max_len, d_model)`` encoding: ``even`` on dimensions 0, 2, ..., ``odd`` on 1, 3, ...."""
+    pe = torch.zeros(even.shape[0], d_model)
+    pe[:, 0::2] = even
+    pe[:, 1::2] = odd  # a shape mismatch when the widths do not fit
+    return pe
+
+
+@CASES.add(SINUSOIDAL, "failed", "sine and cosine are swapped")
 def swapped(max_len, d_model):
     a = _angles(max_len, d_model)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.cos(a)
-    pe[:, 1::2] = torch.sin(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.cos(a), torch.sin(a[:, : d_model // 2]), d_model)
 
 
+@CASES.add(SINUSOIDAL, "failed", "10000^(i/d_model)")
 def half_exponent(max_len, d_model):
     a = _angles(max_len, d_model, exponent=lambda i, d: i / d)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
+@CASES.add(SINUSOIDAL, "failed", "must share one angle")
 def dim_exponent(max_len, d_model):
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]
     dims = torch.arange(d_model, dtype=torch.float64)
@@ -49,31 +59,31 @@ def dim_exponent(max_len, d_model):
     return pe
 
 
+@CASES.add(SINUSOIDAL, "failed", "all the sines first")
 def blocked(max_len, d_model):
     a = _angles(max_len, d_model)
     return torch.cat([torch.sin(a), torch.cos(a[:, : d_model // 2])], dim=1)
 
 
+@CASES.add(SINUSOIDAL, "failed", "base of the geometric progression is 10000, not 1000")
 def base_1000(max_len, d_model):
     a = _angles(max_len, d_model, base=1000.0)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
+# the crash on odd widths is named, with the smallest input that shows it
+@CASES.add(SINUSOIDAL, "failed", "With an odd d_model the last dimension", "max_len=5, d_model=3")
 def odd_crash(max_len, d_model):
     a = _angles(max_len, d_model)
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a)  # shape mismatch when d_model is odd
-    return pe
+    return _interleave(torch.sin(a), torch.cos(a), d_model)  # shape mismatch when d_model is odd
 
 
+@CASES.add(SINUSOIDAL, "failed", "positions start at 0")
 def from_one(max_len, d_model):
     return model_sinusoidal(max_len + 1, d_model)[1:]
 
 
+@CASES.add(SINUSOIDAL, "failed", "transpose it")
 def transposed(max_len, d_model):
     return model_sinusoidal(max_len, d_model).T
 
@@ -82,66 +92,34 @@ def float32_formula(max_len, d_model):
     # computing the angles in float32 is accurate enough for the check's tolerance
     pos = torch.arange(max_len, dtype=torch.float32)[:, None]
     a = pos * torch.exp(-torch.arange(0, d_model, 2, dtype=torch.float32) * (9.210340371976184 / d_model))
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(a)
-    pe[:, 1::2] = torch.cos(a[:, : d_model // 2])
+    return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
+
+
+# an unknown mistake: the first wrong entry
+@CASES.add(SINUSOIDAL, "failed", "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000")
+def off_by_a_bit(max_len, d_model):
+    pe = model_sinusoidal(max_len, d_model)
+    pe[-1, -1] += 0.1
     return pe
 
 
-def not_implemented(max_len, d_model):
-    raise NotImplementedError("write your answer here")
-
-
 @pytest.mark.parametrize("fn", [model_sinusoidal, tl.sinusoidal_encoding, float32_formula])
-def test_sinusoidal_right_answers_pass(fn, capsys):
-    result = ch06.check_sinusoidal(fn)
-    assert result.passed, result.message
+def test_sinusoidal_right_answers_print_correct(fn, capsys):
+    assert ch06.check_sinusoidal(fn).passed
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "fn, message",
-    [
-        (swapped, "sine and cosine are swapped"),
-        (half_exponent, "10000^(i/d_model)"),
-        (dim_exponent, "must share one angle"),
-        (blocked, "all the sines first"),
-        (base_1000, "base of the geometric progression is 10000, not 1000"),
-        (odd_crash, "With an odd d_model the last dimension"),
-        (from_one, "positions start at 0"),
-        (transposed, "transpose it"),
-    ],
-)
-def test_sinusoidal_wrong_answers_are_named(fn, message):
-    result = ch06.check_sinusoidal(fn, verbose=False)
-    assert result.status == "failed"
-    assert message in result.message
-
-
-def test_sinusoidal_odd_crash_names_the_smallest_input():
-    result = ch06.check_sinusoidal(odd_crash, verbose=False)
-    assert "max_len=5, d_model=3" in result.message
-
-
-def test_sinusoidal_unknown_mistake_reports_first_wrong_entry():
-    def off_by_a_bit(max_len, d_model):
-        pe = model_sinusoidal(max_len, d_model)
-        pe[-1, -1] += 0.1
-        return pe
-
-    result = ch06.check_sinusoidal(off_by_a_bit, verbose=False)
-    assert result.status == "failed"
-    assert "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000" in result.message
-
-
-def test_sinusoidal_wrong_type_and_stub():
-    assert "return a torch.Tensor" in ch06.check_sinusoidal(lambda m, d: [[0.0]], verbose=False).message
-    assert ch06.check_sinusoidal(not_implemented, verbose=False).status == "not implemented"
+SINUSOIDAL_CASES = [
+    *(case(SINUSOIDAL, fn, "passed") for fn in (model_sinusoidal, tl.sinusoidal_encoding, float32_formula)),
+    case(SINUSOIDAL, lambda m, d: [[0.0]], "failed", "return a torch.Tensor", id="a list"),
+    case(SINUSOIDAL, stub, "not implemented"),
+]
 
 
 # --- answers to ex-06-3 (the relative-position rotation) --------------------------------------
 
 
+@CASES.add(ROTATION, "passed")
 def model_rotation(k, d_model):
     blocks = []
     for w in sinusoidal_frequencies(d_model).tolist():
@@ -150,20 +128,24 @@ def model_rotation(k, d_model):
     return torch.block_diag(*blocks)
 
 
+@CASES.add(ROTATION, "failed", "moves the encoding backwards")
 def backwards(k, d_model):
     return model_rotation(k, d_model).T
 
 
+@CASES.add(ROTATION, "failed", "the block of pair i=1 (dimensions 2, 3) is wrong")
 def same_frequency(k, d_model):
     # every pair rotated by k radians: right for pair 0 only
     c, s = torch.cos(torch.tensor(float(k))), torch.sin(torch.tensor(float(k)))
     return torch.block_diag(*[torch.tensor([[c, s], [-s, c]])] * (d_model // 2))
 
 
+@CASES.add(ROTATION, "failed", "for k=0, d_model=2 the block of pair i=0")
 def ignores_k(k, d_model):
     return model_rotation(1, d_model)
 
 
+@CASES.add(ROTATION, "failed", "mixes different frequency pairs: entry M[0, 2]")
 def dense_blocked(k, d_model):
     # rotation written for the [sines | cosines] layout
     w = k * sinusoidal_frequencies(d_model)
@@ -171,28 +153,15 @@ def dense_blocked(k, d_model):
     return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
 
 
-@pytest.mark.parametrize("fn", [model_rotation, relative_rotation, lambda k, d: relative_rotation(k, d).float()])
-def test_rotation_right_answers_pass(fn):
-    result = ch06.check_rotation(fn, verbose=False)
-    assert result.passed, result.message
+ROTATION_CASES = [
+    case(ROTATION, relative_rotation, "passed", id="library"),
+    case(ROTATION, lambda k, d: relative_rotation(k, d).float(), "passed", id="library in float32"),
+    case(ROTATION, lambda k, d: torch.eye(d + 1), "failed", "expected (d_model, d_model) = (2, 2)", id="wrong shape"),
+    case(ROTATION, lambda k, d: torch.eye(d, dtype=torch.long), "failed", "floating-point", id="integer dtype"),
+    case(ROTATION, stub, "not implemented"),
+]
 
 
-@pytest.mark.parametrize(
-    "fn, message",
-    [
-        (backwards, "moves the encoding backwards"),
-        (same_frequency, "the block of pair i=1 (dimensions 2, 3) is wrong"),
-        (ignores_k, "for k=0, d_model=2 the block of pair i=0"),
-        (dense_blocked, "mixes different frequency pairs: entry M[0, 2]"),
-        (lambda k, d: torch.eye(d + 1), "expected a (d_model, d_model) = (2, 2) matrix"),
-        (lambda k, d: torch.eye(d, dtype=torch.long), "floating-point"),
-    ],
-)
-def test_rotation_wrong_answers_are_named(fn, message):
-    result = ch06.check_rotation(fn, verbose=False)
-    assert result.status == "failed"
-    assert message in result.message
-
-
-def test_rotation_stub_is_not_implemented():
-    assert ch06.check_rotation(not_implemented, verbose=False).status == "not implemented"
+@pytest.mark.parametrize(FIELDS, CASES + SINUSOIDAL_CASES + ROTATION_CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)

@@ -1,67 +1,67 @@
 """The chapter 9 checks accept right answers and reject plausible wrong ones with the right message."""
 
+import pytest
 import torch
+from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 
 import transformer_lib as tl
 from transformer_lib.data import get_batch
 from transformer_lib.exercises import ch09
 
-
-def run(checker, fn):
-    return checker(fn, verbose=False)
-
+LM = ch09.check_lm_targets
+TOP_K = ch09.check_top_k_filter
+CASES = Table()  # the rows of the answers below that are written as functions
 
 # ---------------------------------------------------------------- check_lm_targets
 
 
+@CASES.add(LM, "passed")
 def lm_model_answer(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)  # (B, T)
     return data[offsets], data[offsets + 1]
 
 
+@CASES.add(LM, "passed")
 def lm_loop_answer(data, starts, block_size):
     xs = [data[s : s + block_size] for s in starts.tolist()]
     ys = [data[s + 1 : s + block_size + 1] for s in starts.tolist()]
     return torch.stack(xs), torch.stack(ys)
 
 
+@CASES.add(LM, "failed", "your targets equal the inputs (no shift)")
 def lm_no_shift(data, starts, block_size):
     x, _ = lm_model_answer(data, starts, block_size)
     return x, x.clone()
 
 
+@CASES.add(LM, "failed", "shifted the wrong way")
 def lm_wrong_way(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)
     return data[offsets], data[offsets - 1]
 
 
+@CASES.add(LM, "failed", "x and y are swapped")
 def lm_swapped(data, starts, block_size):
     x, y = lm_model_answer(data, starts, block_size)
     return y, x
 
 
+@CASES.add(LM, "failed", "y has shape (2, 5); expected (B, T) = (2, 4)")
 def lm_one_too_long(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size + 1)
     return data[offsets[:, :-1]], data[offsets]
 
 
+@CASES.add(LM, "failed", "y[b, t] should be data[starts[b] + t + 1]")
 def lm_shift_by_two(data, starts, block_size):
     offsets = starts[:, None] + torch.arange(block_size)
     return data[offsets], data[(offsets + 2).clamp_max(len(data) - 1)]
 
 
+@CASES.add(LM, "failed", "dtype torch.float32", "integer ids")
 def lm_float(data, starts, block_size):
     x, y = lm_model_answer(data, starts, block_size)
     return x.float(), y.float()
-
-
-def lm_stub(data, starts, block_size):
-    raise NotImplementedError
-
-
-def test_lm_targets_accepts_right_answers():
-    assert run(ch09.check_lm_targets, lm_model_answer).passed
-    assert run(ch09.check_lm_targets, lm_loop_answer).passed
 
 
 def test_lm_targets_matches_get_batch(gen):
@@ -71,40 +71,9 @@ def test_lm_targets_matches_get_batch(gen):
     assert all(torch.equal(a, b) for a, b in zip(lm_model_answer(data, starts, 6), (x, y), strict=True))
 
 
-def test_lm_targets_rejects_no_shift():
-    r = run(ch09.check_lm_targets, lm_no_shift)
-    assert r.status == "failed"
-    assert "your targets equal the inputs (no shift)" in r.message
-
-
-def test_lm_targets_rejects_shift_the_wrong_way():
-    r = run(ch09.check_lm_targets, lm_wrong_way)
-    assert r.status == "failed"
-    assert "shifted the wrong way" in r.message
-
-
-def test_lm_targets_rejects_swapped_pair():
-    r = run(ch09.check_lm_targets, lm_swapped)
-    assert "x and y are swapped" in r.message
-
-
-def test_lm_targets_rejects_wrong_length():
-    r = run(ch09.check_lm_targets, lm_one_too_long)
-    assert "y has shape (2, 5); expected (B, T) = (2, 4)" in r.message
-
-
-def test_lm_targets_rejects_shift_by_two():
-    r = run(ch09.check_lm_targets, lm_shift_by_two)
-    assert "y[b, t] should be data[starts[b] + t + 1]" in r.message
-
-
-def test_lm_targets_rejects_float_ids():
-    r = run(ch09.check_lm_targets, lm_float)
-    assert "dtype torch.float32" in r.message and "integer ids" in r.message
-
-
-def test_lm_targets_reports_stub():
-    assert run(ch09.check_lm_targets, lm_stub).status == "not implemented"
+LM_CASES = [
+    case(LM, stub, "not implemented"),
+]
 
 
 # ---------------------------------------------------------------- check_top_k_filter
@@ -133,60 +102,65 @@ def top_k_generate_way(logits, k):
     return flat.masked_fill(flat < kth, float("-inf")).reshape(logits.shape)
 
 
+@CASES.add(TOP_K, "failed", "row 0 keeps 1 logit, expected 2", "the k-th largest logit must stay too")
 def top_k_drops_kth(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits <= kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "keeps 3 logits, expected 2", "kept logits below the k-th largest")
 def top_k_keeps_one_more(logits, k):
     kth = torch.topk(logits, min(k + 1, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "you set it to 0", "0 is an ordinary logit")
 def top_k_zero_fill(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, 0.0)
 
 
+@CASES.add(TOP_K, "failed", "you set it to -1e-09", "float('-inf')")
 def top_k_tiny_fill(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, -1e-9)
 
 
+@CASES.add(TOP_K, "failed", "k = 10 (> V)", "return the logits unchanged")
 def top_k_no_min(logits, k):
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "along the first axis (across the batch)")
 def top_k_wrong_axis(logits, k):
     kth = torch.topk(logits, k, dim=0).values[-1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "changed the logits it was given in place")
 def top_k_in_place(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill_(logits < kth, float("-inf"))
 
 
+@CASES.add(TOP_K, "failed", "tie at the k-th place", "keeps 2 logits, expected 3")
 def top_k_scatter_no_ties(logits, k):
     idx = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
     out = torch.full_like(logits, float("-inf"))
     return out.scatter(-1, idx, logits.gather(-1, idx))
 
 
+@CASES.add(TOP_K, "failed", "you returned probabilities")
 def top_k_probabilities(logits, k):
     return torch.softmax(top_k_model_answer(logits, k), dim=-1)
 
 
+# a batch-only index, as nanoGPT writes it
+@CASES.add(TOP_K, "failed", "(a batch of sequences)", "values[..., -1:]")
 def top_k_nanogpt_indexing(logits, k):
     kth = torch.topk(logits, min(k, logits.shape[-1])).values[:, [-1]]
     return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def test_top_k_accepts_right_answers():
-    for fn in (top_k_model_answer, top_k_sort_answer, top_k_finfo_min, top_k_generate_way,
-               ch09.reference_top_k_logits):  # fmt: skip
-        assert run(ch09.check_top_k_filter, fn).passed, fn.__name__
 
 
 def test_reference_matches_generate(gen):
@@ -202,60 +176,16 @@ def test_reference_matches_generate(gen):
     assert kept[torch.arange(64), out].all()
 
 
-def test_top_k_rejects_dropping_the_kth():
-    r = run(ch09.check_top_k_filter, top_k_drops_kth)
-    assert r.status == "failed"
-    assert "row 0 keeps 1 logit, expected 2" in r.message and "the k-th largest logit must stay too" in r.message
+TOP_K_CASES = [
+    *(
+        case(TOP_K, fn, "passed")
+        for fn in (top_k_model_answer, top_k_sort_answer, top_k_finfo_min, top_k_generate_way,
+                   ch09.reference_top_k_logits)
+    ),
+    case(TOP_K, stub, "not implemented"),
+]  # fmt: skip
 
 
-def test_top_k_rejects_keeping_one_more():
-    r = run(ch09.check_top_k_filter, top_k_keeps_one_more)
-    assert "keeps 3 logits, expected 2" in r.message and "kept logits below the k-th largest" in r.message
-
-
-def test_top_k_rejects_zero_fill():
-    r = run(ch09.check_top_k_filter, top_k_zero_fill)
-    assert "you set it to 0" in r.message and "0 is an ordinary logit" in r.message
-
-
-def test_top_k_rejects_tiny_negative_fill():
-    r = run(ch09.check_top_k_filter, top_k_tiny_fill)
-    assert "you set it to -1e-09" in r.message and "float('-inf')" in r.message
-
-
-def test_top_k_rejects_k_larger_than_vocabulary():
-    r = run(ch09.check_top_k_filter, top_k_no_min)
-    assert r.status == "failed"
-    assert "k = 10 (> V)" in r.message and "return the logits unchanged" in r.message
-
-
-def test_top_k_rejects_wrong_axis():
-    r = run(ch09.check_top_k_filter, top_k_wrong_axis)
-    assert "along the first axis (across the batch)" in r.message
-
-
-def test_top_k_rejects_in_place_change():
-    r = run(ch09.check_top_k_filter, top_k_in_place)
-    assert "changed the logits it was given (in place)" in r.message
-
-
-def test_top_k_rejects_dropping_ties():
-    r = run(ch09.check_top_k_filter, top_k_scatter_no_ties)
-    assert "tie at the k-th place" in r.message and "keeps 2 logits, expected 3" in r.message
-
-
-def test_top_k_rejects_probabilities():
-    r = run(ch09.check_top_k_filter, top_k_probabilities)
-    assert "you returned probabilities" in r.message
-
-
-def test_top_k_explains_batch_only_indexing():
-    r = run(ch09.check_top_k_filter, top_k_nanogpt_indexing)
-    assert r.status == "failed"
-    assert "(a batch of sequences)" in r.message and "values[..., -1:]" in r.message
-
-
-def test_top_k_reports_stub():
-    assert run(ch09.check_top_k_filter, lambda logits, k: (_ for _ in ()).throw(NotImplementedError)).status == (
-        "not implemented"
-    )
+@pytest.mark.parametrize(FIELDS, CASES + LM_CASES + TOP_K_CASES)
+def test_verdict(check, fn, status, phrases):
+    assert_verdict(check, fn, status, phrases)

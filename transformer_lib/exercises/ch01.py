@@ -9,10 +9,9 @@ positions depends on the first. :func:`layers_to_connect` is the reference answe
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
-from ._core import ExerciseFailure, check
+from ._core import ExerciseFailure, check, require_int
 
 __all__ = ["check_layers_to_connect", "layers_to_connect", "receptive_field"]
 
@@ -119,21 +118,16 @@ def _hint(n: int, k: int, dilated: bool, actual: int, expected: int) -> str:
 
 @check("check_layers_to_connect")
 def check_layers_to_connect(fn: Callable[..., int]) -> None:
-    """Grade ``fn(n, k, dilated=False)`` against :func:`layers_to_connect` (chapter 1, exercise ex-01-2).
+    """Chapter 1, exercise 1.2: grade ``fn(n, k, dilated=False) -> int`` against :func:`layers_to_connect`.
 
-    Tries n from 1 up, k from 2 to 7, contiguous and dilated, exact powers of k, and reports the
-    smallest failing input with the expected and returned counts and a hint about the mistake.
+    ``fn`` is given plain ints (no tensors): n from 1 up, k from 2 to 7, contiguous and dilated,
+    exact powers of k. Reports the smallest failing input with the expected and returned counts
+    and a hint about the mistake.
     """
     for n, k, dilated in _cases():
         expected = layers_to_connect(n, k, dilated=dilated)
-        actual = fn(n, k, dilated=dilated)
         call = f"layers_to_connect({n}, {k}, dilated={dilated})"
-        if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
-            raise ExerciseFailure(
-                f"{call} returned {actual!r} of type {type(actual).__name__}; return a whole number of "
-                "layers as an int (round up with math.ceil or integer arithmetic)."
-            )
-        actual = int(actual)
+        actual = require_int(fn(n, k, dilated=dilated), call, " (round up with math.ceil or integer arithmetic)")
         if actual != expected:
             raise ExerciseFailure(
                 f"{call} returned {actual}, expected {expected}: {_hint(n, k, dilated, actual, expected)}"

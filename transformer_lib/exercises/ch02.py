@@ -19,7 +19,18 @@ import torch
 from torch import Tensor
 
 from ..attention import scaled_dot_product_attention
-from ._core import ExerciseFailure, check, close, fmt
+from ._core import (
+    ExerciseFailure,
+    call_student,
+    check,
+    close,
+    fmt,
+    require_dtype,
+    require_finite,
+    require_pair,
+    require_shape,
+    require_tensor,
+)
 
 __all__ = ["check_attention", "check_soft_lookup", "soft_lookup"]
 
@@ -118,32 +129,29 @@ def _lookup_hint(actual: Tensor, query: Tensor, keys: Tensor, values: Tensor, te
 
 @check("check_soft_lookup")
 def check_soft_lookup(fn: Callable[..., Tensor]) -> None:
-    """Grade ``fn(query, keys, values, temperature)`` against :func:`soft_lookup` (chapter 2, ex-02-2).
+    """Chapter 2, exercise 2.2: grade ``fn(query, keys, values, temperature)`` against :func:`soft_lookup`.
 
-    Tries a 3-key table, a second temperature, a single key, vector values, float64 inputs, large
-    scores (exp overflow) and a small temperature, and names the likely mistake.
+    ``fn`` is given ``query (d,)``, ``keys (n, d)``, ``values (n,)`` or ``(n, d_v)`` and a float
+    temperature, and must return a tensor of ``values.shape[1:]``. Tries a 3-key table, a second
+    temperature, a single key, vector values, float64 inputs, large scores (exp overflow) and a
+    small temperature, and names the likely mistake.
     """
     for what, query, keys, values, temperature in _lookup_cases():
         expected = soft_lookup(query, keys, values, temperature)
-        actual = fn(query.clone(), keys.clone(), values.clone(), temperature)
-        call = f"on {what} (query {fmt(query)}, keys {fmt(keys)}, values {fmt(values)})"
-        if not isinstance(actual, Tensor):
-            raise ExerciseFailure(f"{call} you returned a {type(actual).__name__}; return a torch.Tensor.")
-        if actual.shape != expected.shape:
-            raise ExerciseFailure(
-                f"{call} the result has shape {tuple(actual.shape)}, expected {tuple(expected.shape)} "
-                "(one value's shape: the weights combine the rows of values)."
-            )
-        if not torch.isfinite(actual).all():
-            raise ExerciseFailure(
-                f"{call} the result contains NaN or inf ({fmt(actual)}): exp of a large score overflows. "
-                "Use torch.softmax, which subtracts the largest score first."
-            )
-        if actual.dtype != expected.dtype:
-            raise ExerciseFailure(f"{call} the result has dtype {actual.dtype}, expected {expected.dtype}.")
+        where = f"on {what} (query {fmt(query)}, keys {fmt(keys)}, values {fmt(values)})"
+        actual = call_student(fn, (query, keys, values, temperature), where)
+        require_tensor(
+            actual, where, expected.shape, shape_hint=" (one value's shape: the weights combine the rows of values)"
+        )
+        require_finite(
+            actual,
+            where,
+            hint=": exp of a large score overflows. Use torch.softmax, which subtracts the largest score first",
+        )
+        require_dtype(actual, expected.dtype, where)
         if not close(actual, expected):
             hint = _lookup_hint(actual, query, keys, values, temperature)
-            raise ExerciseFailure(f"{call} expected {fmt(expected)}, got {fmt(actual)}: {hint}")
+            raise ExerciseFailure(f"{where}, expected {fmt(expected)}, got {fmt(actual)}: {hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,55 +210,49 @@ def _weights_hint(weights: Tensor, q: Tensor, k: Tensor, batched: bool) -> str:
     return "expected softmax(q @ k^T / sqrt(d_k)) over the last axis (the keys)."
 
 
+_BATCH_HINT = (
+    "It must work for any number of leading batch axes: transpose only the last two axes of k, "
+    "k.transpose(-2, -1) (k.T and k.transpose(0, 1) are right only for 2-D k)."
+)
+
+
 @check("check_attention")
 def check_attention(fn: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> None:
-    """Grade ``fn(q, k, v) -> (output, weights)`` against the library's attention (chapter 2, ex-02-3).
+    """Chapter 2, exercise 2.3: grade ``fn(q, k, v) -> (output, weights)`` against the library's attention.
 
-    Tries 2-D inputs, a single query and key, odd sizes, float64, a batch and a batch of heads,
-    checks shapes, dtype, that each row of weights sums to 1 over the keys, the scaling by
-    sqrt(d_k) and that output = weights @ v, and names the likely mistake.
+    ``fn`` is given ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)`` and ``v (..., T_k, d_v)`` with no,
+    one or two leading batch axes, and must return ``output (..., T_q, d_v)`` and ``weights
+    (..., T_q, T_k)``. Tries 2-D inputs, a single query and key, odd sizes, float64, a batch and a
+    batch of heads; checks shapes, dtype, that each row of weights sums to 1 over the keys, the
+    scaling by sqrt(d_k) and that output = weights @ v, and names the likely mistake.
     """
     for what, (q, k, v) in _attention_cases():
         expected_out, expected_w = scaled_dot_product_attention(q, k, v)
         batched = q.dim() > 2
-        try:
-            result = fn(q.clone(), k.clone(), v.clone())
-        except (RuntimeError, IndexError, ValueError) as exc:
-            if batched:
-                raise ExerciseFailure(
-                    f"on {what} your function raised {type(exc).__name__} ({exc}). It must work for any "
-                    "number of leading batch axes: transpose only the last two axes of k, "
-                    "k.transpose(-2, -1) (k.T and k.transpose(0, 1) are right only for 2-D k)."
-                ) from None
-            raise
-        call = f"on {what}"
-        if not (isinstance(result, tuple | list) and len(result) == 2):
-            raise ExerciseFailure(f"{call}: return a pair (output, weights), got {type(result).__name__}.")
-        out, w = result
-        if not (isinstance(out, Tensor) and isinstance(w, Tensor)):
-            raise ExerciseFailure(f"{call}: output and weights must both be tensors.")
-        if w.shape != expected_w.shape:
-            hint = ""
-            if w.shape == expected_w.transpose(-2, -1).shape:
-                hint = " (transposed: the scores are q @ k^T, one row per query, not k @ q^T)"
-            raise ExerciseFailure(
-                f"{call} the weights have shape {tuple(w.shape)}, expected (..., T_q, T_k) = "
-                f"{tuple(expected_w.shape)}{hint}."
-            )
-        if out.shape != expected_out.shape:
-            raise ExerciseFailure(
-                f"{call} the output has shape {tuple(out.shape)}, expected (..., T_q, d_v) = "
-                f"{tuple(expected_out.shape)}: output = weights @ v."
-            )
-        if out.dtype != q.dtype or w.dtype != q.dtype:
-            raise ExerciseFailure(
-                f"{call} the inputs are {q.dtype} but you returned output {out.dtype} and weights {w.dtype}; "
-                "keep the inputs' dtype (do not create float32 tensors inside)."
+        where = f"on {what}"
+        result = call_student(
+            fn,
+            (q, k, v),
+            where,
+            crash_hint=lambda exc: (
+                _BATCH_HINT if batched and isinstance(exc, RuntimeError | IndexError | ValueError) else None
+            ),
+        )
+        out, w = require_pair(result, where, ("output", "weights"))
+        transposed = w.shape == expected_w.transpose(-2, -1).shape
+        hint = " (transposed: the scores are q @ k^T, one row per query, not k @ q^T)" if transposed else ""
+        require_shape(w, expected_w.shape, where, what="the weights", layout="(..., T_q, T_k)", hint=hint)
+        require_shape(
+            out, expected_out.shape, where, what="the output", layout="(..., T_q, d_v)", hint=": output = weights @ v"
+        )
+        for name, t in (("the output", out), ("the weights", w)):
+            require_dtype(
+                t, q.dtype, where, what=name, hint=": keep the inputs' dtype (do not create float32 tensors inside)"
             )
         if not close(w, expected_w):
             small = "" if batched else f" Expected weights {fmt(expected_w)}, got {fmt(w)}."
-            raise ExerciseFailure(f"{call} the weights are wrong: {_weights_hint(w, q, k, batched)}{small}")
+            raise ExerciseFailure(f"{where}, the weights are wrong: {_weights_hint(w, q, k, batched)}{small}")
         if not close(out, expected_out):
             hint = "output must be weights @ v (each output row is a weighted average of the rows of v)."
             small = "" if batched else f" Expected {fmt(expected_out)}, got {fmt(out)}."
-            raise ExerciseFailure(f"{call} the weights are right but the output is wrong: {hint}{small}")
+            raise ExerciseFailure(f"{where}, the weights are right but the output is wrong: {hint}{small}")

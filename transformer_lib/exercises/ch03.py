@@ -11,35 +11,9 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseFailure, check, close, fmt
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_shape, require_tensor
 
 __all__ = ["check_scaled_scores", "check_softmax_jacobian"]
-
-
-def _shape(t) -> str:
-    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-def _call(fn: Callable, args: tuple, where: str, hint: str = ""):
-    """Call the student's function; turn a crash (not a stub) into a sentence about the input."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise ExerciseFailure(f"{where} your function raised {type(exc).__name__}: {exc}.{hint}") from None
-
-
-def _require_tensor(out, where: str, dtype: torch.dtype) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise ExerciseFailure(
-            f"{where} your function returned an object of type {type(out).__name__}; return a torch.Tensor."
-        )
-    if out.dtype != dtype:
-        raise ExerciseFailure(
-            f"{where} the result has dtype {out.dtype}, expected {dtype}: keep the input's dtype "
-            "(do not convert to another dtype or to NumPy)."
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,41 +55,38 @@ def _diagnose_scores(out: torch.Tensor, expected: torch.Tensor, T_q: int, T_k: i
     return ""
 
 
+_DTYPE_HINT = ": keep the input's dtype (do not convert to another dtype or to NumPy)"
+
+
 @check("scaled scores")
 def check_scaled_scores(fn: Callable) -> None:
-    """Check ``fn(q, k)`` returns ``q k^T / sqrt(d_k)`` of shape ``(..., T_q, T_k)``.
+    """Chapter 3, exercise 3.2: check ``fn(q, k)`` returns ``q k^T / sqrt(d_k)`` of shape ``(..., T_q, T_k)``.
 
-    ``q`` is ``(..., T_q, d_k)`` and ``k`` is ``(..., T_k, d_k)``. Rejects, with a message naming
-    the mistake: no scaling, dividing by ``d_k``, multiplying by ``sqrt(d_k)``, dividing by a
-    sequence length, transposed scores, and 2-D-only code that breaks on batched inputs.
+    ``fn`` is given ``q (..., T_q, d_k)`` and ``k (..., T_k, d_k)``, first 2-D, then with batch
+    axes ``(2, 3)``, in float32 and float64. Rejects, with a message naming the mistake: no
+    scaling, dividing by ``d_k``, multiplying by ``sqrt(d_k)``, dividing by a sequence length,
+    transposed scores, and 2-D-only code that breaks on batched inputs.
     """
     gen = torch.Generator().manual_seed(3)
     for batch, T_q, T_k, d_k, dtype in _SCORE_CASES:
         q = torch.randn(*batch, T_q, d_k, generator=gen, dtype=dtype)
         k = torch.randn(*batch, T_k, d_k, generator=gen, dtype=dtype)
-        q_in, k_in = q.clone(), k.clone()
-        where = f"For q of shape {tuple(q.shape)} and k of shape {tuple(k.shape)} (T_q={T_q}, T_k={T_k}, d_k={d_k}),"
+        where = f"For q of shape {tuple(q.shape)} and k of shape {tuple(k.shape)} (T_q={T_q}, T_k={T_k}, d_k={d_k})"
         hint = (
             " Batched inputs (B, h, T, d_k) need k.transpose(-2, -1) rather than k.T, and d_k = q.shape[-1]."
             if batch
             else ""
         )
-        out = _call(fn, (q_in, k_in), where, hint)
-        if not (torch.equal(q_in, q) and torch.equal(k_in, k)):
-            raise ExerciseFailure(f"{where} your function changed q or k in place; compute a new tensor instead.")
+        out = call_student(
+            fn, (q, k), where, crash_hint=hint.strip(), inputs="q or k", in_place_hint="compute a new tensor instead"
+        )
         expected = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., T_q, T_k)
-        _require_tensor(out, where, dtype)
-        if out.shape != expected.shape:
-            if T_q != T_k and out.shape == expected.transpose(-2, -1).shape:
-                raise ExerciseFailure(
-                    f"{where} the scores have shape {tuple(out.shape)} but should be (..., T_q, T_k) = "
-                    f"{tuple(expected.shape)}: one row per query, so compute q times k transposed, not k times q "
-                    "transposed."
-                )
-            raise ExerciseFailure(
-                f"{where} expected scores of shape (..., T_q, T_k) = {tuple(expected.shape)}, "
-                f"got {tuple(out.shape)}.{hint}"
-            )
+        require_tensor(out, where, dtype=dtype, what="the scores", dtype_hint=_DTYPE_HINT)
+        if T_q != T_k and out.shape == expected.transpose(-2, -1).shape:
+            shape_hint = ": one row per query, so compute q times k transposed, not k times q transposed"
+        else:
+            shape_hint = "." + hint
+        require_shape(out, expected.shape, where, what="the scores", layout="(..., T_q, T_k)", hint=shape_hint)
         if close(out, expected):
             continue
         reason = _diagnose_scores(out, expected, T_q, T_k, d_k)
@@ -124,7 +95,7 @@ def check_scaled_scores(fn: Callable) -> None:
         if not reason:
             reason = "the values are wrong."
         raise ExerciseFailure(
-            f"{where} {reason} Expected {fmt(expected.flatten()[:4])}..., got {fmt(out.flatten()[:4])}..."
+            f"{where}, {reason} Expected {fmt(expected.flatten()[:4])}..., got {fmt(out.flatten()[:4])}..."
         )
 
 
@@ -172,39 +143,42 @@ def _diagnose_jacobian(out: torch.Tensor, p: torch.Tensor) -> str:
 
 @check("softmax Jacobian")
 def check_softmax_jacobian(fn: Callable) -> None:
-    """Check ``fn(p)`` returns the softmax Jacobian ``diag(p) - p p^T`` of shape ``(..., n, n)``.
+    """Chapter 3, exercise 3.3: check ``fn(p)`` returns the softmax Jacobian ``diag(p) - p p^T``.
 
-    ``p`` is a ``(..., n)`` tensor of softmax outputs. Rejects, with a message naming the mistake:
-    ``diag(p)`` alone, a flipped sign, only the diagonal ``p(1 - p)``, the inner product ``p . p``
-    instead of the outer product, and code that ignores leading batch axes.
+    ``fn`` is given ``p (..., n)``, softmax outputs of shapes ``(1,)``, ``(3,)``, ``(2, 4)`` and
+    ``(2, 3, 5)`` (the last in float64), and must return ``(..., n, n)``. Rejects, with a message
+    naming the mistake: ``diag(p)`` alone, a flipped sign, only the diagonal ``p(1 - p)``, the inner
+    product ``p . p`` instead of the outer product, and code that ignores leading batch axes.
     """
     gen = torch.Generator().manual_seed(3)
     for p in _jacobian_cases(gen):
         n = p.shape[-1]
-        where = f"For p = {fmt(p)} (shape {tuple(p.shape)})," if p.dim() == 1 else f"For p of shape {tuple(p.shape)},"
+        where = f"For p = {fmt(p)} (shape {tuple(p.shape)})" if p.dim() == 1 else f"For p of shape {tuple(p.shape)}"
         hint = (
             " The input has batch axes (..., n): build one (n, n) matrix per row, for example with "
             "torch.diag_embed and broadcasting, not torch.diag or torch.outer, which only take one vector."
             if p.dim() > 1
             else ""
         )
-        p_in = p.clone()
-        out = _call(fn, (p_in,), where, hint)
-        if not torch.equal(p_in, p):
-            raise ExerciseFailure(f"{where} your function changed p in place; compute a new tensor instead.")
+        out = call_student(
+            fn, (p,), where, crash_hint=hint.strip(), inputs="p", in_place_hint="compute a new tensor instead"
+        )
         expected = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
-        _require_tensor(out, where, p.dtype)
-        if out.shape != expected.shape:
-            raise ExerciseFailure(
-                f"{where} expected a Jacobian of shape (..., n, n) = {tuple(expected.shape)}, one (n, n) matrix "
-                f"per row of p with n={n}, got {_shape(out)}.{hint}"
-            )
+        require_tensor(out, where, dtype=p.dtype, what="the Jacobian", dtype_hint=_DTYPE_HINT)
+        require_shape(
+            out,
+            expected.shape,
+            where,
+            what="the Jacobian",
+            layout="(..., n, n)",
+            hint=f", one (n, n) matrix per row of p with n={n}." + hint,
+        )
         if close(out, expected):
             continue
         reason = _diagnose_jacobian(out, p) or "the values are wrong."
         if p.dim() == 1 and n <= 3:
-            raise ExerciseFailure(f"{where} {reason} Expected {fmt(expected)}, got {fmt(out)}.")
+            raise ExerciseFailure(f"{where}, {reason} Expected {fmt(expected)}, got {fmt(out)}.")
         raise ExerciseFailure(
-            f"{where} {reason} First matrix expected {fmt(expected.reshape(-1, n, n)[0])}, "
+            f"{where}, {reason} First matrix expected {fmt(expected.reshape(-1, n, n)[0])}, "
             f"got {fmt(out.reshape(-1, n, n)[0])}."
         )

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..attention import masked_softmax
 from ..masks import causal_mask, combine_masks, padding_mask
-from ._core import ExerciseFailure, check, close, fmt
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_tensor
 
 __all__ = ["check_causal_mask", "check_masked_softmax"]
 
@@ -45,28 +45,22 @@ def _diagnose_causal(mask: Tensor, T: int) -> None:
     )
 
 
+_NOT_BOOL_HINT = (
+    ": the book's masks are torch.bool (True = may attend), and the library rejects other dtypes. If it is an "
+    "additive mask (0 where allowed, a large negative number where masked), return the boolean mask instead: "
+    "the attention function does the filling. Otherwise convert with .bool() or build it with dtype=torch.bool"
+)
+
+
 @check("check_causal_mask")
 def check_causal_mask(fn: Callable[[int], Tensor]) -> None:
-    """Check ``fn(T)``: a bool ``(T, T)`` tensor, True where query ``i`` may attend to key ``j <= i``."""
+    """Chapter 4, exercise 4.1: check ``fn(T)`` returns a bool ``(T, T)`` tensor, True where query ``i``
+    may attend to key ``j <= i``. ``fn`` is given the ints T = 1, 2, 3, 5 and 8."""
     sizes = (1, 2, 3, 5, 8)
     masks = {}
     for T in sizes:
-        mask = fn(T)
-        if not isinstance(mask, Tensor):
-            raise ExerciseFailure(f"your function returned a {type(mask).__name__} for T={T}; return a torch.Tensor.")
-        if mask.shape != (T, T):
-            raise ExerciseFailure(f"for T={T} the mask has shape {tuple(mask.shape)}; expected ({T}, {T}).")
-        if mask.dtype != torch.bool:
-            hint = (
-                " If it is an additive mask (0 where allowed, a large negative number where masked), return "
-                "the boolean mask instead: the attention function does the filling."
-                if mask.is_floating_point()
-                else " Convert with .bool() or build it with dtype=torch.bool."
-            )
-            raise ExerciseFailure(
-                f"for T={T} the mask has dtype {mask.dtype}; the book's masks are torch.bool (True = may "
-                f"attend), and the library rejects other dtypes.{hint}"
-            )
+        where = f"for T={T}"
+        mask = require_tensor(fn(T), where, (T, T), torch.bool, what="the mask", dtype_hint=_NOT_BOOL_HINT)
         masks[T] = mask.detach().cpu()
     if all(torch.equal(masks[T], ~causal_mask(T)) for T in sizes if T > 1):
         T = 3
@@ -111,74 +105,80 @@ def _first_row(bad: Tensor) -> tuple[int, ...]:
 
 @check("check_masked_softmax")
 def check_masked_softmax(fn: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Check ``fn(scores, mask)``: softmax over the keys ignoring masked keys; zeros on all-masked rows."""
+    """Chapter 4, exercise 4.2: check ``fn(scores, mask)``: softmax over the keys ignoring masked keys.
+
+    ``fn`` is given ``scores (..., T_q, T_k)`` (float32 or float64, with no or two leading axes)
+    and a bool ``mask`` that broadcasts to them (True = may attend), and must return weights of
+    the scores' shape and dtype, with rows of zeros where a query has no allowed key. Its gradient
+    must stay finite on such rows.
+    """
     for desc, scores, mask in _cases():
-        expected = masked_softmax(scores, mask)
-        w = fn(scores.clone(), mask.clone())
-        if not isinstance(w, Tensor):
-            raise ExerciseFailure(f"your function returned a {type(w).__name__} for {desc}; return a torch.Tensor.")
-        if w.shape != scores.shape:
+        where = f"for {desc}"
+        w = call_student(fn, (scores, mask), where)
+        require_tensor(w, where, scores.shape, scores.dtype, what="the weights")
+        _diagnose_weights(desc, scores, mask, w.detach())
+    _check_gradient(fn)
+
+
+def _diagnose_weights(desc: str, scores: Tensor, mask: Tensor, w: Tensor) -> None:
+    """Raise ExerciseFailure naming the first problem of weights ``w`` with the scores' shape."""
+    expected = masked_softmax(scores, mask)
+    empty = ~mask.expand(scores.shape).any(-1)  # (..., T_q): rows with no allowed key
+    if torch.isnan(w).any():
+        row = _first_row(torch.isnan(w).any(-1))
+        if bool(empty[row]):
             raise ExerciseFailure(
-                f"for {desc}, the weights have shape {tuple(w.shape)}; expected the scores' {tuple(scores.shape)}."
-            )
-        if w.dtype != scores.dtype:
-            raise ExerciseFailure(
-                f"for {desc}, the weights have dtype {w.dtype}; expected the scores' dtype {scores.dtype}."
-            )
-        w = w.detach()
-        empty = ~mask.expand(scores.shape).any(-1)  # (..., T_q): rows with no allowed key
-        if torch.isnan(w).any():
-            row = _first_row(torch.isnan(w).any(-1))
-            if bool(empty[row]):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has every key masked and your weights there are NaN: with -inf "
-                    f"in every score, softmax computes 0/0. Return a row of zeros for such queries. "
-                    f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
-                )
-            raise ExerciseFailure(f"for {desc}, your weights contain NaN in row {row[-1]}: {fmt(w[row])}.")
-        leak = (w.abs() > 1e-6) & ~mask.expand(scores.shape)
-        if leak.any():
-            idx = tuple(torch.nonzero(leak)[0].tolist())
-            row = idx[:-1]
-            if bool(empty[row]) and close(w[row], torch.full_like(w[row], 1.0 / scores.shape[-1])):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has every key masked and your weights there are uniform "
-                    f"({fmt(w[row])}): when every score is the same fill value, softmax spreads the weight "
-                    f"evenly over keys that are all masked. Return zeros for rows with no allowed key."
-                )
-            raise ExerciseFailure(
-                f"for {desc}, key {idx[-1]} is masked in row {row[-1]} but gets weight {w[idx].item():.4f} "
-                f"(expected 0). The fill value must be a large negative number (such as -1e9 or "
-                f"torch.finfo(dtype).min), not a tiny one like -1e-9 or 0, and it goes in before the softmax. "
-                f"Row {row[-1]}: got {fmt(w[row])}, expected {fmt(expected[row])}."
-            )
-        sums = w.sum(-1)
-        expected_sums = (~empty).to(w.dtype)
-        if not close(sums, expected_sums, atol=1e-4):
-            col_sums = w.sum(-2)
-            if not empty.any() and close(col_sums, torch.ones_like(col_sums), atol=1e-4):
-                raise ExerciseFailure(
-                    f"for {desc}, your weights sum to 1 down each column (over the queries, dim=-2) instead of "
-                    f"along each row (over the keys, dim=-1). Each query needs its own distribution over the "
-                    f"keys: use softmax(..., dim=-1). Got {fmt(w)}."
-                )
-            row = _first_row((sums - expected_sums).abs() > 1e-4)
-            if bool(empty[row]):
-                raise ExerciseFailure(
-                    f"for {desc}, row {row[-1]} has no allowed key and should be all zeros; got {fmt(w[row])}."
-                )
-            raise ExerciseFailure(
-                f"for {desc}, row {row[-1]} of your weights sums to {sums[row].item():.4f}, not 1. Zeroing the "
-                f"masked weights after the softmax leaves the rest unnormalised (and their normaliser still "
-                f"depends on the masked scores): mask the scores before the softmax instead. "
+                f"for {desc}, row {row[-1]} has every key masked and your weights there are NaN: with -inf "
+                f"in every score, softmax computes 0/0. Return a row of zeros for such queries. "
                 f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
             )
-        if not close(w, expected):
-            row = _first_row(~torch.isclose(w.double(), expected.double(), atol=1e-5, rtol=1e-4).all(-1))
+        raise ExerciseFailure(f"for {desc}, your weights contain NaN in row {row[-1]}: {fmt(w[row])}.")
+    leak = (w.abs() > 1e-6) & ~mask.expand(scores.shape)
+    if leak.any():
+        idx = tuple(torch.nonzero(leak)[0].tolist())
+        row = idx[:-1]
+        if bool(empty[row]) and close(w[row], torch.full_like(w[row], 1.0 / scores.shape[-1])):
             raise ExerciseFailure(
-                f"for {desc}, row {row[-1]} of your weights is {fmt(w[row])}; expected {fmt(expected[row])}."
+                f"for {desc}, row {row[-1]} has every key masked and your weights there are uniform "
+                f"({fmt(w[row])}): when every score is the same fill value, softmax spreads the weight "
+                f"evenly over keys that are all masked. Return zeros for rows with no allowed key."
             )
-    # gradients: a row with no allowed key must not send NaN backwards
+        raise ExerciseFailure(
+            f"for {desc}, key {idx[-1]} is masked in row {row[-1]} but gets weight {w[idx].item():.4f} "
+            f"(expected 0). The fill value must be a large negative number (such as -1e9 or "
+            f"torch.finfo(dtype).min), not a tiny one like -1e-9 or 0, and it goes in before the softmax. "
+            f"Row {row[-1]}: got {fmt(w[row])}, expected {fmt(expected[row])}."
+        )
+    sums = w.sum(-1)
+    expected_sums = (~empty).to(w.dtype)
+    if not close(sums, expected_sums, atol=1e-4):
+        col_sums = w.sum(-2)
+        if not empty.any() and close(col_sums, torch.ones_like(col_sums), atol=1e-4):
+            raise ExerciseFailure(
+                f"for {desc}, your weights sum to 1 down each column (over the queries, dim=-2) instead of "
+                f"along each row (over the keys, dim=-1). Each query needs its own distribution over the "
+                f"keys: use softmax(..., dim=-1). Got {fmt(w)}."
+            )
+        row = _first_row((sums - expected_sums).abs() > 1e-4)
+        if bool(empty[row]):
+            raise ExerciseFailure(
+                f"for {desc}, row {row[-1]} has no allowed key and should be all zeros; got {fmt(w[row])}."
+            )
+        raise ExerciseFailure(
+            f"for {desc}, row {row[-1]} of your weights sums to {sums[row].item():.4f}, not 1. Zeroing the "
+            f"masked weights after the softmax leaves the rest unnormalised (and their normaliser still "
+            f"depends on the masked scores): mask the scores before the softmax instead. "
+            f"Got {fmt(w[row])}, expected {fmt(expected[row])}."
+        )
+    if not close(w, expected):
+        row = _first_row(~torch.isclose(w.double(), expected.double(), atol=1e-5, rtol=1e-4).all(-1))
+        raise ExerciseFailure(
+            f"for {desc}, row {row[-1]} of your weights is {fmt(w[row])}; expected {fmt(expected[row])}."
+        )
+
+
+def _check_gradient(fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """A row with no allowed key must not send NaN backwards to the scores."""
     desc, scores, mask = _cases()[-1]
     scores = scores.clone().requires_grad_(True)
     w = fn(scores * 1.0, mask.clone())  # a non-leaf copy, so in-place edits inside fn are allowed

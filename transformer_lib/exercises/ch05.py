@@ -12,7 +12,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..multihead import MultiHeadAttention, head_contributions, merge_heads, multihead_cost, split_heads
-from ._core import ExerciseFailure, check, close, fmt
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_int, require_tensor
 
 __all__ = ["check_head_contributions", "check_merge_heads", "check_mha_param_count", "check_split_heads"]
 
@@ -30,17 +30,12 @@ def _labelled(B: int, T: int, d_model: int, dtype: torch.dtype = torch.float32) 
 
 @check("check_mha_param_count")
 def check_mha_param_count(fn) -> None:
-    """``fn(d_model, n_heads, bias=True)`` must return the number of parameters of multi-head attention."""
+    """Chapter 5, exercise 5.1: ``fn(d_model, n_heads, bias=True)`` must return the parameter count of
+    multi-head attention as an int. ``fn`` is given ints only, from ``(4, 1)`` up to ``(512, 8)``."""
     cases = [(4, 1, True), (4, 2, True), (4, 2, False), (6, 3, True), (8, 8, False), (512, 8, True)]
     for d_model, h, bias in cases:
-        got = fn(d_model, h, bias=bias)
-        where = f"d_model={d_model}, n_heads={h}, bias={bias}"
-        try:
-            got_int = int(got)
-        except (TypeError, ValueError):
-            raise ExerciseFailure(f"for {where} you returned {got!r}; return a whole number (an int).") from None
-        if got_int != got:
-            raise ExerciseFailure(f"for {where} you returned {got!r}; a parameter count is a whole number.")
+        call = f"mha_param_count({d_model}, {h}, bias={bias})"
+        got_int = require_int(fn(d_model, h, bias=bias), call)
         want = multihead_cost(d_model, h, T_q=1, bias=bias)["params"]
         if got_int == want:
             continue
@@ -60,7 +55,7 @@ def check_mha_param_count(fn) -> None:
             "wide projections; the h heads together project to d_model features.",
         }
         hint = hints.get(got_int, "count the weights and biases of the four projections W_q, W_k, W_v and W_o.")
-        raise ExerciseFailure(f"for {where} the count is {want}, you returned {got_int}: {hint}")
+        raise ExerciseFailure(f"{call}: the count is {want}, you returned {got_int}: {hint}")
 
 
 # --------------------------------------------------------------------------- ex-05-2
@@ -87,76 +82,67 @@ def _split_diagnosis(x: torch.Tensor, h: int, got: torch.Tensor) -> str:
 
 @check("check_split_heads")
 def check_split_heads(fn) -> None:
-    """``fn(x, n_heads)`` must turn ``(B, T, d_model)`` into ``(B, h, T, d_k)`` like :func:`split_heads`."""
+    """Chapter 5, exercise 5.2: ``fn(x, n_heads)`` must turn ``x (B, T, d_model)`` into ``(B, h, T, d_k)``
+    like :func:`split_heads`. ``fn`` is given labelled float32 and float64 inputs, from ``(1, 1, 4)`` up."""
     for dtype in (torch.float32, torch.float64):
         for B, T, d_model, h in _SPLIT_CASES:
             x = _labelled(B, T, d_model, dtype)
-            where = f"x of shape {tuple(x.shape)} (entry [b, t, c] = 1000 b + 100 t + c) and n_heads={h}"
-            got = fn(x.clone(), h)
+            where = f"for x of shape {tuple(x.shape)} (entry [b, t, c] = 1000 b + 100 t + c) and n_heads={h}"
             want = split_heads(x, h)
-            if not isinstance(got, torch.Tensor):
-                raise ExerciseFailure(f"for {where} you returned a {type(got).__name__}, not a tensor.")
-            if got.shape != want.shape:
-                raise ExerciseFailure(
-                    f"for {where} the result should have shape (B, h, T, d_k) = {tuple(want.shape)}, "
-                    f"got {tuple(got.shape)}."
-                )
-            if got.dtype != x.dtype:
-                raise ExerciseFailure(f"for {where} the result should keep the dtype {x.dtype}, got {got.dtype}.")
+            got = require_tensor(call_student(fn, (x, h), where), where, want.shape, x.dtype, layout="(B, h, T, d_k)")
             if not close(got, want, atol=0, rtol=0):
                 bad = (got != want).nonzero()[0].tolist()
                 b, i, t = bad[0], bad[1], bad[2]
                 raise ExerciseFailure(
-                    f"for {where}: {_split_diagnosis(x, h, got)} For example head {i} at position {t} of "
+                    f"{where}: {_split_diagnosis(x, h, got)} For example head {i} at position {t} of "
                     f"sequence {b} should be {fmt(want[b, i, t])}, got {fmt(got[b, i, t])}."
                 )
 
 
+def _view_hint(exc: Exception) -> str | None:
+    """The hint for ``.view`` after a transpose, the classic crash of merging heads."""
+    if isinstance(exc, RuntimeError) and "view" in str(exc):
+        return (
+            "After a transpose the tensor is no longer contiguous in memory, so .view cannot regroup it; use "
+            ".reshape (or .contiguous().view)."
+        )
+    return None
+
+
+def _merge_hint(x: torch.Tensor, got: torch.Tensor) -> str:
+    """Name the likely slip behind merged heads with the right shape but wrong values."""
+    B, h, T, d_k = x.shape
+    if close(got, x.reshape(B, T, h * d_k)):
+        return (
+            "you reshaped (B, h, T, d_k) straight to (B, T, h * d_k), which glues positions of "
+            "one head together instead of the heads of one position. Swap the h and T axes first."
+        )
+    if close(got, x.permute(0, 2, 3, 1).reshape(B, T, h * d_k)):
+        return (
+            "you interleaved the heads' features (feature 0 of every head, then feature 1, ...); "
+            "the heads must sit side by side: head 0's d_k features, then head 1's, and so on."
+        )
+    return "merging must undo split_heads exactly."
+
+
 @check("check_merge_heads")
 def check_merge_heads(fn) -> None:
-    """``fn(x)`` must turn ``(B, h, T, d_k)`` into ``(B, T, h * d_k)`` like :func:`merge_heads`."""
+    """Chapter 5, exercise 5.2: ``fn(x)`` must turn ``x (B, h, T, d_k)`` into ``(B, T, h * d_k)`` like
+    :func:`merge_heads`. ``fn`` is given split labelled float32 and float64 inputs, made contiguous."""
     for dtype in (torch.float32, torch.float64):
         for B, T, d_model, h in _SPLIT_CASES:
             x = split_heads(_labelled(B, T, d_model, dtype), h).contiguous()  # (B, h, T, d_k), as attention makes it
-            d_k = d_model // h
-            where = f"heads of shape {tuple(x.shape)} (B, h, T, d_k), made by splitting a labelled (B, T, d_model) x"
-            try:
-                got = fn(x.clone())
-            except RuntimeError as exc:
-                if "view" in str(exc):
-                    raise ExerciseFailure(
-                        f"for {where}: your function raised RuntimeError ({str(exc).splitlines()[0]}). After "
-                        "a transpose the tensor is no longer contiguous in memory, so .view cannot regroup "
-                        "it; use .reshape (or .contiguous().view)."
-                    ) from None
-                raise
+            where = (
+                f"for heads of shape {tuple(x.shape)} (B, h, T, d_k), made by splitting a labelled (B, T, d_model) x"
+            )
             want = merge_heads(x)
-            if not isinstance(got, torch.Tensor):
-                raise ExerciseFailure(f"for {where} you returned a {type(got).__name__}, not a tensor.")
-            if got.shape != want.shape:
-                raise ExerciseFailure(
-                    f"for {where} the result should have shape (B, T, h * d_k) = {tuple(want.shape)}, "
-                    f"got {tuple(got.shape)}."
-                )
-            if got.dtype != x.dtype:
-                raise ExerciseFailure(f"for {where} the result should keep the dtype {x.dtype}, got {got.dtype}.")
+            got = call_student(fn, (x,), where, crash_hint=_view_hint)
+            require_tensor(got, where, want.shape, x.dtype, layout="(B, T, h * d_k)")
             if not close(got, want, atol=0, rtol=0):
-                if close(got, x.reshape(B, T, d_model)):
-                    hint = (
-                        "you reshaped (B, h, T, d_k) straight to (B, T, h * d_k), which glues positions of "
-                        "one head together instead of the heads of one position. Swap the h and T axes first."
-                    )
-                elif close(got, x.permute(0, 2, 3, 1).reshape(B, T, d_model)):
-                    hint = (
-                        "you interleaved the heads' features (feature 0 of every head, then feature 1, ...); "
-                        "the heads must sit side by side: head 0's d_k features, then head 1's, and so on."
-                    )
-                else:
-                    hint = "merging must undo split_heads exactly."
                 bad = (got != want).nonzero()[0].tolist()
                 b, t = bad[0], bad[1]
                 raise ExerciseFailure(
-                    f"for {where} (d_k={d_k}): {hint} Position {t} of sequence {b} should be "
+                    f"{where} (d_k={d_model // h}): {_merge_hint(x, got)} Position {t} of sequence {b} should be "
                     f"{fmt(want[b, t])}, got {fmt(got[b, t])}."
                 )
 
@@ -166,7 +152,8 @@ def check_merge_heads(fn) -> None:
 
 @check("check_head_contributions")
 def check_head_contributions(fn) -> None:
-    """``fn(mha, x)`` must return each head's share ``(B, h, T, d_model)`` of ``mha(x, x, x)``."""
+    """Chapter 5, exercise 5.3: ``fn(mha, x)`` must return each head's share ``(B, h, T, d_model)`` of
+    ``mha(x, x, x)``. ``fn`` is given a :class:`MultiHeadAttention` in eval mode and ``x (B, T, d_model)``."""
     cases = [(4, 2, 1, 1, True), (4, 2, 1, 3, True), (6, 3, 2, 4, False), (4, 1, 1, 2, True), (8, 8, 2, 5, True)]
     gen = torch.Generator().manual_seed(5)
     for d_model, h, B, T, bias in cases:
@@ -176,21 +163,14 @@ def check_head_contributions(fn) -> None:
             with torch.no_grad():
                 mha.out_proj.bias.normal_(generator=gen)  # a visible bias, so adding it shows
         x = torch.randn(B, T, d_model, generator=gen)
-        where = f"MultiHeadAttention({d_model}, {h}, bias={bias}) and x of shape {tuple(x.shape)}"
-        got = fn(mha, x.clone())
+        where = f"for MultiHeadAttention({d_model}, {h}, bias={bias}) and x of shape {tuple(x.shape)}"
+        got = call_student(fn, (mha, x), where)
         with torch.no_grad():
             want = head_contributions(mha, x, x, x)
             out, _ = mha(x, x, x)
-        if not isinstance(got, torch.Tensor):
-            raise ExerciseFailure(f"for {where} you returned a {type(got).__name__}, not a tensor.")
-        if got.shape != want.shape:
-            extra = ""
-            if got.shape == (B, h, T, d_model // h) and h > 1:
-                extra = " That is the heads' outputs themselves; pass each one through its part of W_o."
-            raise ExerciseFailure(
-                f"for {where} the result should have shape (B, h, T, d_model) = {tuple(want.shape)}, "
-                f"got {tuple(got.shape)}.{extra}"
-            )
+        heads_only = isinstance(got, torch.Tensor) and got.shape == (B, h, T, d_model // h) and h > 1
+        extra = ". That is the heads' outputs themselves; pass each one through its part of W_o" if heads_only else ""
+        require_tensor(got, where, want.shape, layout="(B, h, T, d_model)", shape_hint=extra)
         if close(got, want):
             continue
         got = got.detach()
@@ -223,4 +203,4 @@ def check_head_contributions(fn) -> None:
             else:
                 hint = "the contributions summed over heads, plus out_proj.bias, must equal mha(x, x, x)[0]."
         err = (got - want).abs().amax().item()
-        raise ExerciseFailure(f"for {where}: {hint} (largest difference {err:.3g})")
+        raise ExerciseFailure(f"{where}: {hint} (largest difference {err:.3g})")

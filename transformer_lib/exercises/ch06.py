@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..positional import relative_rotation, sinusoidal_encoding, sinusoidal_frequencies
-from ._core import ExerciseFailure, check, fmt
+from ._core import ExerciseFailure, call_student, check, fmt, require_tensor
 
 __all__ = ["check_rotation", "check_sinusoidal"]
 
@@ -90,50 +90,40 @@ def _first_difference(actual: Tensor, expected: Tensor) -> str:
     )
 
 
-def _call(fn: Callable, max_len: int, d_model: int) -> Tensor:
-    try:
-        return fn(max_len, d_model)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        odd = (
-            f" With an odd d_model the last dimension {d_model - 1} is a sine whose cosine partner would "
-            f"be dimension {d_model}, which does not exist: only d_model // 2 = {d_model // 2} of the "
-            "angles get a cosine (for example angles[:, : d_model // 2])."
-            if d_model % 2
-            else ""
-        )
-        raise ExerciseFailure(
-            f"your function raised {type(exc).__name__} for max_len={max_len}, d_model={d_model}: {exc}.{odd}"
-        ) from exc
+def _odd_hint(max_len: int, d_model: int) -> str:
+    """What goes wrong with an odd ``d_model``: the last sine has no cosine partner."""
+    if d_model % 2 == 0:
+        return ""
+    return (
+        f"With an odd d_model the last dimension {d_model - 1} is a sine whose cosine partner would "
+        f"be dimension {d_model}, which does not exist: only d_model // 2 = {d_model // 2} of the "
+        "angles get a cosine (for example angles[:, : d_model // 2])."
+    )
 
 
 @check("sinusoidal")
 def check_sinusoidal(fn: Callable[[int, int], Tensor]) -> None:
-    """Grade ``fn(max_len, d_model) -> (max_len, d_model)``, the sinusoidal encoding (chapter 6)."""
+    """Chapter 6, exercise 6.2: grade ``fn(max_len, d_model) -> (max_len, d_model)``, the sinusoidal encoding.
+
+    ``fn`` is given ints, from ``(1, 2)`` up to ``(100, 64)``, odd widths last, and must return a
+    floating-point tensor with one row per position.
+    """
     for max_len, d_model in _SINUSOIDAL_CASES:
-        where = f"max_len={max_len}, d_model={d_model}"
-        actual = _call(fn, max_len, d_model)
-        if not isinstance(actual, Tensor):
-            raise ExerciseFailure(f"return a torch.Tensor, got {type(actual).__name__} for {where}")
-        if actual.shape != (max_len, d_model):
-            hint = (
-                " (rows are positions, columns are dimensions: transpose it)"
-                if actual.shape == (d_model, max_len)
-                else ""
-            )
-            raise ExerciseFailure(
-                f"for {where} expected shape (max_len, d_model) = {(max_len, d_model)}, got {tuple(actual.shape)}{hint}"
-            )
-        if not actual.is_floating_point():
-            raise ExerciseFailure(f"return a floating-point tensor, got dtype {actual.dtype} for {where}")
+        where = f"for max_len={max_len}, d_model={d_model}"
+        actual = call_student(fn, (max_len, d_model), where, crash_hint=_odd_hint(max_len, d_model))
+        transposed = isinstance(actual, Tensor) and actual.shape == (d_model, max_len)
+        hint = " (rows are positions, columns are dimensions: transpose it)" if transposed else ""
+        shape = (max_len, d_model)
+        require_tensor(
+            actual, where, shape, "floating", what="the encoding", layout="(max_len, d_model)", shape_hint=hint
+        )
         expected = sinusoidal_encoding(max_len, d_model).double()
         if torch.allclose(actual.double(), expected, atol=1e-5, rtol=0):
             continue
         for kind, hint in _SINUSOIDAL_HINTS.items():
             if torch.allclose(actual.double(), _variant(max_len, d_model, kind), atol=1e-5, rtol=0):
-                raise ExerciseFailure(f"for {where}, {hint}")
-        raise ExerciseFailure(f"wrong values for {where}: {_first_difference(actual, expected)}.")
+                raise ExerciseFailure(f"{where}, {hint}")
+        raise ExerciseFailure(f"{where}, wrong values: {_first_difference(actual, expected)}.")
 
 
 # --- check_rotation ---------------------------------------------------------------------------
@@ -149,19 +139,16 @@ def _pe_at(positions: Tensor, d_model: int) -> Tensor:
 
 @check("relative rotation")
 def check_rotation(fn: Callable[[int, int], Tensor]) -> None:
-    """Grade ``fn(k, d_model) -> M`` with ``M @ PE(pos) == PE(pos + k)`` for every ``pos`` (chapter 6)."""
+    """Chapter 6, exercise 6.3: grade ``fn(k, d_model) -> M (d_model, d_model)`` with ``M @ PE(pos) == PE(pos + k)``.
+
+    ``fn`` is given ints: offsets ``k`` from -2 to 100 (0 included) and even widths from 2 to 32.
+    ``M`` is tested on the encodings of 60 positions.
+    """
     n_pos = 60
     for k, d_model in _ROTATION_CASES:
-        where = f"k={k}, d_model={d_model}"
-        M = fn(k, d_model)
-        if not isinstance(M, Tensor):
-            raise ExerciseFailure(f"return a torch.Tensor, got {type(M).__name__} for {where}")
-        if M.shape != (d_model, d_model):
-            raise ExerciseFailure(
-                f"for {where} expected a (d_model, d_model) = {(d_model, d_model)} matrix, got {tuple(M.shape)}"
-            )
-        if not M.is_floating_point():
-            raise ExerciseFailure(f"return a floating-point matrix, got dtype {M.dtype} for {where}")
+        where = f"for k={k}, d_model={d_model}"
+        M = call_student(fn, (k, d_model), where)
+        require_tensor(M, where, (d_model, d_model), "floating", what="the matrix", layout="(d_model, d_model)")
         M = M.double()
         pos = torch.arange(n_pos)
         moved = _pe_at(pos, d_model) @ M.T  # (n_pos, d_model): M @ PE(pos) for every pos
@@ -170,7 +157,7 @@ def check_rotation(fn: Callable[[int, int], Tensor]) -> None:
             continue
         if k != 0 and torch.allclose(moved, _pe_at(pos - k, d_model), atol=1e-5, rtol=0):
             raise ExerciseFailure(
-                f"for {where} your matrix moves the encoding backwards: M @ PE(pos) equals PE(pos - k), not "
+                f"{where} your matrix moves the encoding backwards: M @ PE(pos) equals PE(pos - k), not "
                 "PE(pos + k). You used the inverse (transposed) rotation; check the signs of the sine entries: "
                 "sin(a + b) = sin(a) cos(b) + cos(a) sin(b) and cos(a + b) = cos(a) cos(b) - sin(a) sin(b)."
             )
@@ -180,7 +167,7 @@ def check_rotation(fn: Callable[[int, int], Tensor]) -> None:
         if off_block.abs().max() > 1e-8:
             r, c = (int(v) for v in torch.nonzero(off_block.abs() > 1e-8)[0])
             raise ExerciseFailure(
-                f"for {where} your matrix mixes different frequency pairs: entry M[{r}, {c}] = {M[r, c].item():.4f} "
+                f"{where} your matrix mixes different frequency pairs: entry M[{r}, {c}] = {M[r, c].item():.4f} "
                 "should be 0. M is block-diagonal: the 2x2 block of pair i acts on dimensions 2i and 2i+1 only."
             )
         bad = (moved - target).abs().amax(0)  # (d_model,)
@@ -189,7 +176,7 @@ def check_rotation(fn: Callable[[int, int], Tensor]) -> None:
         expected = relative_rotation(k, d_model)[2 * i : 2 * i + 2, 2 * i : 2 * i + 2]
         omega = sinusoidal_frequencies(d_model)[i].item()
         raise ExerciseFailure(
-            f"for {where} the block of pair i={i} (dimensions {2 * i}, {2 * i + 1}) is wrong: it must rotate by the "
+            f"{where} the block of pair i={i} (dimensions {2 * i}, {2 * i + 1}) is wrong: it must rotate by the "
             f"angle k * omega_i = {k} * {omega:.4f} = {k * omega:.4f}; "
             f"expected {fmt(expected + 0.0)}, got {fmt(block)}."
         )

@@ -6,14 +6,13 @@ Each check prints one verdict line and returns a :class:`~transformer_lib.exerci
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from ..blocks import FeedForward, _Residual
-from ._core import ExerciseFailure, check, close, fmt
+from ..blocks import FeedForward
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_int, require_tensor
 
 __all__ = ["check_ffn_params", "check_post_ln", "check_pre_ln"]
 
@@ -45,31 +44,26 @@ def _ffn_hint(got: int, d_model: int, d_ff: int, bias: bool) -> str:
 
 @check("check_ffn_params")
 def check_ffn_params(fn: Callable[..., int]) -> None:
-    """Check ``fn(d_model, d_ff, bias=True)``: the parameter count of ``tl.FeedForward(d_model, d_ff, bias=bias)``."""
+    """Chapter 7, exercise 7.1: check ``fn(d_model, d_ff, bias=True)`` returns, as an int, the parameter
+    count of ``tl.FeedForward(d_model, d_ff, bias=bias)``. ``fn`` is given ints only; no tensors."""
     cases = ((2, 3, True), (2, 3, False), (1, 1, True), (4, 16, True), (5, 8, False), (512, 2048, True))
     for d_model, d_ff, bias in cases:
         with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
             expected = sum(p.numel() for p in FeedForward(d_model, d_ff, bias=bias).parameters())
-        got = fn(d_model, d_ff, bias=bias)
-        if isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point() and got.dtype != torch.bool:
-            got = int(got)
         call = f"ffn_param_count({d_model}, {d_ff}, bias={bias})"
-        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-            raise ExerciseFailure(
-                f"{call} returned {got!r}, a {type(got).__name__}; return an int (a number of parameters)."
-            )
+        got = require_int(fn(d_model, d_ff, bias=bias), call, " (a number of parameters)")
         if got != expected:
             raise ExerciseFailure(
                 f"{call}: tl.FeedForward has {expected} parameters, your function returned {got}. "
-                f"{_ffn_hint(int(got), d_model, d_ff, bias)}"
+                f"{_ffn_hint(got, d_model, d_ff, bias)}"
             )
 
 
 # ---------------------------------------------------------------- check_pre_ln / check_post_ln
 
 
-def _residual_cases() -> list[tuple[str, Tensor, nn.Module, _Residual]]:
-    """(description, x, sublayer, library residual wrapper) cases, simplest first.
+def _residual_cases() -> list[tuple[str, Tensor, nn.Module, nn.LayerNorm]]:
+    """(description, x, sublayer, norm) cases, simplest first.
 
     The input has a non-zero mean and a scale far from 1, the LayerNorm has random weight and
     bias and the sublayer is non-linear, so that every plausible wrong arrangement gives a
@@ -86,47 +80,41 @@ def _residual_cases() -> list[tuple[str, Tensor, nn.Module, _Residual]]:
             d = shape[-1]
             x = 3.0 + 2.0 * torch.randn(*shape, generator=g, dtype=dtype)
             sublayer = nn.Sequential(nn.Linear(d, d), nn.Tanh()).to(dtype)
-            residual = _Residual(d, dropout=0.0, norm_first=True).to(dtype)
+            norm = nn.LayerNorm(d).to(dtype)
             with torch.no_grad():
-                for p in (*sublayer.parameters(), *residual.norm.parameters()):
+                for p in (*sublayer.parameters(), *norm.parameters()):
                     p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
-            cases.append((desc, x, sublayer, residual))
+            cases.append((desc, x, sublayer, norm))
     return cases
 
 
 def _check_residual(fn: Callable, norm_first: bool, wrong: list[tuple[Callable, str]]) -> None:
-    """Compare ``fn(x, sublayer, norm)`` with the library's residual wrapper; name known slips."""
+    """Compare ``fn(x, sublayer, norm)`` with the pre-LN or post-LN formula; name known slips."""
     name = "pre_ln" if norm_first else "post_ln"
     formula = "x + Sublayer(LayerNorm(x))" if norm_first else "LayerNorm(x + Sublayer(x))"
-    for desc, x, sublayer, residual in _residual_cases():
-        residual.norm_first = norm_first
-        norm = residual.norm
+    for desc, x, sublayer, norm in _residual_cases():
+        where = f"for {desc}"
         with torch.no_grad():
-            expected = residual(x, sublayer)
-            x_in = x.clone()
-            out = fn(x_in, sublayer, norm)
-        if not isinstance(out, Tensor):
-            raise ExerciseFailure(f"{name} returned a {type(out).__name__} for {desc}; return a torch.Tensor.")
-        if not torch.equal(x_in, x):
-            raise ExerciseFailure(
-                f"{name} changed its input x in place for {desc} (for example with x += ...). The residual "
-                "path needs the original x, and the caller may still use it: build a new tensor instead."
+            expected = x + sublayer(norm(x)) if norm_first else norm(x + sublayer(x))
+            out = call_student(
+                fn,
+                (x, sublayer, norm),
+                where,
+                inputs="its input x",
+                in_place_hint="the residual path needs the original x (write x + ..., not x += ...), and the "
+                "caller may still use it: build a new tensor instead",
             )
-        if out.shape != x.shape:
-            raise ExerciseFailure(
-                f"for {desc} the output has shape {tuple(out.shape)}; a residual sublayer keeps the shape of x, "
-                f"{tuple(x.shape)}."
-            )
-        if out.dtype != x.dtype:
-            raise ExerciseFailure(f"for {desc} the output has dtype {out.dtype}; expected {x.dtype}, like x.")
+        require_tensor(
+            out, where, x.shape, x.dtype, what="the output", shape_hint=": a residual sublayer keeps the shape of x"
+        )
         if close(out, expected):
             continue
         with torch.no_grad():
             for candidate, message in wrong:
                 if close(out, candidate(x, sublayer, norm)):
-                    raise ExerciseFailure(f"for {desc}: {message} {name} computes {formula}.")
+                    raise ExerciseFailure(f"{where}: {message} {name} computes {formula}.")
         raise ExerciseFailure(
-            f"for {desc} the output differs from {formula}. At position (0, 0): expected "
+            f"{where}, the output differs from {formula}. At position (0, 0): expected "
             f"{fmt(expected[0, 0])}, got {fmt(out[0, 0])}."
         )
 
@@ -189,11 +177,19 @@ _POST_LN_SLIPS = [
 
 @check("check_pre_ln")
 def check_pre_ln(fn: Callable[[Tensor, Callable, nn.Module], Tensor]) -> None:
-    """Check ``fn(x, sublayer, norm)``: the pre-LN residual sublayer ``x + sublayer(norm(x))``."""
+    """Chapter 7, exercise 7.2: check ``fn(x, sublayer, norm)``, the pre-LN residual ``x + sublayer(norm(x))``.
+
+    ``fn`` is given ``x (B, T, d_model)`` (float32 or float64), a non-linear ``sublayer`` and an
+    ``nn.LayerNorm(d_model)``, and must return a new tensor of the shape and dtype of ``x``.
+    """
     _check_residual(fn, norm_first=True, wrong=_PRE_LN_SLIPS)
 
 
 @check("check_post_ln")
 def check_post_ln(fn: Callable[[Tensor, Callable, nn.Module], Tensor]) -> None:
-    """Check ``fn(x, sublayer, norm)``: the post-LN residual sublayer ``norm(x + sublayer(x))``."""
+    """Chapter 7, exercise 7.2: check ``fn(x, sublayer, norm)``, the post-LN residual ``norm(x + sublayer(x))``.
+
+    ``fn`` is given ``x (B, T, d_model)`` (float32 or float64), a non-linear ``sublayer`` and an
+    ``nn.LayerNorm(d_model)``, and must return a new tensor of the shape and dtype of ``x``.
+    """
     _check_residual(fn, norm_first=False, wrong=_POST_LN_SLIPS)

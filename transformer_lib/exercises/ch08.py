@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..models import Transformer, TransformerConfig, check_token_ids
-from ._core import ExerciseFailure, check, fmt
+from ._core import ExerciseFailure, call_student, check, fmt, require_dtype, require_pair, require_shape, require_tensor
 
 __all__ = ["check_greedy_decode", "check_teacher_forcing_shift"]
 
@@ -44,79 +44,85 @@ def _shift_cases() -> list[tuple[str, Tensor]]:
 
 @check("check_teacher_forcing_shift")
 def check_teacher_forcing_shift(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> None:
-    """Check ``fn(tgt)`` -> ``(decoder_input, targets)``: ``tgt[:, :-1]`` and ``tgt[:, 1:]``."""
+    """Chapter 8, exercise 8.1: check ``fn(tgt) -> (decoder_input, targets)``: ``tgt[:, :-1]`` and ``tgt[:, 1:]``.
+
+    ``fn`` is given ``tgt (B, T)``, long token ids laid out as ``[bos] + answer + [eos] + pads``,
+    and must return two ``(B, T - 1)`` long tensors without changing ``tgt``.
+    """
     for desc, tgt in _shift_cases():
-        B, T = tgt.shape
-        given = tgt.clone()
-        result = fn(given)
-        if not torch.equal(given, tgt):
-            raise ExerciseFailure(
-                f"for {desc}, your function changed its argument tgt in place; build new tensors instead "
-                f"(slicing makes views, which is fine, but do not write into them)."
+        where = f"for {desc}"
+        result = call_student(
+            fn,
+            (tgt,),
+            where,
+            inputs="its argument tgt",
+            in_place_hint="build new tensors instead (slicing makes views, which is fine, but do not write into them)",
+        )
+        inp, out = require_pair(result, where, ("decoder_input", "targets"))
+        for name, t in (("decoder input", inp), ("targets", out)):
+            require_dtype(
+                t,
+                tgt.dtype,
+                where,
+                what=f"your {name}",
+                hint=": token ids stay integers (the embedding and the loss both need them)",
             )
-        if not isinstance(result, tuple | list) or len(result) != 2:
-            raise ExerciseFailure(
-                f"for {desc}, your function returned a {type(result).__name__}; return a pair "
-                f"(decoder_input, targets) of tensors."
-            )
-        inp, out = result
-        for name, verb, t in (("decoder input", "has", inp), ("targets", "have", out)):
-            if not isinstance(t, Tensor):
-                raise ExerciseFailure(f"for {desc}, your {name} {verb} type {type(t).__name__}; return torch tensors.")
-            if t.dtype != tgt.dtype:
-                raise ExerciseFailure(
-                    f"for {desc}, your {name} {verb} dtype {t.dtype}; token ids stay integers ({tgt.dtype}): "
-                    f"the embedding and the loss both need them."
-                )
         expected_inp, expected_out = tgt[:, :-1], tgt[:, 1:]
-        if torch.equal(inp, expected_inp) and torch.equal(out, expected_out):
-            continue
-        if inp.shape == out.shape and torch.equal(inp, out):
+        if not (torch.equal(inp, expected_inp) and torch.equal(out, expected_out)):
+            _diagnose_shift(desc, tgt, inp, out)
+
+
+def _diagnose_shift(desc: str, tgt: Tensor, inp: Tensor, out: Tensor) -> None:
+    """Raise ExerciseFailure naming the slip behind a wrong ``(decoder_input, targets)`` pair."""
+    B, T = tgt.shape
+    where = f"for {desc}"
+    expected_inp, expected_out = tgt[:, :-1], tgt[:, 1:]
+    if inp.shape == out.shape and torch.equal(inp, out):
+        raise ExerciseFailure(
+            f"for {desc}, your targets equal the decoder input: there is no shift, so the model would only "
+            f"learn to copy the token it is given. The target at position t is the token that comes "
+            f"next, tgt[:, t + 1]. Got decoder input {fmt(inp)}."
+        )
+    if torch.equal(inp, expected_out) and torch.equal(out, expected_inp):
+        raise ExerciseFailure(
+            f"for {desc}, the shift goes the wrong way: your decoder input starts with the first answer "
+            f"token and your targets start with <bos>. The decoder is given <bos> and asked for the "
+            f"answer, so decoder_input = tgt[:, :-1] and targets = tgt[:, 1:]."
+        )
+    for name, t in (("decoder input", inp), ("targets", out)):
+        require_shape(
+            t,
+            (B, T - 1),
+            f"{where} (tgt of shape {tuple(tgt.shape)})",
+            what=f"your {name}",
+            hint=": both drop one column of tgt, the input its last and the targets their first",
+        )
+    if not bool((inp[:, 0] == BOS).all()):
+        r = int((inp[:, 0] != BOS).nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the decoder input starts with {int(inp[r, 0])}, not <bos> (id {BOS}): "
+            f"the decoder's first input is always <bos>. Got {fmt(inp[r])}, expected {fmt(expected_inp[r])}."
+        )
+    if bool((out == BOS).any()):
+        r = int((out == BOS).any(1).nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the targets contains <bos> (id {BOS}): the model is given <bos>, it never "
+            f"has to predict it. Got {fmt(out[r])}, expected {fmt(expected_out[r])}."
+        )
+    no_eos = ~(out == EOS).any(1)
+    if bool(no_eos.any()):
+        r = int(no_eos.nonzero()[0])
+        raise ExerciseFailure(
+            f"for {desc}, row {r} of the targets has no <eos> (id {EOS}): the model must learn to predict "
+            f"the end of the answer, or it cannot stop when it decodes. Got {fmt(out[r])}, expected "
+            f"{fmt(expected_out[r])}."
+        )
+    for name, t, e in (("decoder input", inp, expected_inp), ("targets", out, expected_out)):
+        if not torch.equal(t, e):
+            r = int((t != e).any(1).nonzero()[0])
             raise ExerciseFailure(
-                f"for {desc}, your targets equal the decoder input: there is no shift, so the model would only "
-                f"learn to copy the token it is given. The target at position t is the token that comes "
-                f"next, tgt[:, t + 1]. Got decoder input {fmt(inp)}."
+                f"for {desc}, row {r} of the {name} is {fmt(t[r])}; expected {fmt(e[r])} (from tgt row {fmt(tgt[r])})."
             )
-        if torch.equal(inp, expected_out) and torch.equal(out, expected_inp):
-            raise ExerciseFailure(
-                f"for {desc}, the shift goes the wrong way: your decoder input starts with the first answer "
-                f"token and your targets start with <bos>. The decoder is given <bos> and asked for the "
-                f"answer, so decoder_input = tgt[:, :-1] and targets = tgt[:, 1:]."
-            )
-        for name, t in (("decoder input has", inp), ("targets have", out)):
-            if t.dim() != 2 or t.shape != (B, T - 1):
-                raise ExerciseFailure(
-                    f"for {desc} (tgt of shape {tuple(tgt.shape)}), your {name} shape {tuple(t.shape)}; "
-                    f"expected {(B, T - 1)}: both drop one column of tgt, the input its last and the targets "
-                    f"their first."
-                )
-        if not bool((inp[:, 0] == BOS).all()):
-            r = int((inp[:, 0] != BOS).nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the decoder input starts with {int(inp[r, 0])}, not <bos> (id {BOS}): "
-                f"the decoder's first input is always <bos>. Got {fmt(inp[r])}, expected {fmt(expected_inp[r])}."
-            )
-        if bool((out == BOS).any()):
-            r = int((out == BOS).any(1).nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the targets contains <bos> (id {BOS}): the model is given <bos>, it never "
-                f"has to predict it. Got {fmt(out[r])}, expected {fmt(expected_out[r])}."
-            )
-        no_eos = ~(out == EOS).any(1)
-        if bool(no_eos.any()):
-            r = int(no_eos.nonzero()[0])
-            raise ExerciseFailure(
-                f"for {desc}, row {r} of the targets has no <eos> (id {EOS}): the model must learn to predict "
-                f"the end of the answer, or it cannot stop when it decodes. Got {fmt(out[r])}, expected "
-                f"{fmt(expected_out[r])}."
-            )
-        for name, t, e in (("decoder input", inp, expected_inp), ("targets", out, expected_out)):
-            if not torch.equal(t, e):
-                r = int((t != e).any(1).nonzero()[0])
-                raise ExerciseFailure(
-                    f"for {desc}, row {r} of the {name} is {fmt(t[r])}; expected {fmt(e[r])} (from tgt row "
-                    f"{fmt(tgt[r])})."
-                )
 
 
 # ---------------------------------------------------------------- check_greedy_decode
@@ -206,6 +212,40 @@ def _eos_position(row: Tensor) -> int | None:
     return int(hits[0]) if len(hits) else None
 
 
+def _diagnose_feeding(where: str, model: Transformer, src: Tensor, got: Tensor, expected: Tensor) -> None:
+    """Raise ExerciseFailure when a step appended something other than the model's own greedy choice.
+
+    Replays the decoder inputs the scripted model recorded: each must be the previous one plus the
+    argmax of the logits at its last position (for rows that had not ended).
+    """
+    calls = getattr(model, "calls", [])
+    with torch.no_grad():
+        memory, src_keep = model.encode(src)
+    for k in range(1, len(calls)):
+        prev, now = calls[k - 1], calls[k]
+        if now.shape[0] != prev.shape[0] or now.shape[1] != prev.shape[1] + 1:
+            break  # not the growing-prefix protocol: fall through to the general message
+        with torch.no_grad():
+            logits = model.decode(prev, memory, src_keep)
+        calls.pop()  # that call was ours
+        last, first = logits[:, -1].argmax(-1), logits[:, 0].argmax(-1)
+        alive = ~(prev == EOS).any(1)  # rows that had not ended before this step
+        fed = now[:, -1]
+        if bool((fed[alive] != last[alive]).any()):
+            if bool((fed[alive] == first[alive]).all()) and prev.shape[1] > 1:
+                raise ExerciseFailure(
+                    f"{where}, at step {k} you appended the prediction of the first position (logits[:, 0]); "
+                    f"the next token is predicted at the last position of the prefix, logits[:, -1]. "
+                    f"Expected {fmt(expected)}, got {fmt(got)}."
+                )
+            raise ExerciseFailure(
+                f"{where}, at step {k} the token you appended to the decoder input, {fmt(fed)}, is not the "
+                f"model's most likely next token {fmt(last)} (the argmax over the vocabulary of "
+                f"logits[:, -1]). Greedy decoding feeds the model its own prediction. Expected "
+                f"{fmt(expected)}, got {fmt(got)}."
+            )
+
+
 def _diagnose_greedy(desc: str, model: Transformer, src: Tensor, n: int, got: Tensor, expected: Tensor) -> None:
     """Raise ExerciseFailure naming the likely slip behind a wrong greedy decoding."""
     B, E = expected.shape
@@ -224,22 +264,27 @@ def _diagnose_greedy(desc: str, model: Transformer, src: Tensor, n: int, got: Te
                 f"column of <bos> (id {BOS}), shape (B, 1), which is what the model saw first in training. "
                 f"Expected output {fmt(expected)}, got {fmt(got)}."
             )
-    # rows that go on after their <eos>
-    for r in range(B):
-        e = _eos_position(got[r])
-        if e is not None and bool((got[r, e + 1 :] != PAD).any()):
-            raise ExerciseFailure(
-                f"{where}, row {r} goes on after its <eos> (id {EOS}): {fmt(got[r])}. Once a row has produced "
-                f"<eos> it is finished; every later position of that row must be <pad> (id {PAD}). "
-                f"Expected {fmt(expected[r])}."
-            )
-    for r in range(B):
-        e = _eos_position(expected[r])
-        if e is not None and e < got.shape[1] and int(got[r, e]) == PAD and torch.equal(got[r, :e], expected[r, :e]):
-            raise ExerciseFailure(
-                f"{where}, row {r} has <pad> where it should have its <eos>: {fmt(got[r])}. Keep the <eos> itself "
-                f"in the output; only the positions after it become <pad>. Expected {fmt(expected[r])}."
-            )
+    # a row that goes on after its <eos>, or one that lost its <eos> to a <pad>
+    goes_on = [r for r in range(B) if (e := _eos_position(got[r])) is not None and bool((got[r, e + 1 :] != PAD).any())]
+    if goes_on:
+        r = goes_on[0]
+        raise ExerciseFailure(
+            f"{where}, row {r} goes on after its <eos> (id {EOS}): {fmt(got[r])}. Once a row has produced "
+            f"<eos> it is finished; every later position of that row must be <pad> (id {PAD}). "
+            f"Expected {fmt(expected[r])}."
+        )
+    ends = [(r, _eos_position(expected[r])) for r in range(B)]
+    lost = [
+        r
+        for r, e in ends
+        if e is not None and e < got.shape[1] and int(got[r, e]) == PAD and torch.equal(got[r, :e], expected[r, :e])
+    ]
+    if lost:
+        r = lost[0]
+        raise ExerciseFailure(
+            f"{where}, row {r} has <pad> where it should have its <eos>: {fmt(got[r])}. Keep the <eos> itself "
+            f"in the output; only the positions after it become <pad>. Expected {fmt(expected[r])}."
+        )
     if got.shape[1] > E and torch.equal(got[:, :E], expected) and bool((got[:, E:] == PAD).all()):
         raise ExerciseFailure(
             f"{where}, every row had ended after {E} steps, but your output has {got.shape[1]} columns (the extra "
@@ -254,72 +299,60 @@ def _diagnose_greedy(desc: str, model: Transformer, src: Tensor, n: int, got: Te
             f"one, or after max_new_tokens={n} steps."
         )
     if calls and len(calls) > 1:
-        with torch.no_grad():
-            memory, src_keep = model.encode(src)
-        for k in range(1, len(calls)):
-            prev, now = calls[k - 1], calls[k]
-            if now.shape[0] != prev.shape[0] or now.shape[1] != prev.shape[1] + 1:
-                break  # not the growing-prefix protocol: fall through to the general message
-            with torch.no_grad():
-                logits = model.decode(prev, memory, src_keep)
-            calls.pop()  # that call was ours
-            last, first = logits[:, -1].argmax(-1), logits[:, 0].argmax(-1)
-            alive = ~(prev == EOS).any(1)  # rows that had not ended before this step
-            fed = now[:, -1]
-            if bool((fed[alive] != last[alive]).any()):
-                if bool((fed[alive] == first[alive]).all()) and prev.shape[1] > 1:
-                    raise ExerciseFailure(
-                        f"{where}, at step {k} you appended the prediction of the first position (logits[:, 0]); "
-                        f"the next token is predicted at the last position of the prefix, logits[:, -1]. "
-                        f"Expected {fmt(expected)}, got {fmt(got)}."
-                    )
-                raise ExerciseFailure(
-                    f"{where}, at step {k} the token you appended to the decoder input, {fmt(fed)}, is not the "
-                    f"model's most likely next token {fmt(last)} (the argmax over the vocabulary of "
-                    f"logits[:, -1]). Greedy decoding feeds the model its own prediction. Expected "
-                    f"{fmt(expected)}, got {fmt(got)}."
-                )
+        _diagnose_feeding(where, model, src, got, expected)
     if got.shape != expected.shape:
         raise ExerciseFailure(f"{where}, your output has shape {tuple(got.shape)}; expected {tuple(expected.shape)}.")
     r = int((got != expected).any(1).nonzero()[0])
     raise ExerciseFailure(f"{where}, row {r} of your output is {fmt(got[r])}; expected {fmt(expected[r])}.")
 
 
+def _decode_crash_hint(model: Transformer, src: Tensor) -> Callable[[Exception], str | None]:
+    """What to tell a student whose greedy decoder crashed, judged from the calls the model saw."""
+
+    def hint(exc: Exception) -> str | None:
+        calls = getattr(model, "calls", [])
+        if not isinstance(exc, RuntimeError | IndexError) or not calls:
+            return None
+        if calls[0].shape[1] == 0:
+            return (
+                f"You called the decoder with an empty prefix of shape {tuple(calls[0].shape)}: decoding starts "
+                f"from a column of <bos> (id {BOS}), shape (B, 1)."
+            )
+        return (
+            f"It happened after calling the model. Check the shapes: logits[:, -1] is (B, V) = "
+            f"{(src.shape[0], model.config.tgt_vocab_size)}, and the next token is its argmax over the vocabulary "
+            "axis (dim=-1), one id per row, shape (B,)."
+        )
+
+    return hint
+
+
 @check("check_greedy_decode")
 def check_greedy_decode(fn: Callable[[Transformer, Tensor, int], Tensor]) -> None:
-    """Check ``fn(model, src, max_new_tokens)``: the ``(B, n)`` ids of greedy decoding, as
-    ``Transformer.greedy_decode`` returns them (no ``<bos>``, ``<pad>`` after ``<eos>``, stop when all ended)."""
+    """Chapter 8, exercise 8.2: check ``fn(model, src, max_new_tokens) -> (B, n)``, greedy decoding's ids.
+
+    ``fn`` is given a :class:`Transformer` (a scripted stand-in, then a small random one),
+    ``src (B, T_src)`` long ids padded with ``<pad>``, and an int; it must return what
+    ``Transformer.greedy_decode`` returns: no ``<bos>``, ``<pad>`` after ``<eos>``, stopping when
+    every row has ended or after ``max_new_tokens`` steps.
+    """
     for desc, make_model, src, n in _greedy_cases():
         model = make_model()
         with torch.no_grad():
             expected = model.greedy_decode(src, max_new_tokens=n)  # (B, <= n)
         if hasattr(model, "calls"):
             model.calls.clear()
-        given = src.clone()
-        try:
-            with torch.no_grad():
-                got = fn(model, given, n)
-        except (RuntimeError, IndexError) as exc:
-            calls = getattr(model, "calls", [])
-            if calls and calls[0].shape[1] == 0:
-                raise ExerciseFailure(
-                    f"for {desc}, you called the decoder with an empty prefix of shape {tuple(calls[0].shape)} "
-                    f"and then failed with {type(exc).__name__}: decoding starts from a column of <bos> "
-                    f"(id {BOS}), shape (B, 1)."
-                ) from None
-            if calls:
-                raise ExerciseFailure(
-                    f"for {desc}, your function raised {type(exc).__name__} ({exc}) after calling the model. Check "
-                    f"the shapes: logits[:, -1] is (B, V) = {(src.shape[0], model.config.tgt_vocab_size)}, and the "
-                    f"next token is its argmax over the vocabulary axis (dim=-1), one id per row, shape (B,)."
-                ) from None
-            raise
-        if not torch.equal(given, src):
-            raise ExerciseFailure(f"for {desc}, your function changed src in place; leave its argument unchanged.")
-        if not isinstance(got, Tensor):
-            raise ExerciseFailure(f"for {desc}, your function returned a {type(got).__name__}; return a torch.Tensor.")
-        if got.is_floating_point() or got.dtype == torch.bool:
-            raise ExerciseFailure(f"for {desc}, your output has dtype {got.dtype}; return token ids (torch.long).")
+        where = f"for {desc}"
+        with torch.no_grad():
+            got = call_student(
+                fn,
+                (model, src, n),
+                where,
+                crash_hint=_decode_crash_hint(model, src),
+                inputs="src",
+                in_place_hint="leave its argument unchanged",
+            )
+        require_tensor(got, where, dtype="integer", what="your output", dtype_hint=": return token ids (torch.long)")
         got = got.detach().cpu().long()
         if got.dim() != 2 or got.shape[0] != src.shape[0]:
             raise ExerciseFailure(

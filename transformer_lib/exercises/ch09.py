@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..data import get_batch
-from ._core import ExerciseFailure, check, fmt
+from ._core import ExerciseFailure, call_student, check, fmt, require_pair, require_tensor
 
 __all__ = ["check_lm_targets", "check_top_k_filter", "reference_top_k_logits"]
 
@@ -48,30 +48,28 @@ def _lm_cases() -> list[tuple[str, Tensor, Tensor, int]]:
 
 @check("check_lm_targets")
 def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]) -> None:
-    """Check ``fn(data, starts, block_size)`` -> ``(x (B, T), y (B, T))`` with ``y`` the next tokens.
+    """Chapter 9, exercise 9.1: check ``fn(data, starts, block_size) -> (x (B, T), y (B, T))``, ``y`` the next tokens.
 
-    ``x[b] = data[starts[b] : starts[b] + T]`` and ``y[b] = data[starts[b] + 1 : starts[b] + T + 1]``.
+    ``fn`` is given ``data (N,)`` long token ids, ``starts (B,)`` long offsets and the int
+    ``block_size = T``. ``x[b] = data[starts[b] : starts[b] + T]`` and
+    ``y[b] = data[starts[b] + 1 : starts[b] + T + 1]``; the last case draws the starts as
+    :func:`transformer_lib.data.get_batch` does and compares with it.
     """
     for desc, data, starts, T in _lm_cases():
-        out = fn(data.clone(), starts.clone(), T)
-        if not isinstance(out, tuple | list) or len(out) != 2:
-            raise ExerciseFailure(f"for {desc}, return a pair (x, y) of tensors; got {type(out).__name__}.")
-        x, y = out
+        where = f"for {desc}"
+        x, y = require_pair(call_student(fn, (data, starts, T), where), where, ("x", "y"))
         for name, t in (("x", x), ("y", y)):
-            if not isinstance(t, Tensor):
-                raise ExerciseFailure(f"for {desc}, {name} is a {type(t).__name__}; return torch tensors.")
-        B = len(starts)
-        for name, t in (("x", x), ("y", y)):
-            if tuple(t.shape) != (B, T):
-                raise ExerciseFailure(
-                    f"for {desc}, {name} has shape {tuple(t.shape)}; expected (B, T) = ({B}, {T}): one row per "
-                    f"start, block_size tokens per row (both x and y have exactly block_size tokens)."
-                )
-            if t.dtype != data.dtype:
-                raise ExerciseFailure(
-                    f"for {desc}, {name} has dtype {t.dtype}; keep the token ids' dtype {data.dtype} (an "
-                    f"embedding layer and the cross-entropy loss need integer ids)."
-                )
+            require_tensor(
+                t,
+                where,
+                (len(starts), T),
+                data.dtype,
+                what=name,
+                layout="(B, T)",
+                shape_hint=": one row per start, block_size tokens per row (x and y both have exactly "
+                "block_size tokens)",
+                dtype_hint=" (an embedding layer and the cross-entropy loss need integer ids)",
+            )
         expected_x, expected_y = _windows(data, starts, T, 0), _windows(data, starts, T, 1)
         if torch.equal(x, expected_y) and torch.equal(y, expected_x):
             raise ExerciseFailure(
@@ -100,11 +98,16 @@ def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]])
                 f"for {desc}, y[b, t] should be data[starts[b] + t + 1], the token that follows x[b, t]. "
                 f"Expected {fmt(expected_y)}, got {fmt(y)}."
             )
-    # the same windows as the library's sampler draws, for the same random starts
+    _check_against_get_batch(fn)
+
+
+def _check_against_get_batch(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]) -> None:
+    """The same windows as the library's sampler draws, for the same random starts."""
     data = torch.randint(0, 30, (50,), generator=torch.Generator().manual_seed(3))
     expected = get_batch(data, 7, 5, generator=torch.Generator().manual_seed(4))
     starts = torch.randint(len(data) - 7, (5,), generator=torch.Generator().manual_seed(4))
-    x, y = fn(data.clone(), starts, 7)
+    where = "for random starts drawn as get_batch draws them"
+    x, y = require_pair(call_student(fn, (data, starts, 7), where), where, ("x", "y"))
     if not (torch.equal(x, expected[0]) and torch.equal(y, expected[1])):
         raise ExerciseFailure(
             "on random starts, your (x, y) differ from transformer_lib.data.get_batch's for the same starts."
@@ -148,106 +151,116 @@ def _where(index: tuple[int, ...]) -> str:
     return f"row {index[0]}" if len(index) == 1 else f"row {index}"
 
 
-def _call_top_k(fn: Callable[[Tensor, int], Tensor], desc: str, logits: Tensor, k: int) -> Tensor:
-    """``fn(logits, k)``, turning the typical crashes into a hint."""
-    try:
-        return fn(logits, k)
-    except (RuntimeError, IndexError) as e:
+def _top_k_crash_hint(logits: Tensor, k: int) -> Callable[[Exception], str | None]:
+    """The hint for the typical crashes of a top-k filter on these logits."""
+
+    def hint(exc: Exception) -> str | None:
+        if not isinstance(exc, RuntimeError | IndexError):
+            return None
         if k > logits.shape[-1]:
-            raise ExerciseFailure(
-                f"for {desc}, your function raised {type(e).__name__}: {e}. When k is at least the vocabulary "
-                f"size V there is nothing to remove: return the logits unchanged (for example use min(k, V) "
-                f"with torch.topk)."
-            ) from None
+            return (
+                "When k is at least the vocabulary size V there is nothing to remove: return the logits unchanged "
+                "(for example use min(k, V) with torch.topk)."
+            )
         if logits.dim() != 2:
-            raise ExerciseFailure(
-                f"for {desc}, your function raised {type(e).__name__}: {e}. The logits may have any number "
-                f"of leading axes, (..., V), not only (B, V): work on the last axis (dim=-1) and index it with "
-                f"`...`, for example values[..., -1:] rather than values[:, [-1]]."
-            ) from None
-        raise
+            return (
+                "The logits may have any number of leading axes, (..., V), not only (B, V): work on the last axis "
+                "(dim=-1) and index it with `...`, for example values[..., -1:] rather than values[:, [-1]]."
+            )
+        return None
+
+    return hint
 
 
 @check("check_top_k_filter")
 def check_top_k_filter(fn: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``fn(logits, k)``: logits ``(..., V)`` with all but the ``k`` largest of each row set to ``-inf``."""
+    """Chapter 9, exercise 9.3: check ``fn(logits, k)``: all but the ``k`` largest logits of each row set to ``-inf``.
+
+    ``fn`` is given ``logits (..., V)`` (1-D, ``(B, V)`` or ``(B, T, V)``; float32 or float64) and
+    an int ``k`` from 1 to more than ``V``, and must return a new tensor of the logits' shape and
+    dtype, keeping ties at the k-th place.
+    """
     for desc, logits, k in _top_k_cases():
-        V = logits.shape[-1]
-        original = logits.clone()
-        out = _call_top_k(fn, desc, logits, k)
-        if not torch.equal(logits, original):
+        where = f"for {desc}"
+        out = call_student(
+            fn,
+            (logits, k),
+            where,
+            crash_hint=_top_k_crash_hint(logits, k),
+            inputs="the logits it was given",
+            in_place_hint="return a new tensor (for example with masked_fill, not masked_fill_), so the caller's "
+            "logits stay intact",
+        )
+        require_tensor(out, where, logits.shape, logits.dtype, what="the filtered logits")
+        _diagnose_top_k(desc, logits, k, out.detach())
+
+
+def _kept_count_hint(desc: str, k: int, V: int, got: int, want: int) -> str:
+    """Why a row of filtered logits keeps ``got`` tokens where it should keep ``want``."""
+    if got > want:
+        return f"you kept logits below the k-th largest (more than the k = {k} largest)"
+    if k >= V:
+        return f"k = {k} is at least V = {V}, so every logit must be kept"
+    if "tie" in desc:
+        return (
+            "two logits tie at the k-th place: keep every logit >= the k-th largest value (as "
+            "GPT.generate does), so both tied logits stay"
+        )
+    return (
+        "the k-th largest logit must stay too (keep logits >= the k-th largest, not > it; "
+        "torch.topk(logits, k).values[..., -1:] is the k-th largest)"
+    )
+
+
+def _diagnose_top_k(desc: str, logits: Tensor, k: int, out: Tensor) -> None:
+    """Raise ExerciseFailure naming the first problem of filtered logits ``out`` of the logits' shape."""
+    expected = reference_top_k_logits(logits, k)
+    keep = torch.isfinite(expected)  # (..., V)
+    if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
+        wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
+        if torch.equal(out, wrong_axis):
             raise ExerciseFailure(
-                f"for {desc}, your function changed the logits it was given (in place). Return a new tensor "
-                f"(for example with masked_fill, not masked_fill_), so the caller's logits stay intact."
+                f"for {desc}, you picked the top k along the first axis (across the batch) instead of the "
+                f"last one (across the vocabulary): each row needs its own k most likely tokens. Use "
+                f"dim=-1 in torch.topk and keep the k-th value's last axis (values[..., -1:]) for broadcasting."
             )
-        if not isinstance(out, Tensor):
-            raise ExerciseFailure(f"for {desc}, your function returned a {type(out).__name__}; return a tensor.")
-        if out.shape != logits.shape or out.dtype != logits.dtype:
-            raise ExerciseFailure(
-                f"for {desc}, the result has shape {tuple(out.shape)} and dtype {out.dtype}; expected the "
-                f"logits' shape {tuple(logits.shape)} and dtype {logits.dtype}."
-            )
-        out = out.detach()
-        expected = reference_top_k_logits(logits, k)
-        keep = torch.isfinite(expected)  # (..., V)
-        if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
-            wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
-            if torch.equal(out, wrong_axis):
-                raise ExerciseFailure(
-                    f"for {desc}, you picked the top k along the first axis (across the batch) instead of the "
-                    f"last one (across the vocabulary): each row needs its own k most likely tokens. Use "
-                    f"dim=-1 in torch.topk and keep the k-th value's last axis (values[..., -1:]) for broadcasting."
-                )
-        if torch.allclose(out.double(), torch.softmax(expected.double(), dim=-1), atol=1e-6):
-            raise ExerciseFailure(
-                f"for {desc}, you returned probabilities; return the filtered *logits* (the kept ones "
-                f"unchanged), so that the caller can still divide them by a temperature before the softmax."
-            )
-        probs = torch.softmax(out.double(), dim=-1)  # a removed token must get probability exactly 0
-        leaked = ~keep & (out != logits) & (probs > 0)
-        if leaked.any():
-            idx = tuple(torch.nonzero(leaked)[0].tolist())
-            value = out[idx].item()
-            hint = (
-                " 0 is an ordinary logit (exp(0) = 1), so the token can still be sampled; use float('-inf')."
-                if value == 0
-                else " Use float('-inf'), so that softmax gives the removed tokens probability exactly 0."
-            )
-            raise ExerciseFailure(
-                f"for {desc}, the logit at index {idx} should be removed (it is below the k-th largest), but "
-                f"you set it to {value:.4g}.{hint}"
-            )
-        n_kept, n_expected = (probs > 0).sum(-1), keep.sum(-1)  # (...,)
-        if not torch.equal(n_kept, n_expected):
-            idx = tuple(torch.nonzero(n_kept != n_expected)[0].tolist())
-            got, want = int(n_kept[idx]), int(n_expected[idx])
-            if got > want:
-                why = f"you kept logits below the k-th largest (more than the k = {k} largest)"
-            elif k >= V:
-                why = f"k = {k} is at least V = {V}, so every logit must be kept"
-            elif "tie" in desc:
-                why = (
-                    "two logits tie at the k-th place: keep every logit >= the k-th largest value (as "
-                    "GPT.generate does), so both tied logits stay"
-                )
-            else:
-                why = (
-                    "the k-th largest logit must stay too (keep logits >= the k-th largest, not > it; "
-                    "torch.topk(logits, k).values[..., -1:] is the k-th largest)"
-                )
-            raise ExerciseFailure(
-                f"for {desc}, {_where(idx)} keeps {got} logit{'' if got == 1 else 's'}, expected {want}: {why}. "
-                f"Expected {fmt(expected[idx])}, got {fmt(out[idx])}."
-            )
-        kept_changed = keep & (out != logits)
-        if kept_changed.any():
-            idx = tuple(torch.nonzero(kept_changed)[0].tolist())
-            raise ExerciseFailure(
-                f"for {desc}, the logit at index {idx} is among the k largest and must be returned unchanged "
-                f"({logits[idx].item():.4f}); got {out[idx].item():.4f}."
-            )
-        if not torch.equal(probs > 0, keep):
-            raise ExerciseFailure(
-                f"for {desc}, you kept the wrong logits: keep the k largest of each row. Expected "
-                f"{fmt(expected)}, got {fmt(out)}."
-            )
+    if torch.allclose(out.double(), torch.softmax(expected.double(), dim=-1), atol=1e-6):
+        raise ExerciseFailure(
+            f"for {desc}, you returned probabilities; return the filtered *logits* (the kept ones "
+            f"unchanged), so that the caller can still divide them by a temperature before the softmax."
+        )
+    probs = torch.softmax(out.double(), dim=-1)  # a removed token must get probability exactly 0
+    leaked = ~keep & (out != logits) & (probs > 0)
+    if leaked.any():
+        idx = tuple(torch.nonzero(leaked)[0].tolist())
+        value = out[idx].item()
+        hint = (
+            " 0 is an ordinary logit (exp(0) = 1), so the token can still be sampled; use float('-inf')."
+            if value == 0
+            else " Use float('-inf'), so that softmax gives the removed tokens probability exactly 0."
+        )
+        raise ExerciseFailure(
+            f"for {desc}, the logit at index {idx} should be removed (it is below the k-th largest), but "
+            f"you set it to {value:.4g}.{hint}"
+        )
+    n_kept, n_expected = (probs > 0).sum(-1), keep.sum(-1)  # (...,)
+    if not torch.equal(n_kept, n_expected):
+        idx = tuple(torch.nonzero(n_kept != n_expected)[0].tolist())
+        got, want = int(n_kept[idx]), int(n_expected[idx])
+        why = _kept_count_hint(desc, k, logits.shape[-1], got, want)
+        raise ExerciseFailure(
+            f"for {desc}, {_where(idx)} keeps {got} logit{'' if got == 1 else 's'}, expected {want}: {why}. "
+            f"Expected {fmt(expected[idx])}, got {fmt(out[idx])}."
+        )
+    kept_changed = keep & (out != logits)
+    if kept_changed.any():
+        idx = tuple(torch.nonzero(kept_changed)[0].tolist())
+        raise ExerciseFailure(
+            f"for {desc}, the logit at index {idx} is among the k largest and must be returned unchanged "
+            f"({logits[idx].item():.4f}); got {out[idx].item():.4f}."
+        )
+    if not torch.equal(probs > 0, keep):
+        raise ExerciseFailure(
+            f"for {desc}, you kept the wrong logits: keep the k largest of each row. Expected "
+            f"{fmt(expected)}, got {fmt(out)}."
+        )
