@@ -127,7 +127,7 @@ def check_sinusoidal(fn: Callable[[int, int], Tensor]) -> None:
             )
         if not actual.is_floating_point():
             raise ExerciseFailure(f"return a floating-point tensor, got dtype {actual.dtype} for {where}")
-        expected = sinusoidal_encoding(max_len, d_model).double()
+        expected = sinusoidal_encoding(d_model, max_len).double()
         if torch.allclose(actual.double(), expected, atol=1e-5, rtol=0):
             continue
         for kind, hint in _SINUSOIDAL_HINTS.items():
