@@ -217,12 +217,20 @@ def timed_rounds(trainers: dict[str, Trainer], rounds: int, steps: int, tokens_p
     return rates, final_loss
 
 
+def preset_shape(batch_size: int | None = None, **sizes: int | None) -> tuple[dict, int]:
+    """The model's sizes and the batch size, each the CPU preset's (the defaults of ``tl.GPTConfig``
+    and ``tl.TrainConfig``) unless given."""
+    defaults = tl.GPTConfig(vocab_size=VOCAB_SIZE)
+    shape = {k: getattr(defaults, k) if v is None else v for k, v in sizes.items()}
+    return shape, tl.TrainConfig().batch_size if batch_size is None else batch_size
+
+
 def run_throughput(
-    n_layers: int = 4,
-    n_heads: int = 4,
-    d_model: int = 128,
-    context_len: int = 64,
-    batch_size: int = 12,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    d_model: int | None = None,
+    context_len: int | None = None,
+    batch_size: int | None = None,
     *,
     warmup: int = 10,
     steps: int = 50,
@@ -234,17 +242,20 @@ def run_throughput(
 ) -> dict:
     """Train ``tl.GPT`` and the peers in turns; returns the settings and tokens/s of every round.
 
-    The result has, for ``ours`` and each peer, the tokens/s per round and their median
-    (``<name>_median``); for each peer the per-round ratios ``ratio_<peer>`` (ours / peer), their
-    median ``ratio_<peer>_median`` and spread; ``params``; ``max_logit_diff`` (the largest
-    difference of a peer's logits from ours with equal weights, about 1e-6 when they compute the
-    same function); and ``final_loss`` of each (close, as all see the same batches from the same
-    weights). ``peers`` defaults to both, leaving out ``hf`` when ``transformers`` is missing.
+    Sizes left at None are the CPU preset's (:func:`preset_shape`). The result has, for ``ours`` and
+    each peer, the tokens/s per round and their median (``<name>_median``); for each peer the
+    per-round ratios ``ratio_<peer>`` (ours / peer), their median ``ratio_<peer>_median`` and
+    spread; ``params``; ``max_logit_diff`` (the largest difference of a peer's logits from ours
+    with equal weights, about 1e-6 when they compute the same function); and ``final_loss`` of
+    each (close, as all see the same batches from the same weights). ``peers``: both by default,
+    without ``hf`` when ``transformers`` is missing.
     """
     threads = set_threads(threads)
+    shape, batch_size = preset_shape(n_layers=n_layers, n_heads=n_heads, d_model=d_model, context_len=context_len,
+                                     batch_size=batch_size)  # fmt: skip
+    context_len = shape["context_len"]
     peers = peers if peers is not None else tuple(p for p in PEERS if p != "hf" or hf_available())
     batches, vocab_size, source = make_batches(64, batch_size, context_len, seed, data)
-    shape = dict(n_layers=n_layers, n_heads=n_heads, d_model=d_model, context_len=context_len)
     models = build_models(tl.GPTConfig(vocab_size=vocab_size, dropout=0.0, **shape), seed, peers)
     max_logit_diff = logit_difference(models, batches[0][0])
 

@@ -40,6 +40,13 @@ SHAPES: dict[str, dict] = {
 }
 
 
+def random_batches(n: int, vocab_size: int, B: int, T: int, seed: int, device: torch.device) -> list:
+    """``n`` batches ``(x (B, T), y (B, T))`` of random tokens on ``device``, ``y`` shifted by one."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(vocab_size, (B, T + 1), generator=g).to(device) for _ in range(n)]  # (B, T + 1) each
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
 def measure(
     shape: dict,
     compile: bool,
@@ -58,7 +65,7 @@ def measure(
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    if on_gpu:
+    if on_gpu:  # TF32 for what autocast leaves in float32; the peak memory of the whole run
         torch.set_float32_matmul_precision("high")
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(seed)
@@ -67,11 +74,7 @@ def measure(
     optimizer = tl.configure_optimizer(model, tl.TrainConfig(lr=6e-4, beta2=0.95), device)  # fused on a GPU
     step_model = torch.compile(model) if compile else model
     B, T = shape["batch_size"], shape["context_len"]
-    g = torch.Generator().manual_seed(seed)
-    batches: list[tuple[Tensor, Tensor]] = []
-    for _ in range(8):
-        tokens = torch.randint(shape["vocab_size"], (B, T + 1), generator=g).to(device)  # (B, T + 1)
-        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    batches = random_batches(8, shape["vocab_size"], B, T, seed, device)
     position = 0
 
     def train_steps(n: int) -> Tensor:
