@@ -14,8 +14,8 @@ Three ways to compute the same causal multi-head self-attention of ``x (B, T, d_
 For each sequence length ``T`` it times the forward pass (under ``torch.no_grad``) and the
 forward plus backward pass (gradients of the input and every parameter), taking turns between
 the variants and reporting medians, and measures the peak memory of one call: on a GPU with
-``torch.cuda.max_memory_allocated``; on the CPU by replaying the allocations and frees that
-``torch.profiler`` records (``profile_memory=True``). Beside them it reports the size of one
+``torch.cuda.max_memory_allocated``; on the CPU from the allocations and frees that
+``torch.profiler`` reports per operator (``profile_memory=True``). Beside them it reports the size of one
 score matrix, ``B * h * T^2 * bytes per element``. The numbers go to ``attention_scaling.json``
 and a log-log figure to ``attention_scaling.png`` (``attention_scaling_cuda.png`` for a GPU run).
 
@@ -109,36 +109,9 @@ def make_call(fn: Callable[[Tensor], Tensor], x: Tensor, grad_out: Tensor, param
 # ---------------------------------------------------------------------------------------------
 
 
-def cpu_peak_bytes(call: Callable[[], None]) -> int:
-    """Peak bytes allocated on the CPU during ``call()``, above what was allocated before it.
-
-    ``torch.profiler`` with ``profile_memory=True`` records every allocation (positive size) and
-    free (negative size); their running sum, in time order, is the memory in use.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        call()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    in_use = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        in_use += e.nbytes()  # > 0: allocated, < 0: freed
-        peak = max(peak, in_use)
-    return peak
-
-
-def cuda_peak_bytes(call: Callable[[], None]) -> int:
-    """Peak bytes allocated on the GPU during ``call()``, above what was allocated before it."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def peak_bytes(call: Callable[[], None], device: torch.device) -> int:
-    return cuda_peak_bytes(call) if device.type == "cuda" else cpu_peak_bytes(call)
+    """Peak bytes allocated during ``call()``: ``tl.peak_memory_bytes`` (public PyTorch APIs only)."""
+    return tl.peak_memory_bytes(call, device)
 
 
 # ---------------------------------------------------------------------------------------------

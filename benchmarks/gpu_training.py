@@ -30,50 +30,21 @@ import transformer_lib as tl
 
 from .common import add_record_flags, append_result, format_table, median, synchronize
 
+_GPU_SHAPE, _GPU_TRAIN = tl.PRESETS["gpu"]
+# The GPU preset of the training command line, and GPT-2 small.
 SHAPES: dict[str, dict] = {
-    "gpu-preset": dict(n_layers=6, n_heads=6, d_model=384, block_size=256, batch_size=64, vocab_size=65, dropout=0.2),
+    "gpu-preset": dict(**_GPU_SHAPE, batch_size=_GPU_TRAIN.batch_size, vocab_size=65),
     "gpt2-small": dict(
-        n_layers=12, n_heads=12, d_model=768, block_size=1024, batch_size=16, vocab_size=50304, dropout=0.0
+        n_layers=12, n_heads=12, d_model=768, context_len=1024, batch_size=16, vocab_size=50304, dropout=0.0
     ),
 }
 
-# Dense bf16 (float16 where the GPU has no bf16) tensor-core peaks in FLOP/s; the first name found
-# in the device's name wins, so the more specific names come first. Used when the trainer has no table.
-KNOWN_PEAKS: dict[str, float] = {
-    "H100 PCIe": 756e12,
-    "H100": 989.4e12,
-    "H200": 989.4e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10": 125e12,
-    "L4": 121e12,
-    "V100": 125e12,
-    "T4": 65e12,
-}
 
-
-def peak_flops(device_name: str) -> float | None:
-    """The dense bf16 peak of the GPU called ``device_name``: the trainer's table if it has one, else ours."""
-    try:
-        from transformer_lib.train import gpu_peak_flops
-
-        found = gpu_peak_flops(device_name)
-        if found is not None:
-            return found
-    except ImportError:
-        pass
-    return next((flops for key, flops in KNOWN_PEAKS.items() if key in device_name), None)
-
-
-def flops_per_token(model: tl.GPT, T: int) -> float:
-    """Training FLOPs per token, ``6 N + 12 L h d_k T``: the trainer's function if it has one."""
-    try:
-        from transformer_lib.train import flops_per_token as trainer_flops_per_token
-
-        return trainer_flops_per_token(model, T)
-    except ImportError:
-        c = model.config
-        return 6 * model.num_params() + 12 * c.n_layers * c.d_model * T  # h * d_k = d_model
+def random_batches(n: int, vocab_size: int, B: int, T: int, seed: int, device: torch.device) -> list:
+    """``n`` batches ``(x (B, T), y (B, T))`` of random tokens on ``device``, ``y`` shifted by one."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(vocab_size, (B, T + 1), generator=g).to(device) for _ in range(n)]  # (B, T + 1) each
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
 def measure(
@@ -94,23 +65,16 @@ def measure(
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    if on_gpu:
+    if on_gpu:  # TF32 for what autocast leaves in float32; the peak memory of the whole run
         torch.set_float32_matmul_precision("high")
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(seed)
-    sizes = {k: shape[k] for k in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model", "dropout")}
+    sizes = {k: shape[k] for k in ("vocab_size", "context_len", "n_layers", "n_heads", "d_model", "dropout")}
     model = tl.GPT(tl.GPTConfig(**sizes)).to(device).train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=True if on_gpu else None)
+    optimizer = tl.configure_optimizer(model, tl.TrainConfig(lr=6e-4, beta2=0.95), device)  # fused on a GPU
     step_model = torch.compile(model) if compile else model
-    B, T = shape["batch_size"], shape["block_size"]
-    g = torch.Generator().manual_seed(seed)
-    batches: list[tuple[Tensor, Tensor]] = []
-    for _ in range(8):
-        tokens = torch.randint(shape["vocab_size"], (B, T + 1), generator=g).to(device)  # (B, T + 1)
-        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    B, T = shape["batch_size"], shape["context_len"]
+    batches = random_batches(8, shape["vocab_size"], B, T, seed, device)
     position = 0
 
     def train_steps(n: int) -> Tensor:
@@ -118,7 +82,7 @@ def measure(
         for _ in range(n):
             x, y = batches[position % len(batches)]
             position += 1
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            with tl.autocast(device, dtype):
                 _, loss = step_model(x, y)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -138,7 +102,7 @@ def measure(
         synchronize(device)
         rates.append(B * T * steps / (time.perf_counter() - start))
     rate = median(rates)
-    per_token = flops_per_token(model, T)
+    per_token = tl.flops_per_token(model, T)
     return {
         "tokens_per_s": rates,
         "median_tokens_per_s": rate,
@@ -174,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_training needs a CUDA GPU and this machine has none; nothing to measure.")
         return 0
     name = torch.cuda.get_device_name()
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(name)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else tl.gpu_peak_flops(name)
     if peak is None:
         print(f"the peak FLOP/s of {name!r} is not known: MFU is left out (give it with --peak-tflops)")
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -1,6 +1,6 @@
 """How good a model the training command line makes: final validation loss and wall time.
 
-It runs ``python -m transformer_lib.train`` exactly as a reader would: the ``cpu`` preset for
+It runs ``python -m transformer_lib train`` exactly as a reader would: the ``cpu`` preset for
 2,000 steps on a CPU (nanoGPT's baby GPT reaches a validation loss of about 1.88), or on a GPU the
 ``gpu`` preset for 5,000 steps (nanoGPT: about 1.47), on Tiny Shakespeare. The text comes from
 ``--data``, else from the ``TINY_SHAKESPEARE`` environment variable (else the trainer looks in its
@@ -14,7 +14,6 @@ reference does not apply). The final loss is read from the checkpoint the run wr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import subprocess
@@ -26,16 +25,17 @@ from pathlib import Path
 
 import torch
 
+import transformer_lib as tl
+
 from .common import add_record_flags, append_result, default_threads, format_table
 
 # preset: (steps, nanoGPT's final validation loss on Tiny Shakespeare at those steps)
 REFERENCE = {"cpu": (2000, 1.88), "gpu": (5000, 1.47)}
-TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 
 def is_tiny_shakespeare(path: str | Path) -> bool:
     """Whether the file at ``path`` is Tiny Shakespeare (by its SHA-256)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() == TINY_SHAKESPEARE_SHA256
+    return tl.sha256_of(path) == tl.TINY_SHAKESPEARE_SHA256
 
 
 def train_command(
@@ -48,7 +48,7 @@ def train_command(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The training command line this benchmark runs."""
-    cmd = [sys.executable, "-m", "transformer_lib.train", "--preset", preset, "--max-iters", str(steps)]
+    cmd = [sys.executable, "-m", "transformer_lib", "train", "--preset", preset, "--max-iters", str(steps)]
     cmd += ["--out-dir", str(out_dir), "--no-progress"]
     if data is not None:
         cmd += ["--data", str(data)]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 REPO_URL = "https://github.com/attention-executed/attention-executed"
-SOURCE = f'''# NBVAL_SKIP
+SOURCE = f"""# NBVAL_SKIP
 # In Google Colab, install the book's library first; anywhere else this cell does nothing.
 import sys
 
@@ -21,7 +21,7 @@ if "google.colab" in sys.modules:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "transformer_lib @ git+{REPO_URL}"],
         check=True,
-    )'''
+    )"""
 MARKER = "# NBVAL_SKIP\n# In Google Colab"
 
 

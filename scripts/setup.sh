@@ -10,7 +10,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
-  .venv/bin/python -m pip install --quiet "torch>=2.4,<2.14" --index-url "$TORCH_INDEX_URL"
+  # the PyTorch range is written once, in pyproject.toml
+  torch_req=$(grep -o '"torch[^"]*"' pyproject.toml | tr -d '"')
+  .venv/bin/python -m pip install --quiet "$torch_req" --index-url "$TORCH_INDEX_URL"
 fi
 .venv/bin/python -m pip install --quiet -r requirements.txt
 echo "Environment ready in .venv: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv, then run every test: lint, the library's unit tests, and every chapter notebook
-# executed by nbval in strict mode (fresh outputs compared with the saved ones).
+# Set up .venv, then run every test: lint and format checks, the library's unit tests, and every
+# chapter notebook executed by nbval in strict mode (fresh outputs compared with the saved ones).
+# The tests and notebooks run on two workers (pytest-xdist); --dist loadfile keeps all the cells
+# of one notebook (and all the tests of one file) on the same worker, in order, as nbval needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,6 +13,9 @@ export PYTHONHASHSEED=0 OMP_WAIT_POLICY=PASSIVE
 [ -x .venv-instructors/bin/python ] || "${PYTHON:-python3}" -m venv .venv-instructors
 .venv-instructors/bin/python -m pip install --quiet -r requirements-instructors.txt
 export NBGRADER_REQUIRED=1
-.venv/bin/python -m ruff check transformer_lib tests _ext
-.venv/bin/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=600 \
+LINTED=(transformer_lib tests benchmarks scripts _ext)
+.venv/bin/python -m ruff check "${LINTED[@]}"
+.venv/bin/python -m ruff format --check "${LINTED[@]}"
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile \
+  --nbval --nbval-current-env --nbval-cell-timeout=600 \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters instructors.ipynb "$@"

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not 
 
 from benchmarks import attention, common, cpu_throughput, gpu_training, quality  # noqa: E402
 
-TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, block_size=16)
+TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, context_len=16)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,16 +34,25 @@ def test_results_rows_have_every_column(tmp_path):
     assert "cores" in common.machine_info()["machine"]
 
 
-def test_cpu_throughput_compares_equal_models():
-    r = cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=2, threads=1)
-    assert set(r) >= {"settings", "ours", "peer", "ours_median", "peer_median", "ratio", "params", "max_logit_diff"}
-    assert len(r["ours"]) == len(r["peer"]) == 2 and min(r["ours"] + r["peer"]) > 0
-    assert r["ratio"] == pytest.approx(r["ours_median"] / r["peer_median"])
-    assert r["params"]["ours"] == r["params"]["peer"]
-    assert r["max_logit_diff"] < 1e-4  # the peer computes the same function
-    assert r["final_loss"]["ours"] == pytest.approx(r["final_loss"]["peer"], abs=1e-3)  # same start, same batches
+@pytest.mark.parametrize("peers", [("torch",), ("torch", "hf")])
+def test_cpu_throughput_compares_equal_models(peers):
+    if "hf" in peers:
+        pytest.importorskip("transformers")
+    r = cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=3, threads=1, peers=peers)
+    assert set(r) >= {"settings", "ours", "ours_median", "params", "max_logit_diff", "final_loss"}
+    for p in peers:
+        assert len(r["ours"]) == len(r[p]) == 3 and min(r["ours"] + r[p]) > 0
+        assert r[f"ratio_{p}"] == pytest.approx([a / b for a, b in zip(r["ours"], r[p], strict=True)])
+        assert min(r[f"ratio_{p}"]) <= r[f"ratio_{p}_median"] <= max(r[f"ratio_{p}"])
+        assert r["params"]["ours"] == r["params"][p]
+        assert r["final_loss"]["ours"] == pytest.approx(r["final_loss"][p], abs=1e-3)  # same start, same batches
+    assert r["max_logit_diff"] < 1e-4  # every peer computes the same function
     assert r["settings"]["threads"] == 1
-    assert "ratio ours / peer" in cpu_throughput.report(r)
+    assert all(f"ratio ours / {p}" in cpu_throughput.report(r) for p in peers)
+
+
+def test_transformers_is_installed_so_the_peer_benchmark_is_not_skipped():
+    assert cpu_throughput.hf_available()
 
 
 def test_cpu_throughput_reads_a_text_file(tmp_path):
@@ -93,9 +102,9 @@ def test_gpu_training_measures_and_computes_mfu():
     model = tl.GPT(tl.GPTConfig(vocab_size=50, **TINY_GPT))
     assert r["flops_per_token"] == 6 * model.num_params() + 12 * 1 * 32 * 16
     assert r["mfu"] == pytest.approx(r["flops_per_token"] * r["median_tokens_per_s"] / 1e12)
-    assert gpu_training.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
-    assert gpu_training.peak_flops("NVIDIA H200") == 989.4e12
-    assert gpu_training.peak_flops("a GPU nobody knows") is None
+    assert tl.gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert tl.gpu_peak_flops("NVIDIA H200") == 989.4e12
+    assert tl.gpu_peak_flops("a GPU nobody knows") is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
@@ -107,12 +116,12 @@ def test_gpu_training_without_a_gpu_exits_cleanly(capsys):
 def test_quality_runs_the_training_command_line(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
-    tiny = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "8", "--batch-size", "2"]
+    tiny = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--context-len", "8", "--batch-size", "2"]
     tiny += ["--eval-iters", "1", "--eval-interval", "2", "--warmup-iters", "1", "--lr-decay-iters", "2"]
     r = quality.run_quality("cpu", steps=2, data=text, device="cpu", threads=1, extra_args=tiny, echo=False)
     assert r["eval_step"] == 2 and math.isfinite(r["val_loss"]) and r["wall_s"] > 0
     assert r["corpus"] == "text.txt" and r["reference_loss"] is None  # not Tiny Shakespeare: no reference
-    assert r["command"][1:3] == ["-m", "transformer_lib.train"]
+    assert r["command"][1:4] == ["-m", "transformer_lib", "train"]
 
 
 def test_attention_timing_drops_a_call_that_runs_out_of_memory():

@@ -1,16 +1,19 @@
 """Tests for transformer_lib/blocks.py: causality of the decoder, padding invariance of the
 encoder and of cross-attention, post-LN vs pre-LN wiring."""
 
+import math
+
 import pytest
 import torch
 
 import transformer_lib as tl
+from transformer_lib.blocks import layer_grad_norms
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_is_causal(gen, norm_first):
     torch.manual_seed(0)
-    dec = tl.Decoder(2, 16, 4, dropout=0.0, norm_first=norm_first).double().eval()
+    dec = tl.Decoder(16, 4, 2, dropout=0.0, norm_first=norm_first).double().eval()
     memory = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
     x = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64)
     base = dec(x, memory)
@@ -24,7 +27,7 @@ def test_decoder_is_causal(gen, norm_first):
 def test_encoder_padding_invariance(gen, norm_first):
     """Appending masked padding leaves the outputs at the real positions unchanged."""
     torch.manual_seed(0)
-    enc = tl.Encoder(2, 16, 4, norm_first=norm_first).double().eval()
+    enc = tl.Encoder(16, 4, 2, norm_first=norm_first).double().eval()
     x = torch.randn(1, 5, 16, generator=gen, dtype=torch.float64)
     ref = enc(x)
     padded = torch.cat([x, torch.randn(1, 3, 16, generator=gen, dtype=torch.float64)], dim=1)
@@ -35,7 +38,7 @@ def test_encoder_padding_invariance(gen, norm_first):
 
 def test_cross_attention_ignores_padded_memory(gen):
     torch.manual_seed(0)
-    dec = tl.Decoder(2, 16, 4).double().eval()
+    dec = tl.Decoder(16, 4, 2).double().eval()
     x = torch.randn(1, 4, 16, generator=gen, dtype=torch.float64)
     memory = torch.randn(1, 5, 16, generator=gen, dtype=torch.float64)
     ref = dec(x, memory)
@@ -58,7 +61,7 @@ def test_post_ln_and_pre_ln_wiring(gen):
 
 def test_weights_are_kept_when_asked(gen):
     torch.manual_seed(0)
-    dec = tl.Decoder(2, 8, 2).eval()
+    dec = tl.Decoder(8, 2, 2).eval()
     memory = torch.randn(1, 5, 8, generator=gen)
     dec(torch.randn(1, 3, 8, generator=gen), memory, need_weights=True)
     layer = dec.layers[1]
@@ -69,3 +72,33 @@ def test_weights_are_kept_when_asked(gen):
         dec(torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match="activation"):
         tl.FeedForward(8, 16, activation="swish")
+
+
+def test_layer_grad_norms_matches_a_manual_sum(gen):
+    enc = tl.Encoder(8, 2, 3, 16)
+    x = torch.randn(2, 5, 8, generator=gen)
+    enc(x).pow(2).sum().backward()
+    norms = layer_grad_norms(enc.layers)
+    assert norms.shape == (3,) and norms.dtype == torch.float32
+    for layer, norm in zip(enc.layers, norms, strict=True):
+        manual = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in layer.parameters()))
+        assert math.isclose(float(norm), manual, rel_tol=1e-5)
+
+
+def test_layer_grad_norms_counts_missing_gradients_as_zero(gen):
+    enc = tl.Encoder(8, 2, 2, 16)
+    assert torch.equal(layer_grad_norms(enc.layers), torch.zeros(2))  # no backward yet
+    x = torch.randn(1, 3, 8, generator=gen)
+    enc.layers[1](x).sum().backward()  # only the second layer gets gradients
+    norms = layer_grad_norms(enc.layers)
+    assert norms[0] == 0 and norms[1] > 0
+
+
+def test_layer_grad_norms_handles_empty_lists_and_parameterless_layers():
+    assert layer_grad_norms([]).shape == (0,)
+    assert torch.equal(layer_grad_norms([torch.nn.ReLU(), torch.nn.Identity()]), torch.zeros(2))
+
+
+def test_layer_grad_norms_is_exported_from_blocks():
+    assert "layer_grad_norms" in tl.blocks.__all__
+    assert tl.layer_grad_norms is layer_grad_norms

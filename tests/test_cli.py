@@ -1,19 +1,21 @@
-"""Tests for the command line (transformer_lib/train.py's main and transformer_lib/sample.py):
+"""Tests for the command line (transformer_lib/cli.py, python -m transformer_lib train|sample):
 a few-step training run writes a checkpoint that the sample command loads; --resume continues
 it; --help works. Offline and on a small temporary text, so they are fast."""
 
 import os
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 import torch
 
+import transformer_lib as tl
+from transformer_lib import cli
 from transformer_lib import data as D
-from transformer_lib import train as T
 
 TINY = (
-    "--preset cpu --n-layers 1 --n-heads 2 --d-model 16 --block-size 8 --batch-size 4 "
+    "--preset cpu --n-layers 1 --n-heads 2 --d-model 16 --context-len 8 --batch-size 4 "
     "--eval-interval 5 --eval-iters 1 --device cpu --no-progress"
 ).split()
 
@@ -42,46 +44,75 @@ def run_module(*args):
 
 
 def test_help(capsys):
-    out = run_module("transformer_lib.train", "--help")
+    out = run_module("transformer_lib", "train", "--help")
     assert out.returncode == 0, out.stderr
     for flag in ("--preset", "--resume", "--max-iters", "--n-layers", "--data", "--compile", "sample"):
         assert flag in out.stdout
     with pytest.raises(SystemExit) as exit_info:
-        T.main(["sample", "--help"])
+        cli.main(["sample", "--help"])
     assert exit_info.value.code == 0
     assert "--temperature" in capsys.readouterr().out
 
 
 def test_train_then_sample_then_resume(tmp_path, text_file, capsys):
     out_dir = tmp_path / "run"
-    assert T.main([*TINY, "--data", str(text_file), "--max-iters", "10", "--out-dir", str(out_dir)]) == 0
+    assert cli.main([*TINY, "--data", str(text_file), "--max-iters", "10", "--out-dir", str(out_dir)]) == 0
     assert "final val loss" in capsys.readouterr().out
-    model, tok, ckpt = T.load_checkpoint(out_dir)
-    assert ckpt["step"] == 10 and ckpt["meta"]["settings"]["n_layers"] == 1 and model.config.d_model == 16
+    model, tok, ckpt = tl.load_checkpoint(out_dir)
+    assert ckpt["step"] == 10 and ckpt["model_config"]["n_layers"] == 1 and model.config.d_model == 16
 
-    assert T.main(["sample", "--ckpt", str(out_dir), "--prompt", "ROMEO:", "--max-new-tokens", "30",
+    assert cli.main(["sample", "--ckpt", str(out_dir), "--prompt", "ROMEO:", "--max-new-tokens", "30",
                    "--temperature", "0.8", "--top-k", "5", "--device", "cpu"]) == 0  # fmt: skip
     sample = capsys.readouterr().out
     assert sample.startswith("ROMEO:") and len(sample.rstrip("\n")) >= 6 + 25
     assert set(sample) <= set(tok.chars) | {"\n"}
 
-    assert T.main(["--resume", "--out-dir", str(out_dir), "--max-iters", "15", "--no-progress"]) == 0
-    assert T.load_checkpoint(out_dir)[2]["step"] == 15
+    assert cli.main(["--resume", "--out-dir", str(out_dir), "--max-iters", "15", "--no-progress"]) == 0
+    assert tl.load_checkpoint(out_dir)[2]["step"] == 15
     with pytest.raises(SystemExit):  # the model's shape is fixed by the checkpoint
-        T.main(["--resume", "--out-dir", str(out_dir), "--n-layers", "3"])
+        cli.main(["--resume", "--out-dir", str(out_dir), "--n-layers", "3"])
     with pytest.raises(SystemExit):
-        T.main(["--resume", "--out-dir", str(tmp_path / "nothing")])
+        cli.main(["--resume", "--out-dir", str(tmp_path / "nothing")])
 
 
 def test_offline_fallback_corpus_run(tmp_path, capsys):
     with pytest.warns(UserWarning, match="offline fallback"):
-        assert T.main([*TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "run")]) == 0
+        assert cli.main([*TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "run")]) == 0
     assert capsys.readouterr().out.startswith("python_stdlib:")
 
 
 def test_sample_errors(tmp_path, text_file):
     with pytest.raises(SystemExit):
-        T.main(["sample", "--ckpt", str(tmp_path / "missing")])
-    T.main([*TINY, "--data", str(text_file), "--max-iters", "1", "--out-dir", str(tmp_path / "r")])
+        cli.main(["sample", "--ckpt", str(tmp_path / "missing")])
+    cli.main([*TINY, "--data", str(text_file), "--max-iters", "1", "--out-dir", str(tmp_path / "r")])
     with pytest.raises(SystemExit):  # "Z" never occurs in the training text
-        T.main(["sample", "--ckpt", str(tmp_path / "r"), "--prompt", "Zebra", "--device", "cpu"])
+        cli.main(["sample", "--ckpt", str(tmp_path / "r"), "--prompt", "Zebra", "--device", "cpu"])
+
+
+def test_every_training_setting_has_one_flag_made_from_its_field():
+    parser = cli.build_parser()
+    flags = {a.dest: a for a in parser._actions}
+    for f in fields(tl.TrainConfig):
+        if f.name != "out_dir":
+            assert f.name in flags and flags[f.name].default is None, f.name
+            assert flags[f.name].help == f.metadata["help"]
+    for name in cli.MODEL_SETTINGS:
+        assert name in fields_of(tl.GPTConfig) and flags[name].default is None
+
+
+def fields_of(cls):
+    return {f.name for f in fields(cls)}
+
+
+def test_presets_are_train_configs_and_gpt_shapes():
+    for shape, config in cli.PRESETS.values():
+        assert isinstance(config, tl.TrainConfig) and set(shape) <= set(cli.MODEL_SETTINGS)
+        tl.GPTConfig(vocab_size=3, **shape)  # a valid shape
+
+
+def test_flags_override_the_preset_and_decay_follows_max_iters():
+    args = cli.build_parser().parse_args(["--preset", "gpu", "--max-iters", "500", "--lr", "0.002", "--no-progress"])
+    preset, shape, config = cli._settings(args, None, None)
+    assert preset == "gpu" and shape["d_model"] == 384 and shape["context_len"] == 256
+    assert config.max_iters == 500 and config.lr == 0.002 and config.batch_size == 64 and config.progress is False
+    assert config.lr_decay_iters is None and tl.lr_at(499, config) == pytest.approx(config.min_lr, rel=1e-3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from transformer_lib.course import BEGIN, END, POINTS, course_notebook, make_course, mark_solutions
-from transformer_lib.student import cell_source, stub_source
+from transformer_lib.student.edition import cell_source, stub_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

@@ -1,9 +1,10 @@
-"""Tests for transformer_lib/data.py: the tokenizer, the synthetic and dates tasks, the corpus
+"""Tests for transformer_lib/data/: the tokenizer, the synthetic and dates tasks, the corpus
 (local file, cache, checksum, offline fallback; never the network) and batch sampling."""
 
 import datetime
 import hashlib
 import os
+import random
 import re
 import urllib.error
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from transformer_lib import data as D
+from transformer_lib.data import corpus as C
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +26,7 @@ def no_network(monkeypatch, tmp_path):
     def refuse(url, timeout):
         raise AssertionError("a test tried to use the network")
 
-    monkeypatch.setattr(D, "_fetch", refuse)
+    monkeypatch.setattr(C, "_fetch", refuse)
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
@@ -78,7 +80,7 @@ def test_sequence_task_layout_and_answers(task):
         assert tgt[0] == 1 and tgt[len(s) + 1] == 2 and (tgt[len(s) + 2 :] == 0).all()
         expected = {"copy": s, "reverse": s[::-1], "sort": sorted(s)}[task]
         assert tgt[1 : len(s) + 1].tolist() == expected
-    assert d.src_tokenizer.vocab_size == 9 and d.max_len == 9
+    assert d.src_tokenizer.vocab_size == 9 and d.context_len == 9
 
 
 def test_sequence_task_splits_are_disjoint_and_seeded():
@@ -202,7 +204,7 @@ def test_real_tiny_shakespeare_from_environment(monkeypatch):
 
 
 def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "_fetch", lambda url, timeout: b"not shakespeare")
+    monkeypatch.setattr(C, "_fetch", lambda url, timeout: b"not shakespeare")
     cache = tmp_path / "c"
     with pytest.raises(D.ChecksumError, match="was not kept"):
         D.load_corpus(offline=False, cache_dir=cache)
@@ -211,9 +213,9 @@ def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, monkeypatch):
 
 def test_download_is_cached_and_verified(tmp_path, monkeypatch):
     content = b"Good morrow, cousin.\n" * 100
-    monkeypatch.setattr(D, "TINY_SHAKESPEARE_SHA256", hashlib.sha256(content).hexdigest())
+    monkeypatch.setattr(C, "TINY_SHAKESPEARE_SHA256", hashlib.sha256(content).hexdigest())
     calls = []
-    monkeypatch.setattr(D, "_fetch", lambda url, timeout: calls.append(url) or content)
+    monkeypatch.setattr(C, "_fetch", lambda url, timeout: calls.append(url) or content)
     cache = tmp_path / "c"
     assert D.load_corpus(offline=False, cache_dir=cache).text == content.decode()
     assert D.load_corpus(offline=False, cache_dir=cache).name == "tiny_shakespeare" and len(calls) == 1
@@ -235,7 +237,7 @@ def test_network_failure_falls_back(tmp_path, monkeypatch):
     def fail(url, timeout):
         raise urllib.error.URLError("no route to host")
 
-    monkeypatch.setattr(D, "_fetch", fail)
+    monkeypatch.setattr(C, "_fetch", fail)
     with pytest.warns(UserWarning, match="download failed"):
         c = D.load_corpus(offline=False, cache_dir=tmp_path / "c")
     assert c.name == "python_stdlib"
@@ -253,17 +255,17 @@ def test_corpus_split_never_overlaps():
 
 def test_get_batch_shift_and_device(gen):
     data = torch.arange(100)
-    x, y = D.get_batch(data, block_size=8, batch_size=5, generator=gen, device="cpu")
+    x, y = D.get_batch(data, context_len=8, batch_size=5, generator=gen, device="cpu")
     assert x.shape == y.shape == (5, 8) and x.device.type == "cpu"
     assert torch.equal(y, x + 1)  # data[i] == i, so the next token is x + 1
     assert int(y.max()) < 100
-    with pytest.raises(ValueError, match="block_size"):
-        D.get_batch(torch.arange(8), block_size=8, batch_size=1)
+    with pytest.raises(ValueError, match="context_len"):
+        D.get_batch(torch.arange(8), context_len=8, batch_size=1)
 
 
 def test_lm_batches_are_seeded_resumable_and_split_by_rank():
     train, val = D.split_tokens(torch.arange(500))
-    b = D.LMBatches(train, val, block_size=4, batch_size=3, seed=7)
+    b = D.LMBatches(train, val, context_len=4, batch_size=3, seed=7)
     x, _ = b("val")
     assert int(x.min()) >= 450  # validation windows come from the validation split
     state = b.state_dict()
@@ -284,3 +286,33 @@ def test_seq2seq_batches_teacher_forcing_layout():
     assert (tgt_in[:, 0] == 1).all() and torch.equal(tgt_in[:, 1:], tgt_out[:, :-1])
     val_rows = {tuple(r.tolist()) for r in d.val_src}
     assert all(tuple(r.tolist()) in val_rows for r in src)
+
+
+# --- date formats, field by field (chapter 8) --------------------------------------------------
+
+
+def test_date_field_spans_show_each_field_where_it_was_written():
+    rng = random.Random(0)
+    months = [datetime.date(2000, m, 1).strftime("%B").lower() for m in range(1, 13)]
+    for _ in range(200):
+        date = D.DATE_FIRST + datetime.timedelta(days=rng.randrange((D.DATE_LAST - D.DATE_FIRST).days + 1))
+        for fmt in D.DATE_FORMATS:
+            text, spans = D.date_field_spans(date, fmt)
+            assert text == D.render_date(date, fmt) and D.date_format_of(text, date) in D.DATE_FORMATS
+            assert {"day", "month", "year"} <= set(spans)
+            year = text[spans["year"].start : spans["year"].stop]
+            assert year in (str(date.year), f"{date.year % 100:02d}")
+            day = text[spans["day"].start : spans["day"].stop]
+            assert int(day.rstrip("stndrh")) == date.day
+            month = text[spans["month"].start : spans["month"].stop]
+            assert month in (f"{date.month:02d}", months[date.month - 1], months[date.month - 1][:3])
+            covered = sorted(i for r in spans.values() for i in r)
+            assert len(covered) == len(set(covered))  # fields never overlap
+
+
+def test_date_format_of_and_render_date_reject_unknown_formats():
+    date = datetime.date(2026, 11, 21)
+    with pytest.raises(ValueError, match="no format"):
+        D.date_format_of("21 nov 2026 at noon", date)
+    with pytest.raises(ValueError, match="DATE_FORMATS"):
+        D.render_date(date, "dd mm")

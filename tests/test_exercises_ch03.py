@@ -6,7 +6,7 @@ import pytest
 import torch
 from _exercise_cases import FIELDS, assert_verdict, case, stub
 
-import transformer_lib.viz as viz
+import transformer_lib as tl
 from transformer_lib.exercises import ch03
 
 # --------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def jac_wrong_shape(p):
 
 JACOBIAN = ch03.check_softmax_jacobian
 JACOBIAN_CASES = [
-    *(case(JACOBIAN, fn, "passed") for fn in (jac_right, viz.softmax_jacobian, jac_autograd)),
+    *(case(JACOBIAN, fn, "passed") for fn in (jac_right, tl.softmax_jacobian, jac_autograd)),
     *(
         case(JACOBIAN, fn, "failed", "Not yet: For p", *phrases)
         for fn, phrases in [

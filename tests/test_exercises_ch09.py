@@ -166,7 +166,7 @@ def top_k_nanogpt_indexing(logits, k):
 def test_reference_matches_generate(gen):
     # GPT.generate with top_k only ever samples among the tokens the reference keeps
     tl.set_seed(0)
-    model = tl.GPT(tl.GPTConfig(vocab_size=11, block_size=8, n_layers=1, n_heads=2, d_model=16)).eval()
+    model = tl.GPT(tl.GPTConfig(vocab_size=11, context_len=8, n_layers=1, n_heads=2, d_model=16)).eval()
     idx = torch.randint(0, 11, (64, 3), generator=gen)
     with torch.no_grad():
         logits = model(idx)[0][:, -1]  # (64, V)

@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from torch import nn
 
 import transformer_lib as tl
+from transformer_lib.masks import Seq2SeqMasks, additive_mask, seq2seq_masks, to_ignore_mask
 
 
 @pytest.mark.parametrize("T_q,T_k", [(1, 1), (5, 5), (3, 7), (4, 4)])
@@ -51,3 +53,82 @@ def test_combine_masks_shapes_and_logic():
     assert torch.equal(cross[0, 0], pad[0].expand(3, 5))
     with pytest.raises(TypeError, match="bool tensor of shape"):
         tl.combine_masks(torch.ones(2, 5), causal=True)
+
+
+def test_to_ignore_mask_inverts_and_validates():
+    keep = tl.padding_mask([3, 1], 4)
+    assert torch.equal(to_ignore_mask(keep), ~keep)
+    with pytest.raises(TypeError, match="bool"):
+        to_ignore_mask(keep.int())
+
+
+def test_ignore_mask_makes_torch_mha_agree_with_the_library():
+    tl.set_seed(0)
+    torch_mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    ours = tl.MultiHeadAttention.from_torch(torch_mha)
+    x = torch.randn(2, 5, 8)
+    keep = tl.padding_mask([5, 3], 5)
+    out_ours, w_ours = ours(x, x, x, mask=tl.combine_masks(keep, causal=True), need_weights=True)
+    out_torch, w_torch = torch_mha(
+        x,
+        x,
+        x,
+        key_padding_mask=to_ignore_mask(keep),
+        attn_mask=to_ignore_mask(tl.causal_mask(5)),
+        need_weights=True,
+        average_attn_weights=False,
+    )
+    torch.testing.assert_close(out_ours, out_torch)
+    torch.testing.assert_close(w_ours, w_torch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_additive_mask_values(dtype):
+    mask = tl.causal_mask(3)
+    add = additive_mask(mask, dtype=dtype)
+    assert add.dtype == dtype and add.shape == (3, 3)
+    assert torch.all(add[mask] == 0)
+    assert torch.all(add[~mask] == torch.finfo(dtype).min)
+
+
+def test_additive_mask_matches_torch_square_subsequent_mask():
+    add = additive_mask(tl.causal_mask(6), fill=float("-inf"))
+    assert torch.equal(add, nn.Transformer.generate_square_subsequent_mask(6))
+
+
+def test_additive_mask_gives_the_masked_softmax_on_rows_with_a_key():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 5, 5)
+    mask = tl.combine_masks(tl.padding_mask([5, 2], 5), causal=True)
+    torch.testing.assert_close(torch.softmax(scores + additive_mask(mask), -1), tl.masked_softmax(scores, mask))
+
+
+def test_additive_mask_rejects_bad_input():
+    with pytest.raises(TypeError, match="bool"):
+        additive_mask(torch.ones(2, 2))
+    with pytest.raises(TypeError, match="floating"):
+        additive_mask(tl.causal_mask(2), dtype=torch.int64)
+
+
+def test_seq2seq_masks_shapes_and_contents():
+    masks = seq2seq_masks([4, 2], [3, 1], T_src=4, T_tgt=3)
+    assert isinstance(masks, Seq2SeqMasks)
+    assert masks.encoder.shape == (2, 1, 4, 4)
+    assert masks.decoder.shape == (2, 1, 3, 3)
+    assert masks.cross.shape == (2, 1, 3, 4)
+    src_keep = tl.padding_mask([4, 2], 4)
+    tgt_keep = tl.padding_mask([3, 1], 3)
+    # encoder and cross-attention: every query sees exactly the real source tokens
+    assert torch.equal(masks.encoder, src_keep[:, None, None, :].expand(2, 1, 4, 4))
+    assert torch.equal(masks.cross, src_keep[:, None, None, :].expand(2, 1, 3, 4))
+    # decoder: causal and target padding
+    expected = tgt_keep[:, None, None, :] & tl.causal_mask(3)
+    assert torch.equal(masks.decoder, expected)
+    # only the decoder's self-attention is causal
+    assert not torch.equal(masks.encoder[0, 0], tl.causal_mask(4))
+    assert masks.encoder[0, 0, 0, 3] and masks.cross[0, 0, 0, 3] and not masks.decoder[0, 0, 0, 2]
+
+
+def test_seq2seq_masks_batch_mismatch():
+    with pytest.raises(ValueError, match="batch size"):
+        seq2seq_masks([4, 2], [3], T_src=4, T_tgt=3)

@@ -12,7 +12,7 @@ import transformer_lib as tl
 
 def tiny_gpt(**kw):
     torch.manual_seed(0)
-    cfg = dict(vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=32, dropout=0.0)
+    cfg = dict(vocab_size=11, context_len=16, n_layers=2, n_heads=2, d_model=32, dropout=0.0)
     cfg.update(kw)
     return tl.GPT(tl.GPTConfig(**cfg))
 
@@ -27,7 +27,7 @@ def tiny_transformer(**kw):
         n_encoder_layers=2,
         n_decoder_layers=2,
         dropout=0.0,
-        max_len=16,
+        context_len=16,
     )
     cfg.update(kw)
     return tl.Transformer(tl.TransformerConfig(**cfg))
@@ -103,7 +103,7 @@ def test_transformer_overfits_and_greedy_decodes_a_tiny_batch(gen):
 
 
 def test_generate_shapes_and_top_k(gen):
-    model = tiny_gpt(block_size=8).eval()
+    model = tiny_gpt(context_len=8).eval()
     idx = torch.randint(0, 11, (2, 5), generator=gen)
     out = model.generate(idx, 10, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
     assert out.shape == (2, 15) and torch.equal(out[:, :5], idx)
@@ -116,8 +116,8 @@ def test_generate_shapes_and_top_k(gen):
 
 
 def test_bad_model_inputs():
-    model = tiny_gpt(block_size=8)
-    with pytest.raises(ValueError, match="longer than the model's maximum length 8"):
+    model = tiny_gpt(context_len=8)
+    with pytest.raises(ValueError, match="longer than context_len=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match=r"must lie in \[0, vocab_size=11\)"):
         model(torch.tensor([[1, 11]]))

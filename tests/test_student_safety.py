@@ -167,7 +167,7 @@ def test_writes_are_atomic(book, tmp_path, monkeypatch):
         calls.append(dst)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(student.os, "replace", failing_replace)
+    monkeypatch.setattr(student.edition.os, "replace", failing_replace)
     with pytest.raises(OSError, match="No space"):
         student.make_student_edition(out, book, force=True)
     assert calls and snapshot(out) == before  # no temporary file left, old files whole

@@ -1,68 +1,269 @@
 """transformer_lib: the library the book "Attention, Executed" builds chapter by chapter.
 
-Modules, in chapter order: ``attention`` (scaled dot-product and additive attention),
-``masks``, ``multihead``, ``positional``, ``blocks``, ``models``; plus ``viz`` for figures.
+Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also the FLOP and
+memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
+``positional`` (6), ``blocks`` (7), ``models`` (8-9) and ``sampling`` (9). Tools above them:
+``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``viz`` (figures) and ``utils``.
+Every public name of every module is here, so ``tl.name`` works for all of them.
 Mask convention everywhere: boolean, ``True`` means "may attend".
 """
 
-from .attention import AdditiveAttention, masked_softmax, scaled_dot_product_attention
-from .blocks import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
-from .masks import causal_mask, combine_masks, padding_mask
-from .models import GPT, GPTConfig, Transformer, TransformerConfig
-from .multihead import MultiHeadAttention, head_contributions, merge_heads, multihead_cost, split_heads
+from .attention import (
+    AdditiveAttention,
+    SingleHeadAttention,
+    check_attention_weights,
+    check_mask,
+    dot_product_attention,
+    masked_softmax,
+    scaled_dot_product_attention,
+    simple_self_attention,
+    soft_lookup,
+    softmax_entropy,
+    softmax_jacobian,
+    softmax_with_temperature,
+)
+from .blocks import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    layer_grad_norms,
+    scaled_embedding,
+)
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    MODELS,
+    capture_rng,
+    checkpoint_file,
+    load_checkpoint,
+    read_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from .cli import (
+    MODEL_SETTINGS,
+    PRESETS,
+)
+from .cost import (
+    PEAK_FLOPS,
+    estimate_mfu,
+    flops_per_token,
+    gpu_peak_flops,
+    layers_to_connect,
+    peak_memory_bytes,
+    receptive_field,
+)
+from .data import (
+    CACHE_ENV,
+    DATE_FIRST,
+    DATE_FORMATS,
+    DATE_LAST,
+    DATE_PIECES,
+    OFFLINE_ENV,
+    PATH_ENV,
+    SPECIALS,
+    TINY_SHAKESPEARE_SHA256,
+    TINY_SHAKESPEARE_URL,
+    CharTokenizer,
+    ChecksumError,
+    Corpus,
+    LMBatches,
+    Seq2SeqBatches,
+    Seq2SeqData,
+    date_field_spans,
+    date_format_of,
+    dates_task,
+    get_batch,
+    load_corpus,
+    pad_sequences,
+    python_stdlib_corpus,
+    render_date,
+    sequence_task,
+    sha256_of,
+    split_tokens,
+)
+from .masks import (
+    Seq2SeqMasks,
+    additive_mask,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    seq2seq_masks,
+    to_ignore_mask,
+)
+from .models import (
+    GPT,
+    GPTConfig,
+    Transformer,
+    TransformerConfig,
+    check_token_ids,
+)
+from .multihead import (
+    MultiHeadAttention,
+    Projection,
+    head_contributions,
+    merge_heads,
+    multihead_cost,
+    split_heads,
+)
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
     apply_rotary,
+    binary_encoding,
+    relative_rotation,
     sinusoidal_encoding,
+    sinusoidal_frequencies,
 )
-from .utils import pick_device, set_seed
+from .sampling import (
+    generate_text,
+    sample_next,
+    top_k_filter,
+)
+from .train import (
+    History,
+    TrainConfig,
+    configure_optimizer,
+    estimate_loss,
+    exact_match,
+    lr_at,
+    make_scheduler,
+    train,
+)
+from .utils import (
+    DTYPES,
+    atomic_write,
+    autocast,
+    pick_device,
+    resolve_dtype,
+    set_seed,
+    world,
+)
+from .viz import (
+    live_figure,
+    plot_attention,
+    plot_attention_grid,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MODEL_SETTINGS",
+    "PRESETS",
+    "Projection",
+    "CACHE_ENV",
+    "CHECKPOINT_NAME",
+    "DATE_FIRST",
+    "DATE_FORMATS",
+    "DATE_LAST",
+    "DATE_PIECES",
+    "DTYPES",
     "GPT",
+    "MODELS",
+    "OFFLINE_ENV",
+    "PATH_ENV",
+    "PEAK_FLOPS",
+    "SPECIALS",
+    "TINY_SHAKESPEARE_SHA256",
+    "TINY_SHAKESPEARE_URL",
     "AdditiveAttention",
+    "CharTokenizer",
+    "ChecksumError",
+    "Corpus",
     "Decoder",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
     "GPTConfig",
+    "History",
+    "LMBatches",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "RotaryEmbedding",
+    "Seq2SeqBatches",
+    "Seq2SeqData",
+    "Seq2SeqMasks",
+    "SingleHeadAttention",
     "SinusoidalPositionalEncoding",
+    "TrainConfig",
     "Transformer",
     "TransformerConfig",
+    "additive_mask",
     "apply_rotary",
+    "atomic_write",
+    "autocast",
+    "binary_encoding",
+    "capture_rng",
     "causal_mask",
+    "check_attention_weights",
+    "check_mask",
+    "check_token_ids",
+    "checkpoint_file",
     "combine_masks",
+    "configure_optimizer",
     "data",
+    "date_field_spans",
+    "date_format_of",
+    "dates_task",
+    "dot_product_attention",
+    "estimate_loss",
+    "estimate_mfu",
+    "exact_match",
     "exercises",
-    "masked_softmax",
+    "flops_per_token",
+    "generate_text",
+    "get_batch",
+    "gpu_peak_flops",
     "head_contributions",
+    "layer_grad_norms",
+    "layers_to_connect",
+    "live_figure",
+    "load_checkpoint",
+    "load_corpus",
+    "lr_at",
+    "make_scheduler",
+    "masked_softmax",
     "merge_heads",
     "multihead_cost",
+    "pad_sequences",
     "padding_mask",
+    "peak_memory_bytes",
     "pick_device",
+    "plot_attention",
+    "plot_attention_grid",
+    "python_stdlib_corpus",
+    "read_checkpoint",
+    "receptive_field",
+    "relative_rotation",
+    "render_date",
+    "resolve_dtype",
+    "restore_rng",
+    "sample_next",
+    "save_checkpoint",
     "scaled_dot_product_attention",
+    "scaled_embedding",
+    "seq2seq_masks",
+    "sequence_task",
     "set_seed",
+    "sha256_of",
+    "simple_self_attention",
     "sinusoidal_encoding",
+    "sinusoidal_frequencies",
+    "soft_lookup",
+    "softmax_entropy",
+    "softmax_jacobian",
+    "softmax_with_temperature",
     "split_heads",
+    "split_tokens",
+    "to_ignore_mask",
+    "top_k_filter",
     "train",
     "viz",
+    "world",
 ]
 
 # last: the exercise checks compare against the names above
 from . import exercises, viz  # noqa: E402, I001
-
-
-def __getattr__(name: str):
-    # data and train load on first use, so `python -m transformer_lib.train` runs the module once
-    if name in ("data", "train"):
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'transformer_lib' has no attribute {name!r}")

@@ -1,7 +1,7 @@
-"""``python -m transformer_lib``: the same command line as ``python -m transformer_lib.train``."""
+"""``python -m transformer_lib train|sample ...``: the command line of :mod:`transformer_lib.cli`."""
 
 import sys
 
-from .train import main
+from .cli import main
 
 sys.exit(main())

@@ -1,4 +1,5 @@
-"""Attention functions: chapter 1 ("Why attention?") and chapter 2 ("Queries, keys and values").
+"""Attention functions: chapter 2 ("Queries, keys and values") and chapter 3 ("Why divide by
+sqrt(d_k)": the softmax's entropy, Jacobian and temperature).
 
 Shapes follow the book's notation: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key
 lengths, ``d_k`` the query/key width and ``d_v`` the value width.
@@ -16,11 +17,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["AdditiveAttention", "check_mask", "masked_softmax", "scaled_dot_product_attention"]
+__all__ = [
+    "AdditiveAttention",
+    "SingleHeadAttention",
+    "check_attention_weights",
+    "check_mask",
+    "dot_product_attention",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+    "simple_self_attention",
+    "soft_lookup",
+    "softmax_entropy",
+    "softmax_jacobian",
+    "softmax_with_temperature",
+]
 
 
 def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
-    """Raise a clear error unless ``mask`` is a boolean tensor that broadcasts to ``scores_shape``."""
+    """Raise a clear error unless ``mask`` is a boolean tensor that broadcasts to ``scores_shape`` (chapter 4)."""
     if mask is None:
         return
     if not isinstance(mask, Tensor):
@@ -42,7 +56,7 @@ def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Softmax over the last axis (the keys), ignoring positions where ``mask`` is False.
+    """Softmax over the last axis (the keys), ignoring positions where ``mask`` is False (chapter 4).
 
     Masked scores are replaced by the dtype's most negative finite value before the softmax, so
     their weight underflows to exactly 0. A row whose keys are *all* masked would be 0/0 (NaN)
@@ -134,13 +148,6 @@ class AdditiveAttention(nn.Module):
         scores = self.w_v(torch.tanh(q + k)).squeeze(-1)  # (..., T_q, T_k)
         weights = masked_softmax(scores, mask)  # softmax over the keys: dim=-1, always explicit
         return self.dropout(weights) @ values, weights
-
-
-# ---------------------------------------------------------------------------------------------
-# Chapter 2 ("Queries, keys and values"): a check on attention weights, unscaled (Luong) and
-# parameter-free attention, and one attention head with learned projections.
-
-__all__ += ["SingleHeadAttention", "check_attention_weights", "dot_product_attention", "simple_self_attention"]
 
 
 def check_attention_weights(weights: Tensor, mask: Tensor | None = None, atol: float = 1e-4) -> None:
@@ -240,3 +247,65 @@ class SingleHeadAttention(nn.Module):
         k = self.W_k(context)  # (..., T_k, d_k)
         v = self.W_v(context)  # (..., T_k, d_v)
         return scaled_dot_product_attention(q, k, v, mask)
+
+
+def soft_lookup(query: Tensor, keys: Tensor, values: Tensor, temperature: float = 1.0) -> Tensor:
+    """Soft dictionary lookup (chapter 2): ``softmax(keys @ query / temperature) @ values``.
+
+    Args:
+        query: ``(d,)`` the vector we look up.
+        keys: ``(n, d)`` one key per row.
+        values: ``(n,)`` or ``(n, d_v)`` one value per key.
+        temperature: > 0; small values make the lookup nearly hard (all weight on the best key).
+
+    Returns:
+        ``values.shape[1:]``: the weighted average of the values.
+    """
+    return softmax_with_temperature(keys @ query, temperature) @ values  # (n,) weights times values
+
+
+def softmax_entropy(weights: Tensor, dim: int = -1) -> Tensor:
+    """Entropy in nats of each row of attention weights ``(..., T_k)`` along ``dim`` (chapter 3).
+
+    0 for one-hot rows, ``log(T_k)`` for uniform ones; zero weights contribute 0 (the limit of
+    ``p log p``), so masked keys are handled. Returns the shape of ``weights`` without ``dim``.
+    """
+    p = weights.clamp_min(0)
+    return -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(dim)
+
+
+def softmax_jacobian(weights: Tensor) -> Tensor:
+    """Jacobian of the softmax, written with its output: ``diag(p) - p p^T`` (chapter 3).
+
+    Args:
+        weights: ``(..., n)`` softmax outputs ``p`` (each row sums to 1), for example one row of
+            attention weights per query.
+
+    Returns:
+        ``(..., n, n)`` tensor ``J`` with ``J[..., i, j] = d p_i / d s_j``, where ``p = softmax(s)``.
+        ``J`` is symmetric, its rows sum to 0, and it tends to 0 as ``p`` tends to one-hot.
+    """
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
+    if weights.dim() < 1:
+        raise ValueError("weights must have at least 1 dimension (..., n), got a 0-d tensor")
+    if not weights.is_floating_point():
+        raise TypeError(f"weights must be a floating-point tensor, got dtype {weights.dtype}")
+    p = weights
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
+
+
+def softmax_with_temperature(scores: Tensor, temperature: float, dim: int = -1) -> Tensor:
+    """``softmax(scores / T)`` along ``dim``, same shape as ``scores (..., n)`` (chapter 3).
+
+    ``T < 1`` sharpens the weights towards one-hot (the argmax as ``T -> 0``), ``T > 1`` flattens
+    them towards uniform. Scaled dot-product attention is this with ``T = sqrt(d_k)``.
+    """
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    T = float(temperature)
+    if not (T > 0.0 and math.isfinite(T)):
+        raise ValueError(
+            f"temperature must be a finite number > 0, got {temperature} (T -> 0 gives the argmax, T -> inf uniform)"
+        )
+    return torch.softmax(scores / T, dim=dim)

@@ -7,17 +7,33 @@ Inputs and outputs are ``(B, T, d_model)``.
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor, nn
 
 from .multihead import MultiHeadAttention
 
-__all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward"]
+__all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward", "layer_grad_norms", "scaled_embedding"]
+
+# Every layer and stack takes d_model first; everything after the first three arguments is keyword-only.
+
+
+def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
+    """Token embeddings multiplied by sqrt(d_model), as in the original paper (chapter 7).
+
+    ``ids (B, T)`` integer ids in, ``(B, T, d_model)`` out.
+    """
+    return embedding(ids) * math.sqrt(embedding.embedding_dim)
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model)."""
+    """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model) (chapter 7).
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
+    ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out; every position is transformed alike.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
         super().__init__()
         acts = {"relu": nn.ReLU, "gelu": nn.GELU}
         if activation not in acts:
@@ -48,30 +64,43 @@ class _Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))  # post-LN
 
 
+class _LayerParts:
+    """The settings every layer shares, and the sublayers made from them (in the order a layer calls)."""
+
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
+        norm_first: bool = False, activation: str = "relu", bias: bool = True,
+    ):  # fmt: skip
+        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, 4 * d_model if d_ff is None else d_ff
+        self.dropout, self.norm_first, self.activation, self.bias = dropout, norm_first, activation, bias
+
+    def attention(self) -> MultiHeadAttention:
+        return MultiHeadAttention(self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias)
+
+    def residual(self) -> _Residual:
+        return _Residual(self.d_model, self.dropout, self.norm_first, self.bias)
+
+    def feed_forward(self) -> FeedForward:
+        return FeedForward(self.d_model, self.d_ff, dropout=0.0, activation=self.activation, bias=self.bias)
+
+
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm.
+    """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter 7).
+
+    ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False,
+    activation="relu", bias=True)``; ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out.
 
     ``forward(x, mask=None, need_weights=False)``; ``mask`` (True = may attend) broadcasts to
     ``(B, h, T, T)`` and is normally a padding mask. With ``need_weights`` the attention weights
     ``(B, h, T, T)`` are kept in ``self.attn_weights``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        activation: str = "relu",
-        bias: bool = True,
-    ):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **options):
         super().__init__()
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
-        self.ff = FeedForward(d_model, d_ff, dropout=0.0, activation=activation, bias=bias)
-        self.res_attn = _Residual(d_model, dropout, norm_first, bias)
-        self.res_ff = _Residual(d_model, dropout, norm_first, bias)
+        parts = _LayerParts(d_model, n_heads, d_ff, **options)
+        self.self_attn = parts.attention()
+        self.ff = parts.feed_forward()
+        self.res_attn, self.res_ff = parts.residual(), parts.residual()
         self.attn_weights = None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
@@ -84,7 +113,11 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, then cross-attention to the encoder's output, then feed-forward.
+    """Causal self-attention, then cross-attention to the encoder's output, then feed-forward (chapter 7).
+
+    ``DecoderLayer(d_model, n_heads, d_ff=None, *, cross_attention=True, dropout=0.0,
+    norm_first=False, activation="relu", bias=True)``; ``x (B, T, d_model)`` and
+    ``memory (B, T_src, d_model)`` in, ``(B, T, d_model)`` out.
 
     ``forward(x, memory=None, self_mask=None, memory_mask=None, need_weights=False)``. The
     self-attention is always causal; ``self_mask`` can add a padding mask. With
@@ -93,35 +126,17 @@ class DecoderLayer(nn.Module):
     ``(B, h, T, T)`` and ``self.cross_attn_weights`` ``(B, h, T, T_src)``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        cross_attention: bool = True,
-        activation: str = "relu",
-        bias: bool = True,
-    ):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *, cross_attention: bool = True, **options):
         super().__init__()
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
-        self.res_self = _Residual(d_model, dropout, norm_first, bias)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias) if cross_attention else None
-        self.res_cross = _Residual(d_model, dropout, norm_first, bias) if cross_attention else None
-        self.ff = FeedForward(d_model, d_ff, dropout=0.0, activation=activation, bias=bias)
-        self.res_ff = _Residual(d_model, dropout, norm_first, bias)
+        parts = _LayerParts(d_model, n_heads, d_ff, **options)
+        self.self_attn, self.res_self = parts.attention(), parts.residual()
+        self.cross_attn = parts.attention() if cross_attention else None
+        self.res_cross = parts.residual() if cross_attention else None
+        self.ff, self.res_ff = parts.feed_forward(), parts.residual()
         self.self_attn_weights = self.cross_attn_weights = None
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:  # fmt: skip
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
                 h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True
@@ -142,25 +157,33 @@ class DecoderLayer(nn.Module):
         return self.res_ff(x, self.ff)  # (B, T, d_model)
 
 
-class Encoder(nn.Module):
-    """A stack of ``n_layers`` :class:`EncoderLayer`; pre-LN stacks end with a final LayerNorm."""
+class _Stack(nn.Module):
+    """``n_layers`` layers of ``layer_class``; pre-LN stacks end with a final LayerNorm (their
+    residual stream is never normalised otherwise)."""
+
+    layer_class: type[nn.Module]
 
     def __init__(
-        self,
-        n_layers: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        activation: str = "relu",
-        bias: bool = True,
-    ):
+        self, d_model: int, n_heads: int, n_layers: int, d_ff: int | None = None, *,
+        norm_first: bool = False, bias: bool = True, **options,
+    ):  # fmt: skip
         super().__init__()
+        make = self.layer_class
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, activation, bias) for _ in range(n_layers)
+            make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, **options) for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
+
+
+class Encoder(_Stack):
+    """A stack of ``n_layers`` :class:`EncoderLayer`; pre-LN stacks end with a final LayerNorm (chapter 7).
+
+    ``Encoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
+    ``options`` being the other keyword arguments of :class:`EncoderLayer` (``dropout``,
+    ``activation``). ``x (B, T, d_model)`` in and out.
+    """
+
+    layer_class = EncoderLayer
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
         for layer in self.layers:
@@ -168,44 +191,22 @@ class Encoder(nn.Module):
         return self.norm(x)  # (B, T, d_model)
 
 
-class Decoder(nn.Module):
-    """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm."""
+class Decoder(_Stack):
+    """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm (chapter 7).
 
-    def __init__(
-        self,
-        n_layers: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        cross_attention: bool = True,
-        activation: str = "relu",
-        bias: bool = True,
-    ):
-        super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, cross_attention, activation, bias)
-            for _ in range(n_layers)
-        )
-        self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
+    ``Decoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
+    ``options`` being the other keyword arguments of :class:`DecoderLayer` (``dropout``,
+    ``cross_attention``, ``activation``). ``x (B, T, d_model)`` in and out; ``memory
+    (B, T_src, d_model)`` is the encoder's output.
+    """
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
+    layer_class = DecoderLayer
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:  # fmt: skip
         for layer in self.layers:
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights)
         return self.norm(x)  # (B, T, d_model)
-
-
-# ---------------------------------------------------------------------------------------------
-# Chapter 7 additions: where the gradient goes in a stack of layers.
-# ---------------------------------------------------------------------------------------------
 
 
 def layer_grad_norms(layers: nn.ModuleList | list[nn.Module]) -> Tensor:
@@ -216,13 +217,8 @@ def layer_grad_norms(layers: nn.ModuleList | list[nn.Module]) -> Tensor:
     zero. Chapter 7 uses it to compare how the gradient spreads over the layers of a deep
     post-LN stack and a deep pre-LN stack.
     """
-    import torch
-
     norms = []
     for layer in layers:
         squares = [p.grad.detach().float().pow(2).sum() for p in layer.parameters() if p.grad is not None]
         norms.append(torch.stack(squares).sum().sqrt().cpu() if squares else torch.zeros(()))
     return torch.stack(norms) if norms else torch.zeros(0)
-
-
-__all__ += ["layer_grad_norms"]

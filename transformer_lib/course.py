@@ -24,7 +24,7 @@ import copy
 import re
 from pathlib import Path
 
-from .student import (
+from .student.edition import (
     SOLUTION_TAG,
     MalformedNotebookError,
     cell_source,

@@ -23,7 +23,7 @@ __all__ = [
 
 
 def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """Bool ``(T_q, T_k)``: query ``i`` may attend to key ``j`` only if ``j`` is not in its future.
+    """Bool ``(T_q, T_k)``: query ``i`` may attend to key ``j`` only if ``j`` is not in its future (chapter 4).
 
     With ``T_k > T_q`` the queries are taken to be the *last* ``T_q`` positions of the key
     sequence (as when new tokens attend to a cache of earlier ones), so query ``i`` sees keys
@@ -38,7 +38,7 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
 
 
 def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
-    """Bool ``(B, max_len)``, True at the real tokens of each sequence, False at the padding."""
+    """Bool ``(B, max_len)``, True at the real tokens of each sequence, False at the padding (chapter 4)."""
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(
@@ -51,7 +51,7 @@ def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
 
 
 def combine_masks(key_padding_mask: Tensor | None = None, causal: bool = False, T_q: int | None = None) -> Tensor:
-    """Combine a key-padding mask ``(B, T_k)`` and/or a causal mask into ``(B, 1, T_q, T_k)``.
+    """Combine a key-padding mask ``(B, T_k)`` and/or a causal mask into ``(B, 1, T_q, T_k)`` (chapter 4).
 
     ``T_q`` defaults to ``T_k`` (self-attention). For cross-attention pass the decoder's length
     as ``T_q`` and leave ``causal=False``.

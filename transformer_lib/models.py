@@ -5,21 +5,23 @@ device (``model.to(device)``); nothing in them assumes one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .blocks import Decoder, Encoder
+from .blocks import Decoder, Encoder, scaled_embedding
+from .multihead import MultiHeadAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .sampling import sample_next
 
 __all__ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "check_token_ids"]
 
 
-def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, name: str = "token ids") -> None:
-    """Raise a clear error for ids that are not ``(B, T)`` integers in ``[0, vocab_size)`` or too long.
+def check_token_ids(ids: Tensor, vocab_size: int, context_len: int, name: str = "token ids") -> None:
+    """Raise a clear error for ids that are not ``(B, T)`` integers in ``[0, vocab_size)`` with
+    ``T <= context_len`` (chapter 8).
 
     The range check reads the tensor's values, which on a GPU forces a host-device
     synchronisation; it is skipped only while a model trains on a GPU (the hot loop), where an
@@ -29,16 +31,31 @@ def check_token_ids(ids: Tensor, vocab_size: int, max_len: int, name: str = "tok
         raise TypeError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
-    if ids.shape[1] > max_len:
-        raise ValueError(f"{name}: sequence length {ids.shape[1]} is longer than the model's maximum length {max_len}")
+    if ids.shape[1] > context_len:
+        raise ValueError(f"{name}: sequence length {ids.shape[1]} is longer than context_len={context_len}")
     if ids.numel() and not (ids.is_cuda and torch.is_grad_enabled()) and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got values from {lo} to {hi}")
 
 
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
+def _init_weights(model: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) for every linear and embedding weight, zero biases.
+
+    Modules are visited parent first, so a :class:`MultiHeadAttention`'s fused Q, K, V rows are
+    drawn before its output projection, in the order of three separate linear layers.
+    """
+    for module in model.modules():
+        _init_module(module)
+
+
+def _init_module(module: nn.Module) -> None:
+    if isinstance(module, MultiHeadAttention):
+        for proj in (module.q_proj, module.k_proj, module.v_proj):
+            nn.init.normal_(proj.weight, mean=0.0, std=0.02)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+    elif isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
@@ -48,7 +65,7 @@ def _init_weights(module: nn.Module) -> None:
 
 @dataclass
 class TransformerConfig:
-    """Sizes of an encoder-decoder :class:`Transformer` (defaults: small enough for a CPU)."""
+    """Sizes of an encoder-decoder :class:`Transformer` (chapter 8; defaults: small enough for a CPU)."""
 
     src_vocab_size: int
     tgt_vocab_size: int
@@ -58,7 +75,7 @@ class TransformerConfig:
     n_decoder_layers: int = 2
     d_ff: int | None = None  # None: 4 * d_model
     dropout: float = 0.1
-    max_len: int = 128
+    context_len: int = 128  # the longest source or target sequence
     norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
     positional: str = "sinusoidal"  # or "learned"
     pad_id: int = 0
@@ -85,29 +102,33 @@ class Transformer(nn.Module):
 
         def make_positional() -> nn.Module:
             if c.positional == "sinusoidal":
-                return SinusoidalPositionalEncoding(c.d_model, c.max_len, c.dropout)
-            return LearnedPositionalEmbedding(c.max_len, c.d_model, c.dropout)
+                return SinusoidalPositionalEncoding(c.d_model, c.context_len, dropout=c.dropout)
+            return LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
 
         self.src_pos, self.tgt_pos = make_positional(), make_positional()
-        self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first)
-        self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first)
+        self.encoder = Encoder(
+            c.d_model, c.n_heads, c.n_encoder_layers, c.d_ff, dropout=c.dropout, norm_first=c.norm_first
+        )
+        self.decoder = Decoder(
+            c.d_model, c.n_heads, c.n_decoder_layers, c.d_ff, dropout=c.dropout, norm_first=c.norm_first
+        )
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
-        self.apply(_init_weights)
+        _init_weights(self)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
         """``src (B, T_src)`` -> ``(memory (B, T_src, d_model), src_keep (B, T_src) bool)``."""
         c = self.config
-        check_token_ids(src, c.src_vocab_size, c.max_len, "src")
+        check_token_ids(src, c.src_vocab_size, c.context_len, "src")
         src_keep = src != c.pad_id  # (B, T_src), True at real tokens
-        x = self.src_pos(self.src_embed(src) * math.sqrt(c.d_model))  # (B, T_src, d_model)
+        x = self.src_pos(scaled_embedding(self.src_embed, src))  # (B, T_src, d_model)
         memory = self.encoder(x, mask=src_keep[:, None, None, :], need_weights=need_weights)
         return memory, src_keep
 
     def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False) -> Tensor:
         """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``."""
         c = self.config
-        check_token_ids(tgt, c.tgt_vocab_size, c.max_len, "tgt")
-        y = self.tgt_pos(self.tgt_embed(tgt) * math.sqrt(c.d_model))  # (B, T_tgt, d_model)
+        check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
+        y = self.tgt_pos(scaled_embedding(self.tgt_embed, tgt))  # (B, T_tgt, d_model)
         y = self.decoder(y, memory, memory_mask=src_keep[:, None, None, :], need_weights=need_weights)
         return self.lm_head(y)
 
@@ -131,10 +152,10 @@ class Transformer(nn.Module):
         ``eos_id`` the rest of its row is ``pad_id``. Decoding stops when every row has ended.
         """
         c = self.config
-        max_new_tokens = c.max_len - 1 if max_new_tokens is None else max_new_tokens
-        if max_new_tokens > c.max_len - 1:
+        max_new_tokens = c.context_len - 1 if max_new_tokens is None else max_new_tokens
+        if max_new_tokens > c.context_len - 1:
             raise ValueError(
-                f"max_new_tokens={max_new_tokens} exceeds the model's maximum length - 1 ({c.max_len - 1})"
+                f"max_new_tokens={max_new_tokens} exceeds the model's context_len - 1 ({c.context_len - 1})"
             )
         memory, src_keep = self.encode(src)
         B = src.shape[0]
@@ -153,10 +174,10 @@ class Transformer(nn.Module):
 
 @dataclass
 class GPTConfig:
-    """Sizes of a :class:`GPT` (defaults: nanoGPT's CPU-sized "baby" shape)."""
+    """Sizes of a :class:`GPT` (chapter 9; defaults: nanoGPT's CPU-sized "baby" shape)."""
 
     vocab_size: int
-    block_size: int = 64
+    context_len: int = 64  # the longest sequence the model reads
     n_layers: int = 4
     n_heads: int = 4
     d_model: int = 128
@@ -164,6 +185,7 @@ class GPTConfig:
     bias: bool = True
 
     def to_dict(self) -> dict:
+        """The sizes as a plain dict (what a checkpoint stores)."""
         return asdict(self)
 
 
@@ -178,20 +200,20 @@ class GPT(nn.Module):
         super().__init__()
         c = self.config = config
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_embed = LearnedPositionalEmbedding(c.block_size, c.d_model, c.dropout)
+        self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
         self.decoder = Decoder(
-            c.n_layers,
             c.d_model,
             c.n_heads,
+            c.n_layers,
             4 * c.d_model,
-            c.dropout,
+            dropout=c.dropout,
             norm_first=True,
             cross_attention=False,
             activation="gelu",
             bias=c.bias,
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.apply(_init_weights)
+        _init_weights(self)
         self.lm_head.weight = self.tok_embed.weight  # weight tying
 
     def num_params(self, non_embedding: bool = True) -> int:
@@ -203,7 +225,7 @@ class GPT(nn.Module):
         self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         c = self.config
-        check_token_ids(idx, c.vocab_size, c.block_size, "idx")
+        check_token_ids(idx, c.vocab_size, c.context_len, "idx")
         x = self.pos_embed(self.tok_embed(idx))  # (B, T, d_model)
         x = self.decoder(x, need_weights=need_weights)
         logits = self.lm_head(x)  # (B, T, vocab_size)
@@ -224,21 +246,12 @@ class GPT(nn.Module):
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
         Logits are divided by ``temperature`` (lower is greedier) and, with ``top_k``, all but the
-        ``k`` most likely tokens are removed before sampling. The context is cropped to the
-        last ``block_size`` tokens.
+        ``k`` most likely tokens are removed before sampling
+        (:func:`~transformer_lib.sampling.sample_next`). The context is cropped to the last
+        ``context_len`` tokens.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
-        if top_k is not None and not 1 <= top_k:
-            raise ValueError(f"top_k must be a positive int or None, got {top_k}")
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
-            logits = logits[:, -1, :] / temperature  # (B, vocab_size)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            nxt = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            logits, _ = self(idx[:, -self.config.context_len :])  # (B, T, vocab_size)
+            nxt = sample_next(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
         return idx

@@ -6,6 +6,9 @@ heads in one batched matrix product by reshaping ``(B, T, d_model)`` to ``(B, h,
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,23 +16,45 @@ from torch import Tensor, nn
 from .attention import check_mask, scaled_dot_product_attention
 from .masks import causal_mask
 
-__all__ = ["MultiHeadAttention", "merge_heads", "split_heads"]
+__all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_heads", "multihead_cost", "split_heads"]
+
+
+class Projection(NamedTuple):
+    """One of the Q, K, V projections of a :class:`MultiHeadAttention` (chapter 5).
+
+    ``weight (d_model, d_model)`` and ``bias (d_model,)`` (or None) are *views* of rows of the
+    layer's fused ``in_proj_weight`` and ``in_proj_bias``: reading them, or writing into them
+    under ``torch.no_grad()``, reads or changes the layer. ``proj(x)`` maps ``(..., d_model)`` to
+    ``(..., d_model)`` like an ``nn.Linear``.
+    """
+
+    weight: Tensor
+    bias: Tensor | None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h``."""
+    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter 5)."""
     B, T, d_model = x.shape
     return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)  # (B, h, T, d_k)
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """``(B, h, T, d_k)`` -> ``(B, T, h * d_k)``, the inverse of :func:`split_heads`."""
+    """``(B, h, T, d_k)`` -> ``(B, T, h * d_k)``, the inverse of :func:`split_heads` (chapter 5)."""
     B, h, T, d_k = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, d_model)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate Q, K, V and output projections.
+    """Multi-head attention with Q, K, V and output projections (chapter 5).
+
+    The three input projections are stored as ``torch.nn.MultiheadAttention`` stores them: one
+    ``in_proj_weight`` of shape ``(3 d_model, d_model)`` (the rows of ``W_q``, then ``W_k``, then
+    ``W_v``) and one ``in_proj_bias (3 d_model,)``, so self-attention computes Q, K and V with a
+    single matrix product. ``q_proj``, ``k_proj`` and ``v_proj`` are :class:`Projection` views of
+    their rows.
 
     Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, an
     optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)`` and
@@ -42,16 +67,55 @@ class MultiHeadAttention(nn.Module):
     Both compute the same function.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if n_heads < 1 or d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))  # rows: W_q, W_k, W_v
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model)) if bias else None
+        with torch.no_grad():  # each block as nn.Linear(d_model, d_model) initialises itself, in the same order
+            for proj in (self.q_proj, self.k_proj, self.v_proj):
+                nn.init.kaiming_uniform_(proj.weight, a=math.sqrt(5))
+                if proj.bias is not None:
+                    nn.init.uniform_(proj.bias, -1 / math.sqrt(d_model), 1 / math.sqrt(d_model))
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _projection(self, i: int) -> Projection:
+        rows = slice(i * self.d_model, (i + 1) * self.d_model)
+        bias = self.in_proj_bias[rows] if self.in_proj_bias is not None else None
+        return Projection(self.in_proj_weight[rows], bias)
+
+    @property
+    def q_proj(self) -> Projection:
+        """The query projection ``W_q``: rows ``0 .. d_model - 1`` of ``in_proj_weight``."""
+        return self._projection(0)
+
+    @property
+    def k_proj(self) -> Projection:
+        """The key projection ``W_k``: rows ``d_model .. 2 d_model - 1`` of ``in_proj_weight``."""
+        return self._projection(1)
+
+    @property
+    def v_proj(self) -> Projection:
+        """The value projection ``W_v``: rows ``2 d_model .. 3 d_model - 1`` of ``in_proj_weight``."""
+        return self._projection(2)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(q, k, v)``, each ``(B, h, T, d_k)``: one matrix product when ``query``, ``key`` and
+        ``value`` are the same tensor (self-attention), two when only ``key`` and ``value`` are
+        (cross-attention), three otherwise."""
+        h, d = self.n_heads, self.d_model
+        if query is key and key is value:
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3 d_model)
+            return tuple(split_heads(t, h) for t in qkv.split(d, dim=-1))
+        q = split_heads(self.q_proj(query), h)  # (B, h, T_q, d_k)
+        if key is value:
+            w, b = self.in_proj_weight[d:], None if self.in_proj_bias is None else self.in_proj_bias[d:]
+            k, v = F.linear(key, w, b).split(d, dim=-1)  # (B, T_k, d_model) each
+            return q, split_heads(k, h), split_heads(v, h)
+        return q, split_heads(self.k_proj(key), h), split_heads(self.v_proj(value), h)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -66,11 +130,9 @@ class MultiHeadAttention(nn.Module):
         new = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=has_bias)
         new = new.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
         with torch.no_grad():
-            for i, proj in enumerate((new.q_proj, new.k_proj, new.v_proj)):
-                rows = slice(i * m.embed_dim, (i + 1) * m.embed_dim)
-                proj.weight.copy_(m.in_proj_weight[rows])
-                if has_bias:
-                    proj.bias.copy_(m.in_proj_bias[rows])
+            new.in_proj_weight.copy_(m.in_proj_weight)  # the same layout: rows of W_q, W_k, W_v
+            if has_bias:
+                new.in_proj_bias.copy_(m.in_proj_bias)
             new.out_proj.weight.copy_(m.out_proj.weight)
             if has_bias:
                 new.out_proj.bias.copy_(m.out_proj.bias)
@@ -101,9 +163,7 @@ class MultiHeadAttention(nn.Module):
         if is_causal and not fused_causal:
             causal = causal_mask(T_q, T_k, device=query.device)  # (T_q, T_k)
             mask = causal if mask is None else mask & causal
-        q = split_heads(self.q_proj(query), self.n_heads)  # (B, h, T_q, d_k)
-        k = split_heads(self.k_proj(key), self.n_heads)  # (B, h, T_k, d_k)
-        v = split_heads(self.v_proj(value), self.n_heads)  # (B, h, T_k, d_k)
+        q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h, T_k, d_k), (B, h, T_k, d_k)
         p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k)
@@ -177,6 +237,3 @@ def multihead_cost(
         "total_flops": projection + attention,
         "score_entries": batch * n_heads * T_q * T_k,
     }
-
-
-__all__ += ["head_contributions", "multihead_cost"]

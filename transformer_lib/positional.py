@@ -1,12 +1,11 @@
 """Positional encodings (chapter 6, "Positional encoding").
 
 Both modules take token embeddings ``x (B, T, d_model)`` and return ``x`` plus a position
-vector for each of the ``T`` positions. Sequences longer than ``max_len`` raise a ``ValueError``.
+vector for each of the ``T`` positions. Sequences longer than ``context_len`` raise a ``ValueError``.
+Every encoding takes ``d_model`` (the width) first, then ``context_len``; the rest is keyword-only.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor, nn
@@ -23,84 +22,80 @@ __all__ = [
 ]
 
 
-def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The paper's encoding, ``(max_len, d_model)``, float32.
+def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0) -> Tensor:
+    """The paper's encoding, ``(context_len, d_model)``, float32 (chapter 6).
 
     PE(pos, 2i) = sin(pos / base^(2i/d_model)) and PE(pos, 2i+1) = cos(pos / base^(2i/d_model)):
     sines on the even dimensions, cosines on the odd ones, interleaved.
     """
-    if max_len < 1 or d_model < 1:
-        raise ValueError(f"max_len and d_model must be positive, got max_len={max_len}, d_model={d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    if context_len < 1 or d_model < 1:
+        raise ValueError(f"context_len and d_model must be positive, got context_len={context_len}, d_model={d_model}")
+    pos = torch.arange(context_len, dtype=torch.float64)[:, None]  # (context_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
-    angles = pos / base ** (two_i / d_model)  # (max_len, ceil(d_model / 2))
-    pe = torch.empty(max_len, d_model, dtype=torch.float64)
+    angles = pos / base ** (two_i / d_model)  # (context_len, ceil(d_model / 2))
+    pe = torch.empty(context_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return pe.float()
 
 
-def _check_length(x: Tensor, d_model: int, max_len: int) -> None:
+def _check_length(x: Tensor, d_model: int, context_len: int) -> None:
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"expected input of shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
-    if x.shape[1] > max_len:
-        raise ValueError(f"sequence length {x.shape[1]} is longer than the maximum length {max_len}")
+    if x.shape[1] > context_len:
+        raise ValueError(f"sequence length {x.shape[1]} is longer than the context length context_len={context_len}")
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds the fixed sinusoidal encoding (no parameters) to ``x (B, T, d_model)``, then dropout."""
+    """Adds the fixed sinusoidal encoding (no parameters) to ``x (B, T, d_model)``, then dropout (chapter 6).
 
-    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0):
+    Returns ``(B, T, d_model)``; ``T`` must be at most ``context_len``.
+    """
+
+    def __init__(self, d_model: int, context_len: int = 5000, *, dropout: float = 0.0):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        self.d_model, self.context_len = d_model, context_len
         self.dropout = nn.Dropout(dropout)
-        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.register_buffer("pe", sinusoidal_encoding(d_model, context_len), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_length(x, self.d_model, self.max_len)
+        _check_length(x, self.d_model, self.context_len)
         return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, T, d_model)
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """Adds a learned vector per position (an ``nn.Embedding`` of ``max_len`` rows) to ``x``."""
+    """Adds a learned vector per position (an ``nn.Embedding`` of ``context_len`` rows) to ``x`` (chapter 6).
 
-    def __init__(self, max_len: int, d_model: int, dropout: float = 0.0):
+    ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out, then dropout; ``T`` at most ``context_len``.
+    """
+
+    def __init__(self, d_model: int, context_len: int, *, dropout: float = 0.0):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
-        self.embedding = nn.Embedding(max_len, d_model)
+        self.d_model, self.context_len = d_model, context_len
+        self.embedding = nn.Embedding(context_len, d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_length(x, self.d_model, self.max_len)
+        _check_length(x, self.d_model, self.context_len)
         positions = torch.arange(x.shape[1], device=x.device)  # (T,)
         return self.dropout(x + self.embedding(positions))  # (B, T, d_model)
 
 
-def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
-    """Token embeddings multiplied by sqrt(d_model), as in the original paper (chapter 7)."""
-    return embedding(ids) * math.sqrt(embedding.embedding_dim)
-
-
-# ---------------------------------------------------------------------------------------------
-# Chapter 6 additions: binary counting, the relative-position rotation, rotary embeddings (RoPE).
-# ---------------------------------------------------------------------------------------------
-
-
-def binary_encoding(max_len: int, n_bits: int) -> Tensor:
-    """Positions written in binary, ``(max_len, n_bits)`` float32 of 0s and 1s (chapter 6).
+def binary_encoding(n_bits: int, context_len: int) -> Tensor:
+    """Positions written in binary, ``(context_len, n_bits)`` float32 of 0s and 1s (chapter 6).
 
     Column ``j`` holds bit ``j`` of the position, lowest bit first, so column 0 flips at every
     step and column ``j`` has period ``2^(j+1)``. Positions wrap around modulo ``2^n_bits``.
     """
-    if max_len < 1 or n_bits < 1:
-        raise ValueError(f"max_len and n_bits must be positive, got max_len={max_len}, n_bits={n_bits}")
-    pos = torch.arange(max_len)[:, None]  # (max_len, 1)
+    if context_len < 1 or n_bits < 1:
+        raise ValueError(f"context_len and n_bits must be positive, got context_len={context_len}, n_bits={n_bits}")
+    pos = torch.arange(context_len)[:, None]  # (context_len, 1)
     bits = torch.arange(n_bits)  # (n_bits,)
-    return ((pos >> bits) & 1).float()  # (max_len, n_bits)
+    return ((pos >> bits) & 1).float()  # (context_len, n_bits)
 
 
-def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
+def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
     """The angular frequencies ``omega_i = base^(-2i/d_model)``, ``(ceil(d_model/2),)`` float64 (chapter 6).
 
     Pair ``i`` of the sinusoidal encoding (dimensions ``2i`` and ``2i+1``) is
@@ -112,7 +107,7 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
     return base ** (-two_i / d_model)
 
 
-def relative_rotation(k: int | float, d_model: int, base: float = 10000.0) -> Tensor:
+def relative_rotation(k: int | float, d_model: int, *, base: float = 10000.0) -> Tensor:
     """The ``(d_model, d_model)`` float64 matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)`` (chapter 6).
 
     ``M_k`` is block-diagonal: for each frequency ``omega_i`` the 2x2 block
@@ -123,13 +118,13 @@ def relative_rotation(k: int | float, d_model: int, base: float = 10000.0) -> Te
     """
     if d_model < 2 or d_model % 2:
         raise ValueError(f"relative_rotation needs an even d_model (each sine needs its cosine partner), got {d_model}")
-    angle = float(k) * sinusoidal_frequencies(d_model, base)  # (d_model / 2,)
+    angle = float(k) * sinusoidal_frequencies(d_model, base=base)  # (d_model / 2,)
     c, s = torch.cos(angle), torch.sin(angle)
     blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (d_model / 2, 2, 2)
     return torch.block_diag(*blocks)  # (d_model, d_model)
 
 
-def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+def apply_rotary(x: Tensor, positions: Tensor | None = None, *, base: float = 10000.0) -> Tensor:
     """Rotary position embedding (RoPE) of ``x (..., T, d)`` with ``d`` even (chapter 6).
 
     Each pair of dimensions ``(2i, 2i+1)`` of the vector at position ``m`` is rotated by the
@@ -147,7 +142,7 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         positions = torch.arange(T, device=x.device)
     if positions.shape != (T,):
         raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
-    omega = sinusoidal_frequencies(d, base).to(x.device)  # (d / 2,)
+    omega = sinusoidal_frequencies(d, base=base).to(x.device)  # (d / 2,)
     angles = positions.to(torch.float64)[:, None] * omega  # (T, d / 2)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d / 2)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., T, d / 2) each
@@ -164,7 +159,7 @@ class RotaryEmbedding(nn.Module):
     on ``q`` and ``k`` of shape ``(B, h, T, d_k)`` after splitting heads, never on ``v``.
     """
 
-    def __init__(self, d: int, base: float = 10000.0):
+    def __init__(self, d: int, *, base: float = 10000.0):
         super().__init__()
         if d < 2 or d % 2:
             raise ValueError(f"RotaryEmbedding needs an even width d, got {d}")
@@ -173,7 +168,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         if x.shape[-1] != self.d:
             raise ValueError(f"expected last dimension d={self.d}, got shape {tuple(x.shape)}")
-        return apply_rotary(x, positions, self.base)
+        return apply_rotary(x, positions, base=self.base)
 
     def extra_repr(self) -> str:
         return f"d={self.d}, base={self.base}"

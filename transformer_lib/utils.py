@@ -1,24 +1,35 @@
-"""Small helpers every chapter uses: seeding and device choice."""
+"""Helpers every chapter and tool shares: seeding, and the device, dtype and process rank, each
+resolved in one place; an atomic file write."""
 
 from __future__ import annotations
 
+import os
 import random
+import tempfile
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-__all__ = ["pick_device", "set_seed"]
+__all__ = ["DTYPES", "atomic_write", "autocast", "pick_device", "resolve_dtype", "set_seed", "world"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def set_seed(seed: int = 0) -> None:
-    """Seed Python's, NumPy's and PyTorch's random generators (CPU and every GPU)."""
+    """Seed Python's, NumPy's and PyTorch's random generators, CPU and every GPU (chapter 1)."""
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 (seeds the legacy global generator that user code may use)
     torch.manual_seed(seed)
 
 
-def pick_device(device: str | None = None) -> torch.device:
-    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU."""
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU (chapter 9)."""
+    if isinstance(device, torch.device):
+        return device
     if device not in (None, "auto"):
         return torch.device(device)
     if torch.cuda.is_available():
@@ -26,3 +37,52 @@ def pick_device(device: str | None = None) -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """The autocast dtype called ``name`` on ``device`` (chapter 9).
+
+    ``"auto"`` is bfloat16 on CUDA GPUs that have it, float16 on older ones and float32 elsewhere;
+    otherwise one of :data:`DTYPES` (or a ``torch.dtype``, returned as it is).
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """``torch.autocast`` to ``dtype`` on ``device``, or nothing for float32 (chapter 9)."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of this process; ``(0, 1)`` without ``torch.distributed`` (chapter 9)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk, then rename it
+    to ``path`` (chapter 9): a reader, or a crash, never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

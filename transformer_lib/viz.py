@@ -1,6 +1,7 @@
-"""Figures and small measurements the chapters share.
+"""Figures the chapters share: attention heatmaps and interactive figures.
 
-Attention heatmaps, softmax entropy, the softmax Jacobian and temperature, and interactive figures.
+(The softmax's entropy, Jacobian and temperature are chapter 3's math and live in
+:mod:`transformer_lib.attention`.)
 """
 
 from __future__ import annotations
@@ -10,16 +11,12 @@ from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from torch import Tensor
 
 __all__ = [
     "live_figure",
     "plot_attention",
     "plot_attention_grid",
-    "softmax_entropy",
-    "softmax_jacobian",
-    "softmax_with_temperature",
 ]
 
 
@@ -27,15 +24,6 @@ def _to_numpy(w: Tensor | np.ndarray) -> np.ndarray:
     if isinstance(w, Tensor):
         return w.detach().float().cpu().numpy()
     return np.asarray(w, dtype=float)
-
-
-def softmax_entropy(weights: Tensor, dim: int = -1) -> Tensor:
-    """Entropy (in nats) of each row of attention weights; 0 for one-hot, log(T_k) for uniform.
-
-    Zero weights contribute 0 (the limit of p log p), so masked keys are handled.
-    """
-    p = weights.clamp_min(0)
-    return -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(dim)
 
 
 def plot_attention(
@@ -48,7 +36,7 @@ def plot_attention(
     cmap: str = "viridis",
     colorbar: bool = True,
 ) -> plt.Axes:
-    """Heatmap of one ``(T_q, T_k)`` weight matrix: rows are queries, columns are keys.
+    """Heatmap of one ``(T_q, T_k)`` weight matrix: rows are queries, columns are keys (chapter 2).
 
     ``annotate`` writes each weight in its cell (default: when the matrix is at most 12 x 12).
     """
@@ -99,7 +87,7 @@ def plot_attention_grid(
     col_title: str = "head",
     size: float = 2.6,
 ) -> plt.Figure:
-    """A grid of heatmaps from weights of shape ``(rows, cols, T_q, T_k)`` (for example layers x heads)."""
+    """A grid of heatmaps from weights of shape ``(rows, cols, T_q, T_k)`` (for example layers x heads; chapter 5)."""
     w = _to_numpy(weights)
     if w.ndim == 3:
         w = w[None]
@@ -125,43 +113,6 @@ def plot_attention_grid(
                 axes[r, c].set_xlabel("")
     fig.tight_layout()
     return fig
-
-
-def softmax_jacobian(weights: Tensor) -> Tensor:
-    """Jacobian of the softmax, written with its output: ``diag(p) - p p^T`` (chapter 3).
-
-    Args:
-        weights: ``(..., n)`` softmax outputs ``p`` (each row sums to 1), for example one row of
-            attention weights per query.
-
-    Returns:
-        ``(..., n, n)`` tensor ``J`` with ``J[..., i, j] = d p_i / d s_j``, where ``p = softmax(s)``.
-        ``J`` is symmetric, its rows sum to 0, and it tends to 0 as ``p`` tends to one-hot.
-    """
-    if not isinstance(weights, Tensor):
-        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
-    if weights.dim() < 1:
-        raise ValueError("weights must have at least 1 dimension (..., n), got a 0-d tensor")
-    if not weights.is_floating_point():
-        raise TypeError(f"weights must be a floating-point tensor, got dtype {weights.dtype}")
-    p = weights
-    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
-
-
-def softmax_with_temperature(scores: Tensor, temperature: float, dim: int = -1) -> Tensor:
-    """``softmax(scores / T)`` along ``dim`` (chapter 3).
-
-    ``T < 1`` sharpens the weights towards one-hot (the argmax as ``T -> 0``), ``T > 1`` flattens
-    them towards uniform. Scaled dot-product attention is this with ``T = sqrt(d_k)``.
-    """
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
-    T = float(temperature)
-    if not (T > 0.0 and np.isfinite(T)):
-        raise ValueError(
-            f"temperature must be a finite number > 0, got {temperature} (T -> 0 gives the argmax, T -> inf uniform)"
-        )
-    return torch.softmax(scores / T, dim=dim)
 
 
 def live_figure(draw: Callable, dpi: int = 80, **controls):

@@ -11,42 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..cost import layers_to_connect, receptive_field
 from ._core import ExerciseFailure, check, require_int
 
-__all__ = ["check_layers_to_connect", "layers_to_connect", "receptive_field"]
-
-
-def receptive_field(layers: int, k: int, dilated: bool = False) -> int:
-    """How many input positions one output sees after ``layers`` causal convolutions (chapter 1).
-
-    Contiguous kernels of width ``k`` add ``k - 1`` positions per layer: ``1 + layers * (k - 1)``.
-    Dilated kernels with dilation ``k**l`` at layer ``l = 0, 1, ...`` multiply the field by ``k``
-    per layer: ``k**layers``.
-    """
-    if layers < 0:
-        raise ValueError(f"layers must be >= 0, got {layers}")
-    if k < 1:
-        raise ValueError(f"kernel width k must be >= 1, got {k}")
-    return k**layers if dilated else 1 + layers * (k - 1)
-
-
-def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
-    """Fewest causal convolution layers (width ``k``) after which position ``n - 1`` sees position 0 (chapter 1).
-
-    Contiguous kernels need ``ceil((n - 1) / (k - 1))`` layers, linear in ``n``; dilated kernels
-    (dilation ``k**l`` at layer ``l``) need ``ceil(log_k n)``, computed here with integers only.
-    ``n = 1`` needs 0 layers. Requires ``n >= 1`` and ``k >= 2``.
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if k < 2:
-        raise ValueError(f"kernel width k must be >= 2 to ever connect two positions, got {k}")
-    if not dilated:
-        return -(-(n - 1) // (k - 1))  # ceil((n - 1) / (k - 1)) in integers
-    layers, field = 0, 1
-    while field < n:  # the dilated field is k**layers
-        layers, field = layers + 1, field * k
-    return layers
+__all__ = ["check_layers_to_connect"]
 
 
 def _cases() -> list[tuple[int, int, bool]]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..attention import scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention, soft_lookup
 from ._core import (
     ExerciseFailure,
     call_student,
@@ -32,23 +32,7 @@ from ._core import (
     require_tensor,
 )
 
-__all__ = ["check_attention", "check_soft_lookup", "soft_lookup"]
-
-
-def soft_lookup(query: Tensor, keys: Tensor, values: Tensor, temperature: float = 1.0) -> Tensor:
-    """Soft dictionary lookup (chapter 2): ``softmax(keys @ query / temperature) @ values``.
-
-    Args:
-        query: ``(d,)`` the vector we look up.
-        keys: ``(n, d)`` one key per row.
-        values: ``(n,)`` or ``(n, d_v)`` one value per key.
-        temperature: > 0; small values make the lookup nearly hard (all weight on the best key).
-
-    Returns:
-        ``values.shape[1:]``: the weighted average of the values.
-    """
-    weights = torch.softmax(keys @ query / temperature, dim=-1)  # (n,)
-    return weights @ values
+__all__ = ["check_attention", "check_soft_lookup"]
 
 
 def _gen(seed: int) -> torch.Generator:

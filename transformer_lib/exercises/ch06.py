@@ -117,7 +117,7 @@ def check_sinusoidal(fn: Callable[[int, int], Tensor]) -> None:
         require_tensor(
             actual, where, shape, "floating", what="the encoding", layout="(max_len, d_model)", shape_hint=hint
         )
-        expected = sinusoidal_encoding(max_len, d_model).double()
+        expected = sinusoidal_encoding(d_model, max_len).double()
         if torch.allclose(actual.double(), expected, atol=1e-5, rtol=0):
             continue
         for kind, hint in _SINUSOIDAL_HINTS.items():

@@ -145,7 +145,7 @@ class _ScriptedSeq2Seq(Transformer):
         super().__init__(
             TransformerConfig(
                 src_vocab_size=3 + self.n_symbols, tgt_vocab_size=3 + self.n_symbols, d_model=4, n_heads=1,
-                n_encoder_layers=0, n_decoder_layers=0, dropout=0.0, max_len=16,
+                n_encoder_layers=0, n_decoder_layers=0, dropout=0.0, context_len=16,
             )
         )  # fmt: skip
         self.calls: list[Tensor] = []
@@ -153,12 +153,12 @@ class _ScriptedSeq2Seq(Transformer):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
         c = self.config
-        check_token_ids(src, c.src_vocab_size, c.max_len, "src")
+        check_token_ids(src, c.src_vocab_size, c.context_len, "src")
         return src.float()[..., None], src != c.pad_id  # memory (B, T_src, 1), src_keep (B, T_src)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False) -> Tensor:
         c = self.config
-        check_token_ids(tgt, c.tgt_vocab_size, c.max_len, "tgt")
+        check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
         self.calls.append(tgt.detach().clone())
         src = memory[..., 0].round().long()  # (B, T_src)
         lengths = src_keep.sum(1).tolist()  # (B,)
@@ -179,7 +179,7 @@ def _random_model() -> Transformer:
     g = torch.Generator().manual_seed(11)
     model = Transformer(
         TransformerConfig(src_vocab_size=9, tgt_vocab_size=7, d_model=16, n_heads=2, n_encoder_layers=1,
-                          n_decoder_layers=1, dropout=0.0, max_len=16)
+                          n_decoder_layers=1, dropout=0.0, context_len=16)
     )  # fmt: skip
     with torch.no_grad():
         for p in model.parameters():

@@ -1,35 +1,13 @@
-"""Write the student edition of the book's notebooks (solutions out, checks kept), or a graded
-nbgrader course.
-
-    python -m transformer_lib.student OUT_DIR [--nbgrader] [--chapter NAME ...] [--force]
-
-For every notebook under ``chapters/`` the student edition writes a copy into ``OUT_DIR`` where
-
-- each code cell tagged ``solution`` keeps its imports and the signature and docstring of each
-  function, with the body replaced by ``raise NotImplementedError`` (the checks report "not
-  implemented yet" for those);
-- each markdown cell tagged ``solution`` (the written solutions) is removed, as is any
-  ``{solution}`` directive left in other markdown cells;
-- all outputs and execution counts are cleared.
-
-With ``--nbgrader`` it writes an nbgrader course folder instead (see :mod:`transformer_lib.course`).
-
-Nothing a user has is lost: every notebook is read and checked before any file is written; the
-command refuses to write into the book's ``chapters/`` (or any folder holding the book's source
-notebooks) and refuses to overwrite an existing file unless ``--force``; each file is written
-atomically. Errors print one line on stderr and exit with status 2 (``--debug`` shows the
-traceback). The instructor's guide in the book explains how to hand the edition out.
-"""
+"""The student edition: solution cells stubbed out, written solutions removed, outputs cleared;
+with the safety checks (never the book's own notebooks, never over existing files without force)."""
 
 from __future__ import annotations
 
-import argparse
 import ast
 import copy
 import json
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -38,7 +16,6 @@ __all__ = [
     "MalformedNotebookError",
     "UnsafeOutputError",
     "load_notebooks",
-    "main",
     "make_student_edition",
     "strip_notebook",
     "stub_source",
@@ -290,45 +267,3 @@ def make_student_edition(
     for target in written:
         print(f"{target}: {stubs[target.name]} exercise stub(s)")
     return written
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line on stderr, status 2 (argparse prints the usage too)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Instructors' guide: the command line ``python -m transformer_lib.student``; returns the exit status."""
-    parser = _Parser(
-        prog="python -m transformer_lib.student",
-        description="Write the student edition of the chapter notebooks (solutions replaced by stubs), "
-        "or with --nbgrader an nbgrader course folder.",
-    )
-    parser.add_argument("out_dir", help="folder to write into")
-    parser.add_argument("--chapters", default="chapters", help="folder of the book's notebooks (default: chapters)")
-    parser.add_argument("--chapter", action="append", metavar="NAME", help="only this chapter, e.g. 04_masking")
-    parser.add_argument("--nbgrader", action="store_true", help="write an nbgrader course folder")
-    parser.add_argument("--force", action="store_true", help="overwrite files that exist")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    args = parser.parse_args(argv)
-    try:
-        if args.nbgrader:
-            from .course import make_course
-
-            make_course(args.out_dir, args.chapters, force=args.force, only=args.chapter)
-        else:
-            make_student_edition(args.out_dir, args.chapters, force=args.force, only=args.chapter)
-    except (EditionError, OSError) as exc:
-        if args.debug:
-            raise
-        message = str(exc) if isinstance(exc, EditionError) else f"cannot write: {exc}"
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    # Run the imported module's main, so that the error classes are the ones transformer_lib.course uses.
-    from transformer_lib.student import main as _main
-
-    raise SystemExit(_main())

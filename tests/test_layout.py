@@ -1,0 +1,134 @@
+"""Tests of the library's layout: one flat namespace, imports without cycles that follow the
+chapters, every public name's docstring naming its chapter, and the PyTorch range written once."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import transformer_lib as tl
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "transformer_lib"
+
+# Concept modules in chapter order: each may import only the ones before it, and never a tool.
+CONCEPTS = ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models"]
+TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports(path: Path) -> set[str]:
+    """The package modules that the file at ``path`` imports, anywhere in it (top level or inside a function)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join([*base, node.module] if node.module else base)
+            elif node.module and node.module.startswith("transformer_lib"):
+                target = node.module.removeprefix("transformer_lib").lstrip(".")
+            else:
+                continue
+            found.add(target)
+            found.update(f"{target}.{a.name}".lstrip(".") for a in node.names)  # `from . import x`
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("transformer_lib").lstrip(".") for a in node.names
+                         if a.name.startswith("transformer_lib"))  # fmt: skip
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): package_imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_there_are_no_import_cycles():
+    graph = {m: {d for d in deps if d} for m, deps in import_graph().items() if m}  # the package itself aside
+    state: dict[str, str] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == "open":
+                raise AssertionError(f"import cycle: {' -> '.join([*path, m, d])}")
+            if d not in state:
+                visit(d, [*path, m])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_concept_modules_import_only_earlier_chapters():
+    graph = import_graph()
+    assert set(CONCEPTS) | set(TOOLS) >= {top(m) for m in graph if m}, "a new module: add it to CONCEPTS or TOOLS"
+    for i, module in enumerate(CONCEPTS):
+        for dep in {top(d) for d in graph[module]}:
+            assert dep not in TOOLS, f"concept module {module} imports the tool module {dep}"
+            assert CONCEPTS.index(dep) < i, f"{module} (chapter order {i}) imports the later module {dep}"
+
+
+def test_the_layering_check_sees_a_bad_import(tmp_path, monkeypatch):
+    # the checks above must be able to fail: a concept module importing a tool is reported
+    bad = tmp_path / "transformer_lib"
+    bad.mkdir()
+    (bad / "__init__.py").write_text("")
+    (bad / "masks.py").write_text("from .train import train\n")
+    (bad / "train.py").write_text("def f():\n    from . import masks\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", bad)
+    assert import_graph()["masks"] == {"train", "train.train"} - {"train.train"}
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_there_are_no_import_cycles()
+
+
+def test_flat_namespace_has_every_public_name_of_every_module():
+    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "cost",
+                   "data", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
+        names = __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__
+        missing = [n for n in names if n not in tl.__all__]
+        assert not missing, f"{module} names missing from transformer_lib.__all__: {missing}"
+    assert all(hasattr(tl, n) for n in tl.__all__)
+    assert len(tl.__all__) == len(set(tl.__all__))
+
+
+def test_every_public_function_and_class_names_its_chapter():
+    missing = []
+    for name in tl.__all__:
+        obj = getattr(tl, name)
+        if not callable(obj) or isinstance(obj, type(tl)):
+            continue  # constants and modules
+        doc = obj.__doc__ or ""
+        if not re.search(r"\b[Cc]hapters? \d", doc):
+            missing.append(name)
+    assert not missing, f"docstrings that do not say which chapter introduces them: {missing}"
+
+
+def torch_range(text: str) -> str:
+    found = re.findall(r"torch\s*(>=[^\"'\s]+)", text)
+    assert found, "no torch requirement"
+    return found[0].rstrip(",")
+
+
+def test_the_pytorch_range_is_written_once_and_binder_agrees():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    written = torch_range(pyproject)
+    upper = re.search(r"<(\d+)\.(\d+)", written)
+    assert upper and (int(upper[1]), int(upper[2])) <= (2, 14), (
+        f"the range must admit nothing newer than 2.13: {written}"
+    )
+    assert torch_range((ROOT / "binder" / "requirements.txt").read_text()) == written
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "torch>=" not in setup and "torch>=" not in (ROOT / "requirements.txt").read_text()

@@ -1,0 +1,102 @@
+"""Checkpoints (chapter 9, "A GPT from scratch"): written atomically, read once, loaded with
+``weights_only=True``; the model registry that rebuilds a model from its saved config; and every
+random state a training step reads, so a resumed run equals one that never stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import CharTokenizer
+from .models import GPT, GPTConfig, Transformer, TransformerConfig
+from .utils import atomic_write
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "MODELS",
+    "capture_rng",
+    "checkpoint_file",
+    "load_checkpoint",
+    "read_checkpoint",
+    "restore_rng",
+    "save_checkpoint",
+]
+
+CHECKPOINT_NAME = "ckpt.pt"
+
+# The model classes a checkpoint can hold, by name, with their config classes.
+MODELS: dict[str, tuple[type[nn.Module], type]] = {
+    "GPT": (GPT, GPTConfig),
+    "Transformer": (Transformer, TransformerConfig),
+}
+
+
+def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
+    """``torch.save(state)`` to ``path`` atomically (chapter 9): a reader, or a crash, never sees
+    a half-written checkpoint."""
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """``path`` itself, or ``path/ckpt.pt`` when ``path`` is a folder (chapter 9)."""
+    path = Path(path)
+    return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The dict saved in the checkpoint at ``path`` (a file or its folder), tensors on the CPU (chapter 9)."""
+    file = checkpoint_file(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no checkpoint at {file}")
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint(
+    path: str | os.PathLike | dict, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, CharTokenizer | None, dict]:
+    """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter 9).
+
+    ``path`` is a ``ckpt.pt``, its folder, or a checkpoint dict already read by
+    :func:`read_checkpoint`. Returns ``(model, tokenizer or None, checkpoint dict)``; the model is
+    on ``device`` in eval mode.
+    """
+    ckpt = path if isinstance(path, dict) else read_checkpoint(path)
+    model_cls, config_cls = MODELS[ckpt["model_class"]]
+    model = model_cls(config_cls(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
+    return model.to(device).eval(), tokenizer, ckpt
+
+
+def capture_rng(get_batch) -> dict:
+    """Every random state a training step reads, in types ``weights_only`` loading accepts (chapter 9).
+
+    Python's, NumPy's legacy global, PyTorch's CPU and CUDA generators, and the batch sampler's
+    (``get_batch.state_dict()`` when it has one).
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 (the legacy global generator)
+    return {
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "batches": get_batch.state_dict() if hasattr(get_batch, "state_dict") else None,
+    }
+
+
+def restore_rng(rng: dict, get_batch) -> None:
+    """Set every random state saved by :func:`capture_rng` (chapter 9)."""
+    random.setstate(rng["python"])
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    if rng["batches"] is not None and hasattr(get_batch, "load_state_dict"):
+        get_batch.load_state_dict(rng["batches"])

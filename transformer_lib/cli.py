@@ -1,0 +1,241 @@
+"""The command line (chapter 9, "A GPT from scratch"): train a character-level GPT, sample from it.
+
+::
+
+    python -m transformer_lib train --preset cpu            # or: transformer-train --preset cpu
+    python -m transformer_lib train --resume                # continue from out/ckpt.pt
+    python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
+
+Every training setting is written once, as a field of :class:`~transformer_lib.train.TrainConfig`
+(or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
+from those fields and the presets are values of them. Under ``torchrun`` the command joins the
+process group and each rank trains on its own share of every batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
+from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
+from .models import GPT, GPTConfig
+from .sampling import generate_text
+from .train import TrainConfig, train
+from .utils import DTYPES, pick_device, set_seed
+
+__all__ = ["MODEL_SETTINGS", "PRESETS", "build_parser", "main", "sample_main", "train_main"]
+
+# The model's shape: GPTConfig fields the command line sets (the vocabulary comes from the data).
+MODEL_SETTINGS = {
+    "n_layers": "transformer blocks",
+    "n_heads": "attention heads per block",
+    "d_model": "width of the residual stream",
+    "context_len": "context length T in characters",
+    "dropout": "dropout probability",
+}
+
+# nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig
+# and TrainConfig) and a bigger one for a GPU. Each preset: (GPTConfig changes, TrainConfig).
+PRESETS: dict[str, tuple[dict, TrainConfig]] = {
+    "cpu": ({}, TrainConfig()),
+    "gpu": (
+        dict(n_layers=6, n_heads=6, d_model=384, context_len=256, dropout=0.2),
+        TrainConfig(batch_size=64, max_iters=5000, eval_iters=200),
+    ),
+}
+
+# TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
+_RUNTIME = {"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"}
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per GPTConfig shape setting and per TrainConfig field, default None (= the preset's)."""
+    shape = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
+    model_types = {f.name: f.type for f in fields(GPTConfig)}
+    for name, help_ in MODEL_SETTINGS.items():
+        shape.add_argument(_flag(name), type=_TYPES[model_types[name]], default=None, help=help_)
+    group = parser.add_argument_group("training (default: the preset's, or the checkpoint's with --resume)")
+    for f in fields(TrainConfig):
+        if f.name == "out_dir":
+            continue
+        kind = f.type.split("|")[0].strip()
+        if kind == "bool":
+            group.add_argument(
+                _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"]
+            )
+        else:
+            choices = ["auto", *DTYPES] if f.name == "dtype" else None
+            group.add_argument(_flag(f.name), type=_TYPES[kind], default=None, choices=choices, help=f.metadata["help"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The training command's argument parser (``python -m transformer_lib train --help``, chapter 9)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_lib train",
+        description="Train a character-level GPT (chapter 9) on Tiny Shakespeare or on any text file. "
+        "A preset sets every size and hyperparameter; the flags below override single settings. "
+        "To generate text from a checkpoint: python -m transformer_lib sample --help",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="'cpu': nanoGPT's baby GPT (4 layers, 4 heads, 128 wide, context 64, 2000 steps); "
+        "'gpu': 6 layers, 6 heads, 384 wide, context 256, 5000 steps (default: gpu if CUDA is "
+        "available, else cpu)",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="PATH",
+        help="a UTF-8 text file to train on (default: Tiny Shakespeare from $TINY_SHAKESPEARE, "
+        "the cache or one download; offline, the Python standard library's source)",
+    )
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
+    parser.add_argument("--out-dir", default="out", help="folder for ckpt.pt (default: out)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly where it stopped")
+    parser.add_argument("--seed", type=int, default=1337, help="seed of every random generator (default: 1337)")
+    _add_setting_flags(parser)
+    return parser
+
+
+def _init_distributed() -> tuple[int, int, int]:
+    """Join the process group when launched by ``torchrun``; returns ``(rank, world_size, local_rank)``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
+    """The model's shape and the TrainConfig: the preset's, then the checkpoint's, then the flags'."""
+    preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    shape_changes, config = PRESETS[preset]
+    defaults = GPTConfig(vocab_size=1)
+    shape = {name: shape_changes.get(name, getattr(defaults, name)) for name in MODEL_SETTINGS}
+    given_shape = {k: getattr(args, k) for k in MODEL_SETTINGS if getattr(args, k) is not None}
+    if ckpt is not None:
+        shape = {k: ckpt["model_config"][k] for k in MODEL_SETTINGS}
+        changed = [k for k, v in given_shape.items() if v != shape[k]]
+        if changed:
+            parser.error(f"--resume cannot change the model's shape ({', '.join(changed)})")
+        saved = {k: v for k, v in ckpt["train_config"].items() if k not in _RUNTIME}
+        config = replace(config, **saved)
+    shape.update(given_shape)
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
+    return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ckpt = None
+    if args.resume:
+        file = Path(args.out_dir) / CHECKPOINT_NAME
+        if not file.is_file():
+            parser.error(f"--resume: no checkpoint at {file}")
+        ckpt = read_checkpoint(file)  # read once: settings, tokenizer and the training state
+    preset, shape, config = _settings(args, parser, ckpt)
+    rank, world_size, local_rank = _init_distributed()
+    say = print if rank == 0 else lambda *a, **k: None
+
+    data_path = args.data or (ckpt["meta"].get("data") if ckpt else None)
+    corpus = load_corpus(data_path)
+    tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt else CharTokenizer.from_text(corpus.text)
+    train_tokens, val_tokens = split_tokens(torch.tensor(tokenizer.encode(corpus.text)), args.val_fraction)
+
+    wanted = config.device
+    if world_size > 1 and torch.cuda.is_available() and wanted == "auto":
+        wanted = f"cuda:{local_rank}"
+    config = replace(config, device=pick_device(wanted))  # resolved once, kept as a torch.device
+    set_seed(args.seed)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **shape))
+    if world_size > 1:
+        torch.manual_seed(args.seed + rank)  # the same initial model, different dropout on each rank
+    batches = LMBatches(train_tokens, val_tokens, shape["context_len"], config.batch_size, device=config.device,
+                        seed=args.seed, rank=rank, world_size=world_size)  # fmt: skip
+    say(
+        f"{corpus.name}: {len(corpus.text):,} characters, vocabulary {tokenizer.vocab_size}; "
+        f"GPT with {model.num_params() / 1e6:.2f}M parameters; preset {preset}; device {config.device}"
+        + (f" x {world_size} processes" if world_size > 1 else "")
+    )
+    meta = {"data": str(Path(data_path).resolve()) if data_path else None,
+            "corpus": corpus.name, "seed": args.seed, "preset": preset}  # fmt: skip
+    start = time.perf_counter()
+    try:
+        history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False)
+    except KeyboardInterrupt:
+        say(f"Interrupted. Continue with: python -m transformer_lib train --resume --out-dir {args.out_dir}")
+        return 130
+    finally:
+        if world_size > 1:
+            dist.destroy_process_group()
+    if history.val_loss:
+        say(f"final val loss {history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
+    if history.mfu is not None:
+        say(f"model FLOPs utilisation {100 * history.mfu:.1f}% of the GPU's bf16 peak")
+    say(f"{time.perf_counter() - start:.1f} s; checkpoint in {Path(args.out_dir) / CHECKPOINT_NAME}")
+    return 0
+
+
+def sample_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_lib sample",
+        description="Generate text from a GPT checkpoint written by python -m transformer_lib train.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--ckpt", default="out", help="a checkpoint file or the folder holding ckpt.pt")
+    parser.add_argument("--prompt", default="\n", help="text the sample continues")
+    parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="below 1: safer, above 1: wilder")
+    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely characters")
+    parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
+    parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
+    parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
+    args = parser.parse_args(argv)
+
+    device = pick_device(args.device)
+    try:
+        model, tokenizer, _ = load_checkpoint(args.ckpt, device)
+    except FileNotFoundError as e:
+        parser.error(str(e))
+    if not isinstance(model, GPT) or tokenizer is None:
+        parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    options = dict(temperature=args.temperature, top_k=args.top_k, generator=generator)
+    for i in range(args.num_samples):
+        if i:
+            print("\n" + "-" * 40)
+        try:
+            print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, **options))
+        except ValueError as e:  # a prompt character the model never saw, a bad temperature or top-k
+            parser.error(str(e))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (chapter 9): ``sample ...`` generates text from a checkpoint; ``train ...`` (or
+    no command) trains."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sample"]:
+        return sample_main(argv[1:])
+    return train_main(argv[1:] if argv[:1] == ["train"] else argv)

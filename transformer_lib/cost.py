@@ -1,0 +1,126 @@
+"""What a model costs: receptive fields of convolution stacks (chapter 1), training FLOPs and the
+model-FLOPs utilisation against a GPU's peak (chapter 9), and a peak-memory probe built on
+public PyTorch APIs only.
+
+This is a tool module: it imports no concept module (a model is passed in, and only its
+``config`` and :meth:`num_params` are read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+__all__ = [
+    "PEAK_FLOPS",
+    "estimate_mfu",
+    "flops_per_token",
+    "gpu_peak_flops",
+    "layers_to_connect",
+    "peak_memory_bytes",
+    "receptive_field",
+]
+
+
+def receptive_field(layers: int, k: int, dilated: bool = False) -> int:
+    """How many input positions one output sees after ``layers`` causal convolutions (chapter 1).
+
+    Contiguous kernels of width ``k`` add ``k - 1`` positions per layer: ``1 + layers * (k - 1)``.
+    Dilated kernels with dilation ``k**l`` at layer ``l = 0, 1, ...`` multiply the field by ``k``
+    per layer: ``k**layers``. Integers in, an integer out (no tensors).
+    """
+    if layers < 0:
+        raise ValueError(f"layers must be >= 0, got {layers}")
+    if k < 1:
+        raise ValueError(f"kernel width k must be >= 1, got {k}")
+    return k**layers if dilated else 1 + layers * (k - 1)
+
+
+def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
+    """Fewest causal convolution layers (width ``k``) after which position ``n - 1`` sees position 0 (chapter 1).
+
+    Contiguous kernels need ``ceil((n - 1) / (k - 1))`` layers, linear in ``n``; dilated kernels
+    (dilation ``k**l`` at layer ``l``) need ``ceil(log_k n)``, computed here with integers only.
+    ``n = 1`` needs 0 layers. Requires ``n >= 1`` and ``k >= 2``. Integers in, an integer out.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if k < 2:
+        raise ValueError(f"kernel width k must be >= 2 to ever connect two positions, got {k}")
+    if not dilated:
+        return -(-(n - 1) // (k - 1))  # ceil((n - 1) / (k - 1)) in integers
+    layers, field = 0, 1
+    while field < n:  # the dilated field is k**layers
+        layers, field = layers + 1, field * k
+    return layers
+
+
+# Dense (no sparsity) 16-bit tensor-core peaks, FLOP/s; bfloat16 where the GPU has it. The first
+# name contained in torch.cuda.get_device_name() wins, so the more specific names come first.
+PEAK_FLOPS: dict[str, float] = {
+    "H100 PCIe": 756e12,
+    "H100": 989.4e12,
+    "H200": 989.4e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "V100": 125e12,  # float16
+    "T4": 65e12,  # float16
+}
+
+
+def gpu_peak_flops(name: str | None = None) -> float | None:
+    """The dense 16-bit peak FLOP/s of the GPU called ``name`` (default: the current one), or
+    None if unknown (chapter 9)."""
+    if name is None:
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name()
+    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+
+
+def flops_per_token(model: nn.Module, context_len: int) -> float:
+    """Training FLOPs per token of a GPT with context ``context_len``: ``6 N + 12 L h d_k T`` (chapter 9).
+
+    ``6 N`` counts the forward (2) and backward (4) multiply-adds of the ``N`` parameters (without
+    the position embeddings, :meth:`GPT.num_params`); ``12 L h d_k T`` those of the attention
+    scores and weighted sums, which have no parameters. ``model`` is a
+    :class:`~transformer_lib.models.GPT` (its ``config`` gives ``L`` and ``h d_k = d_model``).
+    """
+    c = model.config
+    return 6 * model.num_params() + 12 * c.n_layers * c.d_model * context_len  # h * d_k = d_model
+
+
+def estimate_mfu(model: nn.Module, tokens_per_second: float, context_len: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation (chapter 9): the FLOP/s training achieves over the hardware's peak."""
+    return flops_per_token(model, context_len) * tokens_per_second / peak_flops
+
+
+def peak_memory_bytes(call: Callable[[], object], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated during ``call()`` above what was allocated before it (chapter 9).
+
+    On a GPU: ``torch.cuda.max_memory_allocated``. On the CPU: ``torch.profiler`` with
+    ``profile_memory=True`` reports each operator's own allocations minus frees; their running
+    sum in start-time order is the memory in use (an operator's temporaries freed inside it count
+    as zero, so this is a lower bound on the true peak).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        call()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    in_use = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        in_use += event.self_cpu_memory_usage  # > 0: allocated, < 0: freed
+        peak = max(peak, in_use)
+    return peak

@@ -1,0 +1,63 @@
+"""Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
+dates task with its formats, the text corpus, and batch sampling.
+
+Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
+path or downloaded once into a cache folder (see :mod:`.corpus`).
+"""
+
+from .batches import LMBatches, Seq2SeqBatches, get_batch, split_tokens
+from .corpus import (
+    CACHE_ENV,
+    OFFLINE_ENV,
+    PATH_ENV,
+    TINY_SHAKESPEARE_SHA256,
+    TINY_SHAKESPEARE_URL,
+    ChecksumError,
+    Corpus,
+    load_corpus,
+    python_stdlib_corpus,
+    sha256_of,
+)
+from .tasks import (
+    DATE_FIRST,
+    DATE_FORMATS,
+    DATE_LAST,
+    DATE_PIECES,
+    Seq2SeqData,
+    date_field_spans,
+    date_format_of,
+    dates_task,
+    render_date,
+    sequence_task,
+)
+from .tokenizer import SPECIALS, CharTokenizer, pad_sequences
+
+__all__ = [
+    "CACHE_ENV",
+    "DATE_FIRST",
+    "DATE_FORMATS",
+    "DATE_LAST",
+    "DATE_PIECES",
+    "OFFLINE_ENV",
+    "PATH_ENV",
+    "SPECIALS",
+    "TINY_SHAKESPEARE_SHA256",
+    "TINY_SHAKESPEARE_URL",
+    "CharTokenizer",
+    "ChecksumError",
+    "Corpus",
+    "LMBatches",
+    "Seq2SeqBatches",
+    "Seq2SeqData",
+    "date_field_spans",
+    "date_format_of",
+    "dates_task",
+    "get_batch",
+    "load_corpus",
+    "pad_sequences",
+    "python_stdlib_corpus",
+    "render_date",
+    "sequence_task",
+    "sha256_of",
+    "split_tokens",
+]
