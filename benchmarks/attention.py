@@ -154,6 +154,27 @@ def time_in_turns(
     return {v: median(t) for v, t in times.items()}, reps, failed
 
 
+def _inputs(B: int, T: int, d_model: int, seed: int, device: torch.device, dtype: torch.dtype) -> tuple:
+    """``x (B, T, d_model)`` (requiring its gradient) and a gradient ``grad_out`` of the same shape."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, d_model, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    return x, torch.randn(B, T, d_model, generator=g).to(device=device, dtype=dtype)
+
+
+def _skip_reason(
+    v: str, pass_: str, T: int, last_time: dict, too_big: set, limit: int | None, max_call_s: float
+) -> str | None:
+    """Why variant ``v`` does not run ``pass_`` at length ``T`` (None: it runs)."""
+    prev = last_time.get((v, pass_))
+    if (v, pass_) in too_big:
+        return "skipped: out of memory at a shorter length"
+    if v == "handwritten" and pass_ != "forward" and limit is not None and T > limit:
+        return f"skipped above T={limit} (--skip-handwritten-backward-above)"
+    if prev is not None and prev[1] * (T / prev[0]) ** 2 > max_call_s:
+        return f"skipped: one call would take about {prev[1] * (T / prev[0]) ** 2:.0f} s"
+    return None
+
+
 def sweep(
     seq_lens: list[int],
     batch_size: int = 1,
@@ -191,49 +212,32 @@ def sweep(
         last_time: dict[tuple[str, str], tuple[int, float]] = {}  # (variant, pass) -> (T, seconds)
         too_big: set[tuple[str, str]] = set()  # (variant, pass) that ran out of memory
         for T in seq_lens:
-            g = torch.Generator().manual_seed(seed + T)
-            x = torch.randn(batch_size, T, d_model, generator=g).to(device=device, dtype=dtype).requires_grad_()
-            grad_out = torch.randn(batch_size, T, d_model, generator=g).to(device=device, dtype=dtype)
+            x, grad_out = _inputs(batch_size, T, d_model, seed + T, device, dtype)
             score_bytes = batch_size * n_heads * T * T * x.element_size()
             for pass_ in PASSES:
-                calls, skipped = {}, {}
-                for v in VARIANTS:
-                    prev = last_time.get((v, pass_))
-                    if (v, pass_) in too_big:
-                        skipped[v] = "skipped: out of memory at a shorter length"
-                        continue
-                    limit = skip_handwritten_backward_above
-                    if v == "handwritten" and pass_ != "forward" and limit is not None and T > limit:
-                        skipped[v] = f"skipped above T={limit} (--skip-handwritten-backward-above)"
-                        continue
-                    if prev is not None and prev[1] * (T / prev[0]) ** 2 > max_call_s:
-                        skipped[v] = f"skipped: one call would take about {prev[1] * (T / prev[0]) ** 2:.0f} s"
-                        continue
-                    calls[v] = make_call(fns[v], x, grad_out, params, pass_)
+                limits = (skip_handwritten_backward_above, max_call_s)
+                skipped = {v: _skip_reason(v, pass_, T, last_time, too_big, *limits) for v in VARIANTS}
+                calls = {v: make_call(fns[v], x, grad_out, params, pass_) for v in VARIANTS if skipped[v] is None}
                 medians, reps, failed = time_in_turns(calls, device, budget_s, max_reps)
-                for v, why in failed.items():
-                    skipped[v] = why
-                    too_big.add((v, pass_))
+                skipped.update(failed)
+                too_big.update((v, pass_) for v in failed)
                 for v in VARIANTS:
                     row = {
                         "dtype": dtype_name, "T": T, "pass": pass_, "variant": v, "time_s": None, "reps": 0,
-                        "peak_bytes": None, "score_bytes": score_bytes, "skipped": skipped.get(v),
+                        "peak_bytes": None, "score_bytes": score_bytes, "skipped": skipped[v],
                     }  # fmt: skip
                     if v in medians:
                         row["time_s"], row["reps"] = medians[v], reps[v]
                         last_time[(v, pass_)] = (T, medians[v])
-                        if measure_memory:
-                            row["peak_bytes"] = peak_bytes(calls[v], device)
+                        row["peak_bytes"] = peak_bytes(calls[v], device) if measure_memory else None
                     rows.append(row)
                 del calls
             del x, grad_out
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    settings = dict(
-        device=device.type, batch_size=batch_size, d_model=d_model, n_heads=n_heads, d_k=d_model // n_heads,
-        causal=causal, dtypes=list(dtypes), seq_lens=list(seq_lens), budget_s=budget_s,
-        threads=torch.get_num_threads(), seed=seed,
-    )  # fmt: skip
+    settings = dict(device=device.type, batch_size=batch_size, d_model=d_model, n_heads=n_heads,
+                    d_k=d_model // n_heads, causal=causal, dtypes=list(dtypes), seq_lens=list(seq_lens),
+                    budget_s=budget_s, threads=torch.get_num_threads(), seed=seed)  # fmt: skip
     return {"settings": settings, "rows": rows}
 
 
@@ -378,7 +382,8 @@ def plot(result: dict, path: str | Path, dtype: str = "float32") -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.attention``."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.attention",
         description=__doc__.split("\n\n")[0],
@@ -407,7 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(JSON_FILE), help="where the raw numbers go")
     parser.add_argument("--figure", default=None, help="default: attention_scaling.png, or _cuda.png for a GPU")
     add_record_flags(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():

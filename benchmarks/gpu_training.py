@@ -20,6 +20,7 @@ Without CUDA it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -45,6 +46,15 @@ def random_batches(n: int, vocab_size: int, B: int, T: int, seed: int, device: t
     g = torch.Generator().manual_seed(seed)
     tokens = [torch.randint(vocab_size, (B, T + 1), generator=g).to(device) for _ in range(n)]  # (B, T + 1) each
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def _seconds(call, device: torch.device) -> float:
+    """Wall time of ``call()``, the device's queued work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    call()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def measure(
@@ -74,14 +84,11 @@ def measure(
     optimizer = tl.configure_optimizer(model, tl.TrainConfig(lr=6e-4, beta2=0.95), device)  # fused on a GPU
     step_model = torch.compile(model) if compile else model
     B, T = shape["batch_size"], shape["context_len"]
-    batches = random_batches(8, shape["vocab_size"], B, T, seed, device)
-    position = 0
+    batches = itertools.cycle(random_batches(8, shape["vocab_size"], B, T, seed, device))
 
     def train_steps(n: int) -> Tensor:
-        nonlocal position
         for _ in range(n):
-            x, y = batches[position % len(batches)]
-            position += 1
+            x, y = next(batches)
             with tl.autocast(device, dtype):
                 _, loss = step_model(x, y)
             loss.backward()
@@ -90,17 +97,9 @@ def measure(
             optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    start = time.perf_counter()
-    train_steps(warmup)
-    synchronize(device)
-    warmup_s = time.perf_counter() - start
-    rates = []
-    for _ in range(rounds):
-        synchronize(device)
-        start = time.perf_counter()
-        loss = train_steps(steps)
-        synchronize(device)
-        rates.append(B * T * steps / (time.perf_counter() - start))
+    warmup_s = _seconds(lambda: train_steps(warmup), device)
+    rates = [B * T * steps / _seconds(lambda: train_steps(steps), device) for _ in range(rounds)]
+    loss = train_steps(1)
     rate = median(rates)
     per_token = tl.flops_per_token(model, T)
     return {
@@ -116,7 +115,8 @@ def measure(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.gpu_training``."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_training",
         description=__doc__.split("\n\n")[0],
@@ -132,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: looked up)"
     )
     add_record_flags(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if not torch.cuda.is_available():
         print("gpu_training needs a CUDA GPU and this machine has none; nothing to measure.")

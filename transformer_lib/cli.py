@@ -30,7 +30,7 @@ from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
 from .train import TrainConfig, train
-from .utils import DTYPES, pick_device, set_seed
+from .utils import DTYPES, check_fields, pick_device, set_seed
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "build_parser", "main", "sample_main", "train_main"]
 
@@ -56,6 +56,8 @@ PRESETS: dict[str, tuple[dict, TrainConfig]] = {
 # TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
 _RUNTIME = {"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"}
 _TYPES = {"int": int, "float": float, "str": str}
+_SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
+                "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
 
 
 def _flag(name: str) -> str:
@@ -108,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
     parser.add_argument("--out-dir", default="out", help="folder for ckpt.pt (default: out)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly where it stopped")
+    parser.add_argument(
+        "--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint (replaced)"
+    )
     parser.add_argument("--seed", type=int, default=1337, help="seed of every random generator (default: 1337)")
     _add_setting_flags(parser)
     return parser
@@ -139,6 +144,7 @@ def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
         saved = {k: v for k, v in ckpt["train_config"].items() if k not in _RUNTIME}
         config = replace(config, **saved)
     shape.update(given_shape)
+    check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
 
@@ -147,12 +153,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    ckpt = None
+    ckpt, file = None, Path(args.out_dir) / CHECKPOINT_NAME
     if args.resume:
-        file = Path(args.out_dir) / CHECKPOINT_NAME
         if not file.is_file():
             parser.error(f"--resume: no checkpoint at {file}")
         ckpt = read_checkpoint(file)  # read once: settings, tokenizer and the training state
+    elif file.exists() and not args.force:
+        parser.error(f"{file} holds another run's checkpoint: continue it with --resume, replace it with --force, "
+                     f"or choose another --out-dir")  # fmt: skip
     preset, shape, config = _settings(args, parser, ckpt)
     rank, world_size, local_rank = _init_distributed()
     say = print if rank == 0 else lambda *a, **k: None
@@ -234,8 +242,20 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (chapter 9): ``sample ...`` generates text from a checkpoint; ``train ...`` (or
-    no command) trains."""
+    no command) trains.
+
+    A bad setting, a missing or unreadable file or a diverging run ends with one line on stderr
+    that names the problem, and exit status 2; ``--debug`` shows the Python traceback instead.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sample"]:
-        return sample_main(argv[1:])
-    return train_main(argv[1:] if argv[:1] == ["train"] else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    command = sample_main if argv[:1] == ["sample"] else train_main
+    try:
+        return command(argv[1:] if argv[:1] in (["sample"], ["train"]) else argv)
+    except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as e:
+        if debug:
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"error: {message} (run with --debug for the traceback)", file=sys.stderr)
+        return 2

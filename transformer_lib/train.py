@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from .checkpoint import CHECKPOINT_NAME, capture_rng, read_checkpoint, restore_rng, save_checkpoint
 from .cost import estimate_mfu, gpu_peak_flops
-from .utils import autocast, pick_device, resolve_dtype, world
+from .utils import DTYPES, autocast, check_fields, pick_device, resolve_dtype, world
 
 __all__ = [
     "History",
@@ -81,6 +81,25 @@ class TrainConfig:
     progress: bool = _setting(True, "show a progress bar")
     verbose: bool = _setting(True, "print a line per evaluation")
     peak_tflops: float | None = _setting(None, "the GPU's dense 16-bit peak for the MFU estimate (default: looked up)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, _TRAIN_RULES)
+        for name in ("compile", "progress", "verbose"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"TrainConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"TrainConfig.dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.min_lr > self.lr:
+            raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+
+
+_TRAIN_RULES = {
+    "batch_size": (int, "positive"), "max_iters": (int, "count"), "lr": (float, "positive"),
+    "min_lr": (float, "count"), "warmup_iters": (int, "count"), "lr_decay_iters": (int, "count"),
+    "weight_decay": (float, "count"), "beta1": (float, "probability"), "beta2": (float, "probability"),
+    "grad_clip": (float, "count"), "eval_interval": (int, "count"), "eval_iters": (int, "positive"),
+    "log_interval": (int, "positive"), "peak_tflops": (float, "positive"),
+}  # fmt: skip
 
 
 @dataclass
@@ -241,10 +260,22 @@ class _Run:
         self.saved = (self.step, self.eval_pending)
 
     def read_losses(self) -> None:
-        """Move the pending losses to the history: the loop's only host-device synchronisation."""
+        """Move the pending losses to the history: the loop's only host-device synchronisation.
+
+        A NaN or infinite loss stops the run (``FloatingPointError``) before anything is saved,
+        so the last checkpoint written is the last good one.
+        """
         if self.pending:
-            self.history.step_loss.extend(torch.stack(self.pending).float().tolist())
+            losses = torch.stack(self.pending).float().tolist()
             self.pending.clear()
+            bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
+            if bad is not None:
+                step = self.step - len(losses) + bad + 1
+                raise FloatingPointError(
+                    f"the training loss became {losses[bad]} at step {step}; stopped, the last checkpoint "
+                    f"(if any) is the last good state: lower lr, or check the data"
+                )
+            self.history.step_loss.extend(losses)
 
     def evaluate(self, bar) -> None:
         losses = estimate_loss(self.model, self.get_batch, self.config.eval_iters, self.dtype)

@@ -3,6 +3,7 @@ resolved in one place; an atomic file write."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import tempfile
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DTYPES", "atomic_write", "autocast", "pick_device", "resolve_dtype", "set_seed", "world"]
+__all__ = ["DTYPES", "atomic_write", "autocast", "check_fields", "pick_device", "resolve_dtype", "set_seed", "world"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -86,3 +87,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _number(value, kind: type) -> bool:
+    if isinstance(value, bool):
+        return False  # True and False are ints to Python, never a size or a rate here
+    return isinstance(value, int) if kind is int else isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_RULES = {
+    "positive": (lambda v: v > 0, "> 0"),
+    "count": (lambda v: v >= 0, ">= 0"),
+    "probability": (lambda v: 0 <= v < 1, "in [0, 1)"),
+}
+
+
+def check_fields(obj, rules: dict[str, tuple[type, str]]) -> None:
+    """Raise a clear error for a dataclass field of the wrong type or out of range (chapter 9).
+
+    ``rules`` maps a field name to ``(int or float, "positive" | "count" | "probability")``; a
+    field whose value is None is left alone (None means "the default" where a field allows it).
+    A bool or a string where a number belongs is a ``TypeError``; a number out of range a
+    ``ValueError``. Both name the class, the field and the value.
+    """
+    for name, (kind, rule) in rules.items():
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        where = f"{type(obj).__name__}.{name}"
+        if not _number(value, kind):
+            raise TypeError(f"{where} must be a finite {kind.__name__}, got {value!r} ({type(value).__name__})")
+        test, text = _RULES[rule]
+        if not test(value):
+            raise ValueError(f"{where} must be {text}, got {value!r}")

@@ -1,0 +1,145 @@
+"""Bad input, table by table: each case expects an exact error class and a word of its message
+(the training settings, the command line), or that nothing a user has is lost (an out-dir holding
+a checkpoint, a run whose loss diverges)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib import cli
+
+# (TrainConfig keyword arguments, error class, a word of the message)
+TRAIN_CONFIG_CASES = [
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(batch_size=-3), ValueError, "batch_size"),
+    (dict(batch_size="12"), TypeError, "batch_size"),
+    (dict(batch_size=True), TypeError, "batch_size"),
+    (dict(batch_size=2.5), TypeError, "batch_size"),
+    (dict(max_iters=-5), ValueError, "max_iters"),
+    (dict(max_iters=1.0), TypeError, "max_iters"),
+    (dict(lr=0), ValueError, "lr"),
+    (dict(lr=-1e-3), ValueError, "lr"),
+    (dict(lr=float("nan")), TypeError, "lr"),
+    (dict(lr=float("inf")), TypeError, "lr"),
+    (dict(lr="fast"), TypeError, "lr"),
+    (dict(min_lr=-1e-4), ValueError, "min_lr"),
+    (dict(lr=1e-4, min_lr=1e-3), ValueError, "min_lr"),
+    (dict(warmup_iters=-1), ValueError, "warmup_iters"),
+    (dict(lr_decay_iters=-10), ValueError, "lr_decay_iters"),
+    (dict(weight_decay=-0.1), ValueError, "weight_decay"),
+    (dict(beta1=1.0), ValueError, "beta1"),
+    (dict(beta1=-0.1), ValueError, "beta1"),
+    (dict(beta2=1.5), ValueError, "beta2"),
+    (dict(grad_clip=-1.0), ValueError, "grad_clip"),
+    (dict(eval_interval=-250), ValueError, "eval_interval"),
+    (dict(eval_iters=0), ValueError, "eval_iters"),
+    (dict(eval_iters=-2), ValueError, "eval_iters"),
+    (dict(log_interval=0), ValueError, "log_interval"),
+    (dict(log_interval=False), TypeError, "log_interval"),
+    (dict(peak_tflops=0.0), ValueError, "peak_tflops"),
+    (dict(progress="False"), TypeError, "progress"),
+    (dict(verbose=1), TypeError, "verbose"),
+    (dict(compile="yes"), TypeError, "compile"),
+    (dict(dtype="float64"), ValueError, "dtype"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "word"), TRAIN_CONFIG_CASES, ids=lambda v: str(v)[:30])
+def test_train_config_rejects_bad_settings(kwargs, error, word):
+    with pytest.raises(error, match=word):
+        tl.TrainConfig(**kwargs)
+
+
+def test_train_config_accepts_the_edges():
+    # zero where zero has a meaning: no steps, no warm-up, no evaluation, no clipping, no decay
+    tl.TrainConfig(max_iters=0, warmup_iters=0, eval_interval=0, grad_clip=0.0, weight_decay=0.0, min_lr=0.0)
+
+
+# (command-line arguments, a word of the one-line error)
+CLI_CASES = [
+    (["--batch-size", "0"], "batch_size"),
+    (["--context-len", "0"], "context_len"),
+    (["--eval-iters", "0"], "eval_iters"),
+    (["--max-iters", "-5"], "max_iters"),
+    (["--lr", "0"], "lr"),
+    (["--log-interval", "0"], "log_interval"),
+    (["--beta2", "1"], "beta2"),
+    (["--dropout", "1.5"], "dropout"),
+    (["--n-heads", "0"], "n_heads"),
+    (["--d-model", "-8"], "d_model"),
+    (["--n-layers", "0"], "n_layers"),
+    (["--warmup-iters", "-1"], "warmup_iters"),
+    (["--grad-clip", "-1"], "grad_clip"),
+]
+
+
+@pytest.fixture
+def small_text(tmp_path, monkeypatch):
+    monkeypatch.setenv(tl.OFFLINE_ENV, "1")
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    return text
+
+
+TINY = ["--n-layers", "1", "--n-heads", "1", "--d-model", "8", "--batch-size", "2", "--context-len", "8",
+        "--eval-iters", "1", "--eval-interval", "2", "--device", "cpu", "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "word"), CLI_CASES)
+def test_command_line_errors_are_one_line_with_status_2(args, word, small_text, tmp_path, capsys):
+    code = cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(tmp_path / "run"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and word in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_debug_shows_the_traceback(small_text, tmp_path):
+    with pytest.raises(ValueError, match="batch_size"):
+        cli.main(
+            ["train", "--debug", *TINY, "--data", str(small_text), "--out-dir", str(tmp_path), "--batch-size", "0"]
+        )
+
+
+def test_a_missing_data_file_is_one_line_naming_it(tmp_path, capsys):
+    code = cli.main(["train", *TINY, "--data", str(tmp_path / "absent.txt"), "--out-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "absent.txt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fresh_run_never_replaces_another_runs_checkpoint(small_text, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "2"]) == 0
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "4"])
+    assert stop.value.code == 2 and "--resume" in capsys.readouterr().err
+    assert (out / "ckpt.pt").read_bytes() == before  # untouched
+    assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "4",
+                     "--force"]) == 0  # fmt: skip
+    assert tl.read_checkpoint(out)["step"] == 4
+
+
+def test_the_command_as_a_process_prints_no_traceback(small_text, tmp_path):
+    cmd = [sys.executable, "-m", "transformer_lib", "train", *TINY, "--data", str(small_text),
+           "--out-dir", str(tmp_path), "--lr", "-1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error:") and "Traceback" not in done.stderr
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    tok = tl.CharTokenizer.from_text("abcdefgh")
+    ids = torch.tensor(tok.encode("abcdefgh" * 50))
+    model = tl.GPT(tl.GPTConfig(vocab_size=tok.vocab_size, context_len=8, n_layers=1, n_heads=1, d_model=8))
+    batches = tl.LMBatches(*tl.split_tokens(ids), 8, 4, seed=0)
+    config = tl.TrainConfig(max_iters=6, eval_interval=2, eval_iters=1, log_interval=1, device="cpu",
+                            progress=False, verbose=False, out_dir=str(tmp_path))  # fmt: skip
+    tl.train(model, batches, config, until=2)
+    good = (tmp_path / "ckpt.pt").read_bytes()
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))  # the next step's loss is NaN
+    with pytest.raises(FloatingPointError, match="step 3"):
+        tl.train(model, batches, config, resume=tl.read_checkpoint(tmp_path) | {"model": model.state_dict()})
+    assert (tmp_path / "ckpt.pt").read_bytes() == good
