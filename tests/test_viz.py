@@ -1,6 +1,9 @@
 """Tests for transformer_lib/viz.py: entropy, softmax Jacobian and temperature, and the heatmap helpers."""
 
+import base64
+import html
 import math
+import re
 
 import matplotlib
 
@@ -226,6 +229,12 @@ def test_figure_png_is_a_deterministic_png_and_closes_the_figure():
         tl.viz.figure_png(3)
 
 
+def _picture(frame):
+    """The alt text, the title and the PNG bytes of a frame's <img>."""
+    alt, src, title = (re.search(rf'{key}="([^"]*)"', frame.value).group(1) for key in ("alt", "src", "title"))
+    return html.unescape(alt), html.unescape(title), base64.b64decode(src.removeprefix("data:image/png;base64,"))
+
+
 def _links(widgets):
     from ipywidgets.widgets.widget import _instances
     from ipywidgets.widgets.widget_link import Link
@@ -257,14 +266,15 @@ def test_frame_widget_shows_the_frame_of_the_chosen_options(widgets, n_index, la
     assert len(stack.children) == 3 and all(len(page.children) == 3 for page in stack.children)
     assert (n.index, label.index) == (1, 2)  # building the frames leaves the chosen values alone
     assert len(_links(widgets)) >= 1 + 3  # one link for the outer stack, one per inner stack
-    assert _visible_frame(box, widgets).children[0].tooltip == "n = 4, label = blue"
+    assert _picture(_visible_frame(box, widgets).children[0])[0] == "n = 4, label = blue"
     n.index, label.index = n_index, label_index
     _follow_links(widgets)
     frame = _visible_frame(box, widgets)
     image, caption = frame.children
-    assert image.tooltip == f"n = {n.label}, label = {label.label}"
+    alt, title, png = _picture(image)
+    assert alt == title == f"n = {n.label}, label = {label.label}"
     assert caption.value == f"{label.value}: {n.value} bars"
-    assert image.value == tl.viz.figure_png(bars(n.value, label.value)[0])
+    assert png == tl.viz.figure_png(bars(n.value, label.value)[0])
     assert plt.get_fignums() == []
 
 
@@ -273,9 +283,10 @@ def test_frame_widget_turns_lists_into_sliders_and_bare_figures_into_images(widg
     (slider,) = box.children[0].children
     assert isinstance(slider, widgets.SelectionSlider) and slider.description == "n"
     frames = box.children[1].children
-    assert [f.tooltip for f in frames] == ["n = 1", "n = 3", "n = 5"]
-    assert all(isinstance(f, widgets.Image) for f in frames)
-    assert len({f.value for f in frames}) == 3  # every setting draws its own picture
+    assert all(isinstance(f, widgets.HTML) for f in frames)
+    pictures = [_picture(f) for f in frames]
+    assert [alt for alt, _, _ in pictures] == ["n = 1", "n = 3", "n = 5"]
+    assert len({png for _, _, png in pictures}) == 3  # every setting draws its own picture
 
 
 def test_frame_widget_calls_draw_once_per_combination(widgets):
@@ -300,3 +311,9 @@ def test_frame_widget_errors(widgets):
         viz.frame_widget(bars, n=[])
     with pytest.raises(TypeError, match="draw must return a matplotlib Figure or .* got int"):
         viz.frame_widget(lambda n: n, n=[1])
+
+
+def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
+    box = tl.viz.frame_widget(lambda label: bars(2)[0], label=['say "hi" <b>'])
+    alt, title, _ = _picture(box.children[1].children[0])
+    assert alt == title == 'label = say "hi" <b>'

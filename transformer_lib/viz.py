@@ -6,6 +6,8 @@ whose frames are drawn in advance, so they work on the static web page with no k
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 from collections.abc import Callable, Sequence
 from itertools import product
@@ -218,8 +220,9 @@ def frame_widget(draw: Callable, dpi: int = 72, **controls):
     The frames are PNG images (see ``figure_png``) in nested ``ipywidgets.Stack`` s, one level per
     control; ``ipywidgets.jslink`` ties each control's ``index`` to its stacks' ``selected_index``.
     The browser carries out those links, so the widget works on the book's static page, where the
-    saved widget state holds every frame, and in a running notebook alike. Each image's tooltip
-    (its HTML ``title``) names its settings, for example ``"d_k = 64, T = 2"``.
+    saved widget state holds every frame, and in a running notebook alike. Each frame is an
+    ``<img>`` (in an ``ipywidgets.HTML``) whose alt text and title name its settings, for example
+    ``"d_k = 64, T = 2"``, with the caption, if any, in an ``ipywidgets.Label`` below it.
 
     Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
     as its last expression or with ``IPython.display.display``.
@@ -247,13 +250,18 @@ def frame_widget(draw: Callable, dpi: int = 72, **controls):
 
 
 def _frame(result, dpi: int, title: str):
-    """One precomputed frame: the figure ``draw`` returned as an image titled ``title``, and its caption."""
+    """One precomputed frame: the figure ``draw`` returned, as an image whose alt text and title
+    are ``title``, with its caption below it."""
     import ipywidgets as widgets
 
     fig, caption = result if isinstance(result, tuple) else (result, None)
     if not isinstance(fig, plt.Figure):
         raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
-    image = widgets.Image(value=figure_png(fig, dpi), format="png", tooltip=title)
+    png = base64.b64encode(figure_png(fig, dpi)).decode("ascii")
+    text = html.escape(title, quote=True)
+    # an <img> in an HTML widget rather than an Image widget: the page's widget manager cannot
+    # give an Image a tooltip, and the alt text names the frame for readers and tests alike
+    image = widgets.HTML(f'<img src="data:image/png;base64,{png}" alt="{text}" title="{text}">')
     if caption is None:
         return image
     return widgets.VBox([image, widgets.Label(str(caption))])
