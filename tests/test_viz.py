@@ -317,3 +317,9 @@ def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
     box = tl.viz.frame_widget(lambda label: bars(2)[0], label=['say "hi" <b>'])
     alt, title, _ = _picture(box.children[1].children[0])
     assert alt == title == 'label = say "hi" <b>'
+
+
+def test_frame_widget_names_falsy_values_too(widgets):
+    """A control created with value 0 shows "0", and so must the frame's alt text."""
+    box = tl.viz.frame_widget(lambda n: bars(n + 1)[0], n=widgets.SelectionSlider(options=[0, 1, 2], value=0))
+    assert [_picture(f)[0] for f in box.children[1].children] == ["n = 0", "n = 1", "n = 2"]

@@ -200,11 +200,9 @@ def _choices(name: str, control) -> tuple[str, list[tuple[str, object]]]:
         )
     if not control.options:
         raise ValueError(f"control {name!r} has no options; give it the values to draw")
-    start, pairs = control.index, []
-    for i in range(len(control.options)):
-        control.index = i
-        pairs.append((control.label, control.value))
-    control.index = start
+    # the labels the control shows: its own ``label`` trait is empty when it is created with a
+    # falsy value such as 0, so read the option labels it renders
+    pairs = list(zip(control._options_labels, control._options_values, strict=True))
     return control.description or name, pairs
 
 
