@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Open every page of the built book (_build/html) in headless Chromium, with the network cut
 # off, and check it: no failed requests, no console errors, images loaded, math rendered,
-# widgets rendered, internal links resolve. Screenshots go to _build/screenshots.
+# widgets rendered, internal links resolve; every widget control, once moved, shows a new
+# figure that matches its value; no code or output block scrolls sideways at a 1280-pixel
+# window. Screenshots and a summary of the counts go to _build/screenshots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f _build/html/index.html ]; then

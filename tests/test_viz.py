@@ -1,4 +1,8 @@
-"""Tests for transformer_lib/viz.py: the heatmap helpers and live figures."""
+"""Tests for transformer_lib/viz.py: the heatmap helpers and the kernel-free widgets."""
+
+import base64
+import html
+import re
 
 import matplotlib
 
@@ -79,7 +83,7 @@ def test_plot_attention_grid_rejects_bad_shapes(shape):
 
 
 # --------------------------------------------------------------------------------------------
-# live_figure
+# figure_png and frame_widget
 # --------------------------------------------------------------------------------------------
 
 
@@ -91,34 +95,111 @@ def widgets():
 def bars(n, label="x"):
     fig, ax = plt.subplots(figsize=(2, 1.5))
     ax.bar(range(n), np.arange(n))
+    ax.set_title(f"{label} {n}")
     return fig, f"{label}: {n} bars"
 
 
-def test_live_figure_draws_and_redraws_when_a_control_changes(widgets):
-    slider = widgets.IntSlider(value=2, min=1, max=5)
-    box = viz.live_figure(bars, n=slider, label=widgets.Text(value="bars"))
-    controls, image, caption = box.children
-    assert list(controls.children)[0] is slider
-    first = image.value
+def test_figure_png_is_a_deterministic_png_and_closes_the_figure():
+    first, second = (tl.viz.figure_png(bars(3)[0]) for _ in range(2))
     assert first[:8] == b"\x89PNG\r\n\x1a\n"
-    assert caption.value == "bars: 2 bars"
-    slider.value = 4
-    assert caption.value == "bars: 4 bars" and image.value != first
-    assert plt.get_fignums() == []  # every drawn figure is closed
+    assert first == second
+    assert first != tl.viz.figure_png(bars(4)[0])
+    assert plt.get_fignums() == []
+    with pytest.raises(TypeError, match="fig must be a matplotlib Figure, got int"):
+        tl.viz.figure_png(3)
 
 
-def test_live_figure_accepts_a_bare_figure(widgets):
-    box = viz.live_figure(lambda n: bars(n)[0], n=widgets.IntSlider(value=3))
-    assert box.children[2].value == ""
-    assert box.children[1].value[:4] == b"\x89PNG"
+def _picture(frame):
+    """The alt text, the title and the PNG bytes of a frame's <img>."""
+    alt, src, title = (re.search(rf'{key}="([^"]*)"', frame.value).group(1) for key in ("alt", "src", "title"))
+    return html.unescape(alt), html.unescape(title), base64.b64decode(src.removeprefix("data:image/png;base64,"))
 
 
-def test_live_figure_errors(widgets):
+def _links(widgets):
+    from ipywidgets.widgets.widget import _instances
+    from ipywidgets.widgets.widget_link import Link
+
+    return [w for w in _instances.values() if isinstance(w, Link)]
+
+
+def _follow_links(widgets):
+    """Do what the browser does with every jslink: copy the source trait into the target."""
+    for link in _links(widgets):
+        (source, source_name), (target, target_name) = link.source, link.target
+        setattr(target, target_name, getattr(source, source_name))
+
+
+def _visible_frame(box, widgets):
+    node = box.children[1]
+    while isinstance(node, widgets.Stack):
+        node = node.children[node.selected_index]
+    return node
+
+
+@pytest.mark.parametrize("n_index, label_index", [(0, 0), (1, 2), (2, 1), (2, 2)])
+def test_frame_widget_shows_the_frame_of_the_chosen_options(widgets, n_index, label_index):
+    n = widgets.SelectionSlider(options=[2, 4, 7], value=4, description="n")
+    label = widgets.ToggleButtons(options=[("red", "r"), ("green", "g"), ("blue", "b")], value="b")
+    box = tl.viz.frame_widget(bars, n=n, label=label)
+    controls, stack = box.children
+    assert list(controls.children) == [n, label]
+    assert len(stack.children) == 3 and all(len(page.children) == 3 for page in stack.children)
+    assert (n.index, label.index) == (1, 2)  # building the frames leaves the chosen values alone
+    assert len(_links(widgets)) >= 1 + 3  # one link for the outer stack, one per inner stack
+    assert _picture(_visible_frame(box, widgets).children[0])[0] == "n = 4, label = blue"
+    n.index, label.index = n_index, label_index
+    _follow_links(widgets)
+    frame = _visible_frame(box, widgets)
+    image, caption = frame.children
+    alt, title, png = _picture(image)
+    assert alt == title == f"n = {n.label}, label = {label.label}"
+    assert caption.value == f"{label.value}: {n.value} bars"
+    assert png == tl.viz.figure_png(bars(n.value, label.value)[0])
+    assert plt.get_fignums() == []
+
+
+def test_frame_widget_turns_lists_into_sliders_and_bare_figures_into_images(widgets):
+    box = tl.viz.frame_widget(lambda n: bars(n)[0], n=[1, 3, 5])
+    (slider,) = box.children[0].children
+    assert isinstance(slider, widgets.SelectionSlider) and slider.description == "n"
+    frames = box.children[1].children
+    assert all(isinstance(f, widgets.HTML) for f in frames)
+    pictures = [_picture(f) for f in frames]
+    assert [alt for alt, _, _ in pictures] == ["n = 1", "n = 3", "n = 5"]
+    assert len({png for _, _, png in pictures}) == 3  # every setting draws its own picture
+
+
+def test_frame_widget_calls_draw_once_per_combination(widgets):
+    calls = []
+
+    def draw(a, b):
+        calls.append((a, b))
+        return bars(a)[0]
+
+    tl.viz.frame_widget(draw, a=[1, 2], b=widgets.Dropdown(options=["u", "v", "w"]))
+    assert sorted(calls) == [(a, b) for a in (1, 2) for b in "uvw"]
+
+
+def test_frame_widget_errors(widgets):
     with pytest.raises(TypeError, match="draw must be a function"):
-        viz.live_figure("not a function", n=widgets.IntSlider())
+        viz.frame_widget("not a function", n=[1, 2])
     with pytest.raises(ValueError, match="at least one control"):
-        viz.live_figure(bars)
-    with pytest.raises(TypeError, match="control 'n' must be an ipywidgets widget with a value"):
-        viz.live_figure(bars, n=3)
-    with pytest.raises(TypeError, match="draw must return a matplotlib Figure"):
-        viz.live_figure(lambda n: n, n=widgets.IntSlider())
+        viz.frame_widget(bars)
+    with pytest.raises(TypeError, match="control 'n' must be an ipywidgets selection widget .* got IntSlider"):
+        viz.frame_widget(bars, n=widgets.IntSlider())
+    with pytest.raises(ValueError, match="control 'n' has no options"):
+        viz.frame_widget(bars, n=[])
+    with pytest.raises(TypeError, match="draw must return a matplotlib Figure or .* got int"):
+        viz.frame_widget(lambda n: n, n=[1])
+
+
+def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
+    box = tl.viz.frame_widget(lambda label: bars(2)[0], label=['say "hi" <b>'])
+    alt, title, _ = _picture(box.children[1].children[0])
+    assert alt == title == 'label = say "hi" <b>'
+
+
+def test_frame_widget_names_falsy_values_too(widgets):
+    """A control created with value 0 shows "0", and so must the frame's alt text."""
+    box = tl.viz.frame_widget(lambda n: bars(n + 1)[0], n=widgets.SelectionSlider(options=[0, 1, 2], value=0))
+    assert [_picture(f)[0] for f in box.children[1].children] == ["n = 0", "n = 1", "n = 2"]

@@ -1,4 +1,5 @@
-"""Figures the chapters share: attention heatmaps and interactive figures.
+"""Figures the chapters share: attention heatmaps, and interactive figures whose frames are drawn
+in advance, so they work on the static web page with no kernel.
 
 (The softmax's entropy, Jacobian and temperature are chapter 3's math and live in
 :mod:`transformer_lib.attention`.)
@@ -6,15 +7,19 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 from collections.abc import Callable, Sequence
+from itertools import product
 
 import matplotlib.pyplot as plt
 import numpy as np
 from torch import Tensor
 
 __all__ = [
-    "live_figure",
+    "figure_png",
+    "frame_widget",
     "plot_attention",
     "plot_attention_grid",
 ]
@@ -115,43 +120,110 @@ def plot_attention_grid(
     return fig
 
 
-def live_figure(draw: Callable, dpi: int = 80, **controls):
-    """Widgets above a figure that ``draw`` redraws whenever one of them changes (chapter 3).
+def figure_png(fig: plt.Figure, dpi: int = 72) -> bytes:
+    """A matplotlib figure as PNG bytes, identical on every run, and closed (chapter 1).
 
-    ``draw(**values)`` receives each control's current value under the control's keyword name and
-    returns a matplotlib figure, or ``(figure, caption)``. The figure is rendered to PNG bytes
-    inside an ``ipywidgets.Image`` and closed, so a notebook cell that displays the returned box has
-    one output, the widget, identical on every run (which nbval needs), while the picture itself is
-    kept in the widget state that the static book shows.
-
-    Returns an ``ipywidgets.VBox`` (controls, image, caption); show it with
-    ``IPython.display.display``. Example: ``display(live_figure(draw, d_k=IntSlider(64, 1, 1024)))``.
+    The picture is cropped to its contents and reduced to a palette of at most 256 colours, which
+    keeps plots at about a third of their size; no metadata (software version, date) is written.
     """
+    from PIL import Image  # matplotlib's own dependency
+
+    if not isinstance(fig, plt.Figure):
+        raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    raw.seek(0)
+    small = io.BytesIO()
+    picture = Image.open(raw).convert("RGB").quantize(256, dither=Image.Dither.NONE)
+    picture.save(small, format="png", optimize=True)
+    return small.getvalue()
+
+
+def _choices(name: str, control) -> tuple[str, list[tuple[str, object]]]:
+    """The caption of a selection control and its (label, value) options, in order."""
     import ipywidgets as widgets  # only the notebooks need ipywidgets, so import it here
+
+    if not isinstance(control, widgets.widget_selection._Selection):
+        raise TypeError(
+            f"control {name!r} must be an ipywidgets selection widget (SelectionSlider, Dropdown, "
+            f"ToggleButtons, ...) whose options are the values to draw, got {type(control).__name__}"
+        )
+    if not control.options:
+        raise ValueError(f"control {name!r} has no options; give it the values to draw")
+    # the labels the control shows: its own ``label`` trait is empty when it is created with a
+    # falsy value such as 0, so read the option labels it renders
+    pairs = list(zip(control._options_labels, control._options_values, strict=True))
+    return control.description or name, pairs
+
+
+def frame_widget(draw: Callable, dpi: int = 72, **controls):
+    """Controls above a figure, with every frame drawn in advance, so it works with no kernel (chapter 1).
+
+    ``draw(**values)`` returns a matplotlib figure, or ``(figure, caption)``, for one value of each
+    control. Each control is an ipywidgets selection widget (``SelectionSlider``, ``Dropdown``,
+    ``ToggleButtons``, ...) whose ``options`` are the values to draw, or a plain list of values,
+    which becomes a ``SelectionSlider`` described by its keyword name. ``draw`` is called once for
+    every combination of options, so keep a handful per control.
+
+    The frames are PNG images (see ``figure_png``) in nested ``ipywidgets.Stack`` s, one level per
+    control; ``ipywidgets.jslink`` ties each control's ``index`` to its stacks' ``selected_index``.
+    The browser carries out those links, so the widget works on the book's static page, where the
+    saved widget state holds every frame, and in a running notebook alike. Each frame is an
+    ``<img>`` (in an ``ipywidgets.HTML``) whose alt text and title name its settings, for example
+    ``"d_k = 64, T = 2"``, with the caption, if any, in an ``ipywidgets.Label`` below it.
+
+    Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
+    as its last expression or with ``IPython.display.display``.
+    """
+    import ipywidgets as widgets
 
     if not callable(draw):
         raise TypeError(f"draw must be a function returning a figure, got {type(draw).__name__}")
     if not controls:
-        raise ValueError("live_figure needs at least one control, for example d_k=ipywidgets.IntSlider(...)")
+        raise ValueError("frame_widget needs at least one control, for example d_k=[16, 64, 256]")
     for name, control in controls.items():
-        if not isinstance(control, widgets.ValueWidget):
-            raise TypeError(
-                f"control {name!r} must be an ipywidgets widget with a value (a slider, checkbox, ...), "
-                f"got {type(control).__name__}"
-            )
-    image, caption = widgets.Image(format="png"), widgets.Label()
+        if isinstance(control, (list, tuple)):
+            if not control:
+                raise ValueError(f"control {name!r} has no options; give it the values to draw")
+            controls[name] = widgets.SelectionSlider(options=list(control), description=name)
+    described = [_choices(name, control) for name, control in controls.items()]
+    frames = {}
+    for combination in product(*(range(len(pairs)) for _, pairs in described)):
+        chosen = [pairs[i] for (_, pairs), i in zip(described, combination, strict=True)]
+        values = {name: value for name, (_, value) in zip(controls, chosen, strict=True)}
+        title = ", ".join(f"{label} = {option}" for (label, _), (option, _) in zip(described, chosen, strict=True))
+        frames[combination] = _frame(draw(**values), dpi, title)
+    stack = _nest(list(controls.values()), frames, ())
+    return widgets.VBox([widgets.HBox(list(controls.values())), stack])
 
-    def update(_change=None) -> None:
-        result = draw(**{name: control.value for name, control in controls.items()})
-        fig, text = result if isinstance(result, tuple) else (result, "")
-        if not isinstance(fig, plt.Figure):
-            raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
-        image.value, caption.value = buffer.getvalue(), str(text)
 
-    for control in controls.values():
-        control.observe(update, names="value")
-    update()
-    return widgets.VBox([widgets.HBox(list(controls.values())), image, caption])
+def _frame(result, dpi: int, title: str):
+    """One precomputed frame: the figure ``draw`` returned, as an image whose alt text and title
+    are ``title``, with its caption below it."""
+    import ipywidgets as widgets
+
+    fig, caption = result if isinstance(result, tuple) else (result, None)
+    if not isinstance(fig, plt.Figure):
+        raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
+    png = base64.b64encode(figure_png(fig, dpi)).decode("ascii")
+    text = html.escape(title, quote=True)
+    # an <img> in an HTML widget rather than an Image widget: the page's widget manager cannot
+    # give an Image a tooltip, and the alt text names the frame for readers and tests alike
+    image = widgets.HTML(f'<img src="data:image/png;base64,{png}" alt="{text}" title="{text}">')
+    if caption is None:
+        return image
+    return widgets.VBox([image, widgets.Label(str(caption))])
+
+
+def _nest(controls: list, frames: dict, prefix: tuple):
+    """The stack for the controls after ``prefix``: its pages are the next control's options."""
+    import ipywidgets as widgets
+
+    if len(prefix) == len(controls):
+        return frames[prefix]
+    control = controls[len(prefix)]
+    pages = [_nest(controls, frames, (*prefix, i)) for i in range(len(control.options))]
+    stack = widgets.Stack(pages, selected_index=control.index)
+    widgets.jslink((control, "index"), (stack, "selected_index"))
+    return stack

@@ -78,13 +78,25 @@ def browser():
         b.close()
 
 
-SUMMARY = {"pages": 0, "images": 0, "equations": 0, "widgets": 0, "internal_links": 0, "screenshots": []}
+SUMMARY = {
+    "pages": 0,
+    "images": 0,
+    "equations": 0,
+    "widgets": 0,
+    "internal_links": 0,
+    "screenshots": [],
+    "widget_controls": 0,
+    "widget_controls_that_change_their_figure": 0,
+    "code_and_output_blocks": 0,
+    "blocks_scrolling_sideways": 0,
+    "widget_screenshots": [],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def write_summary():
     yield
-    if SUMMARY["pages"]:
+    if SUMMARY["pages"] or SUMMARY["code_and_output_blocks"]:
         SHOTS.mkdir(parents=True, exist_ok=True)
         (SHOTS / "summary.json").write_text(json.dumps(SUMMARY, indent=2) + "\n")
         print("\nbrowser summary:", json.dumps(SUMMARY))
@@ -94,8 +106,12 @@ def _ids(html_file: Path) -> set[str]:
     return set(re.findall(r'\sid="([^"]+)"', html_file.read_text(encoding="utf-8")))
 
 
-@pytest.mark.parametrize("page_path", pages)
-def test_page_renders_offline(server, browser, page_path):
+def _open(server, browser, page_path):
+    """Open one page as a reader would (1280 pixels wide, offline) and wait for math and widgets.
+
+    Returns the browser context, the page, and the lists of blocked requests, failed requests and
+    console errors that it collects.
+    """
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
     blocked, failed, errors = [], [], []
 
@@ -116,7 +132,7 @@ def test_page_renders_offline(server, browser, page_path):
     # MathJax typesets asynchronously: wait for it when the page loads it
     page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)")
     page.evaluate("() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null")
-    n_widget_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+    n_widget_views = page.locator(WIDGET_VIEWS).count()
     if n_widget_views:
         page.wait_for_function(
             "n => document.querySelectorAll('.jupyter-widgets.widget-container, .jupyter-widgets').length >= n",
@@ -124,6 +140,17 @@ def test_page_renders_offline(server, browser, page_path):
             timeout=20000,
         )
     page.wait_for_load_state("networkidle")
+    return context, page, blocked, failed, errors
+
+
+WIDGET_VIEW_TYPE = "application/vnd.jupyter.widget-view+json"
+WIDGET_VIEWS = f'script[type="{WIDGET_VIEW_TYPE}"]'
+
+
+@pytest.mark.parametrize("page_path", pages)
+def test_page_renders_offline(server, browser, page_path):
+    context, page, blocked, failed, errors = _open(server, browser, page_path)
+    n_widget_views = page.locator(WIDGET_VIEWS).count()
 
     assert not blocked, f"the page asked for external resources (must work offline): {blocked[:5]}"
     assert not failed, f"failed requests: {failed[:5]}"
@@ -172,3 +199,165 @@ def test_page_renders_offline(server, browser, page_path):
         page.screenshot(path=str(shot), full_page=False)
         SUMMARY["screenshots"].append(shot.name)
     context.close()
+
+
+# Where a block sits, for failure messages: "cell 12 (first line of its code)" or the nearest heading.
+_WHERE_JS = """el => {
+    const cells = Array.from(document.querySelectorAll('article .cell'));
+    const cell = el.closest('.cell');
+    if (cell) {
+        const code = cell.querySelector('.cell_input pre');
+        const first = code ? code.textContent.trim().split('\\\\n')[0].slice(0, 60) : '';
+        return `cell ${cells.indexOf(cell) + 1} of ${cells.length} (${first})`;
+    }
+    let node = el, heading = null;
+    while (node && !heading) {
+        let prev = node.previousElementSibling;
+        while (prev && !heading) {
+            heading = prev.matches('h1,h2,h3,section') ? prev : null;
+            prev = prev.previousElementSibling;
+        }
+        node = node.parentElement;
+    }
+    const h = heading && (heading.matches('section') ? heading.querySelector('h1,h2,h3') : heading);
+    return `the block after "${h ? h.textContent.trim().slice(0, 60) : 'the top of the page'}"`;
+}"""
+
+# Code and output blocks: the code of a cell, a text output, a code listing in the prose.
+_BLOCKS = "article div.highlight pre, article .cell_output pre, article .cell_output .output, article .cell_output"
+
+
+@pytest.mark.parametrize("page_path", pages)
+def test_no_code_or_output_block_scrolls_sideways(server, browser, page_path):
+    """At a 1280-pixel window no block is wider than the column, so a reader never scrolls sideways."""
+    context, page, *_ = _open(server, browser, page_path)
+    blocks = page.locator(_BLOCKS)
+    n_pre = page.locator("article div.highlight pre, article .cell_output pre").count()
+    wide = []
+    for i in range(blocks.count()):
+        block = blocks.nth(i)
+        excess = block.evaluate("el => el.scrollWidth - el.clientWidth")
+        if excess > 1 and block.evaluate("el => getComputedStyle(el).overflowX !== 'visible'"):
+            wide.append(f"{block.evaluate(_WHERE_JS)}: {excess} px too wide")
+    wide = list(dict.fromkeys(wide))  # a cell's pre and its container report the same overflow
+    SUMMARY["code_and_output_blocks"] += n_pre
+    SUMMARY["blocks_scrolling_sideways"] += len(wide)
+    context.close()
+    assert not wide, f"{page_path}: {len(wide)} code or output blocks scroll sideways at 1280 px: {wide[:8]}"
+
+
+# The visible frame of a widget and each control's caption and shown value, read from the page.
+_STATE_JS = """root => {
+    const visible = Array.from(root.querySelectorAll('img')).filter(i => i.checkVisibility());
+    const row = root.querySelector('.widget-hbox');
+    const controls = Array.from(row ? row.children : []).map(c => {
+            const label = c.querySelector('.widget-label');
+            const select = c.querySelector('select');
+            const readout = c.querySelector('.widget-readout');
+            const active = c.querySelector('button.mod-active');
+            const value = select ? select.options[select.selectedIndex].text
+                : readout ? readout.textContent : active ? active.textContent : null;
+            const clean = t => t && t.replace(/\u00a0/g, ' ').trim();
+            return [clean(label ? label.textContent : ''), clean(value)];
+        });
+    return {frames: visible.map(i => [i.title, i.src.length, i.src.slice(-80)]), controls};
+}"""
+
+
+def _move(control, kind, step):
+    """Move one control to its next option (a slider with the arrow keys; a menu or buttons by choice)."""
+    if kind == "slider":
+        control.locator(".noUi-handle").focus()
+        control.locator(".noUi-handle").press("ArrowRight" if step > 0 else "ArrowLeft")
+    elif kind == "select":
+        select = control.locator("select")
+        n = select.locator("option").count()
+        current = select.evaluate("s => s.selectedIndex")
+        select.select_option(index=(current + step) % n)
+    else:
+        buttons = control.locator("button")
+        current = [buttons.nth(i).get_attribute("class") or "" for i in range(buttons.count())]
+        active = next(i for i, c in enumerate(current) if "mod-active" in c)
+        buttons.nth((active + step) % buttons.count()).click()
+
+
+def _check_frame(state, where):
+    """The one visible frame's title names the value shown by every control."""
+    problems = []
+    if len(state["frames"]) != 1:
+        return [f"{where}: {len(state['frames'])} frames visible, expected 1"]
+    title = state["frames"][0][0]
+    for label, value in state["controls"]:
+        if f"{label} = {value}" not in title:
+            problems.append(f"{where}: control {label!r} shows {value!r} but the figure is {title!r}")
+    return problems
+
+
+def _screenshot_first_widget(page, widget, controls):
+    """Screenshots of the book's first widget before and after moving its first control."""
+    if SUMMARY["widget_screenshots"] or not controls.count():
+        return
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    widget.scroll_into_view_if_needed()
+    widget.screenshot(path=str(SHOTS / "widget_before.png"))
+    handle = controls.first.locator(".noUi-handle")
+    if handle.count():
+        handle.focus()
+        handle.press("ArrowRight")
+        page.wait_for_timeout(100)
+        widget.screenshot(path=str(SHOTS / "widget_after.png"))
+        handle.press("ArrowLeft")
+        SUMMARY["widget_screenshots"] = ["widget_before.png", "widget_after.png"]
+
+
+def _exercise_control(page, widget, control, kind, where):
+    """Move a control through its options; the figure must change each time and match the control."""
+    problems, moved = [], 0
+    moves = 3
+    for step in [1] * moves + [-1] * moves:
+        before = widget.evaluate(_STATE_JS)
+        _move(control, kind, step)
+        page.wait_for_timeout(60)
+        after = widget.evaluate(_STATE_JS)
+        if after["controls"] == before["controls"]:
+            continue  # the control was at its end already
+        moved += 1
+        if after["frames"][:1] == before["frames"][:1]:
+            problems.append(f"{where}: moving the control to {after['controls']} left the figure unchanged")
+        problems += _check_frame(after, where)
+    if not moved:
+        problems.append(f"{where}: the control could not be moved")
+    return not problems, problems
+
+
+@pytest.mark.parametrize("page_path", [p for p in pages if WIDGET_VIEW_TYPE in (SITE / p).read_text()])
+def test_every_widget_control_moves_its_figure(server, browser, page_path):
+    """Move every control of every widget: the visible figure changes and matches the control."""
+    context, page, *_ = _open(server, browser, page_path)
+    problems = []
+    widgets = page.locator(".cell_output .jupyter-widgets.widget-vbox")
+    roots = [widgets.nth(i) for i in range(widgets.count())]
+    roots = [w for w in roots if w.evaluate("el => !el.parentElement.closest('.widget-vbox')")]
+    for widget in roots:
+        where = f"{page_path}, {widget.evaluate(_WHERE_JS)}"
+        problems += _check_frame(widget.evaluate(_STATE_JS), where)
+        controls = widget.locator(".widget-hbox").first.locator(":scope > *")
+        if not controls.count():
+            problems.append(f"{where}: a widget with no row of controls")
+        _screenshot_first_widget(page, widget, controls)
+        for i in range(controls.count()):
+            control = controls.nth(i)
+            kind = (
+                "slider"
+                if control.locator(".noUi-handle").count()
+                else "select"
+                if control.locator("select").count()
+                else "buttons"
+            )
+            ok, found = _exercise_control(page, widget, control, kind, f"{where}, control {i + 1}")
+            SUMMARY["widget_controls"] += 1
+            SUMMARY["widget_controls_that_change_their_figure"] += ok
+            problems += found
+    context.close()
+    assert roots, f"{page_path}: the page holds widgets but none rendered"
+    assert not problems, "\n".join(problems[:10])
