@@ -10,6 +10,7 @@ so they import this checkout's ``transformer_lib`` (the fixture registers it, as
 The recorded summary ``tests/data/nbgrader_04_masking.txt`` (shown in the instructors' guide) is
 compared with this run's; ``UPDATE_RECORDED=1`` writes it instead."""
 
+import ast
 import html
 import json
 import os
@@ -83,6 +84,15 @@ def model_answers(source_nb: dict) -> dict[str, str]:
     return answers
 
 
+def docstrings(answer: str) -> str:
+    """The docstrings of the functions in a code answer (the release keeps them), or "" for text."""
+    try:
+        tree = ast.parse(answer)
+    except SyntaxError:
+        return ""
+    return "\n".join(ast.get_docstring(f, clean=False) or "" for f in tree.body if isinstance(f, ast.FunctionDef))
+
+
 def scores(course: Path) -> dict:
     """Read nbgrader's own SQLite gradebook through its API, in nbgrader's environment."""
     code = (
@@ -154,7 +164,7 @@ def test_nbgrader_end_to_end(tmp_path, nbgrader_env):
     for grade_id, answer in answers.items():
         for line in answer.split("\n"):
             body = line.strip()
-            if body and not body.startswith(("def ", '"""')):
+            if body and not body.startswith(("def ", '"""')) and body not in docstrings(answer):
                 assert body not in released[grade_id], body
                 text = json.dumps(body)[1:-1]
                 assert len(text) < 10 or text not in release_text or text in public, body

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.student import main, make_student_edition, strip_notebook, stub_source
+from transformer_lib.student import make_student_edition, strip_notebook, stub_source
+from transformer_lib.student.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from transformer_lib import student
-from transformer_lib.student import EditionError, MalformedNotebookError, UnsafeOutputError, main
+from transformer_lib.student import EditionError, MalformedNotebookError, UnsafeOutputError
+from transformer_lib.student.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"student": [], "nbgrader": ["--nbgrader"]}

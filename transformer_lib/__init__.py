@@ -143,7 +143,8 @@ from .utils import (
     world,
 )
 from .viz import (
-    live_figure,
+    figure_png,
+    frame_widget,
     plot_attention,
     plot_attention_grid,
 )
@@ -222,7 +223,8 @@ __all__ = [
     "head_contributions",
     "layer_grad_norms",
     "layers_to_connect",
-    "live_figure",
+    "figure_png",
+    "frame_widget",
     "load_checkpoint",
     "load_corpus",
     "lr_at",

@@ -21,7 +21,6 @@ atomically. Errors print one line on stderr and exit with status 2 (``--debug`` 
 traceback). The instructor's guide in the book explains how to hand the edition out.
 """
 
-from .cli import main
 from .edition import (
     EditionError,
     MalformedNotebookError,
@@ -38,7 +37,6 @@ __all__ = [
     "MalformedNotebookError",
     "UnsafeOutputError",
     "load_notebooks",
-    "main",
     "make_student_edition",
     "strip_notebook",
     "stub_source",
