@@ -21,24 +21,5 @@ atomically. Errors print one line on stderr and exit with status 2 (``--debug`` 
 traceback). The instructor's guide in the book explains how to hand the edition out.
 """
 
-from .edition import (
-    EditionError,
-    MalformedNotebookError,
-    UnsafeOutputError,
-    load_notebooks,
-    make_student_edition,
-    strip_notebook,
-    stub_source,
-    write_files,
-)
-
-__all__ = [
-    "EditionError",
-    "MalformedNotebookError",
-    "UnsafeOutputError",
-    "load_notebooks",
-    "make_student_edition",
-    "strip_notebook",
-    "stub_source",
-    "write_files",
-]
+from .edition import *  # noqa: F403 (the edition's public names are the package's)
+from .edition import __all__  # noqa: F401
