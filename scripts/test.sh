@@ -16,6 +16,12 @@ export NBGRADER_REQUIRED=1
 LINTED=(transformer_lib tests benchmarks scripts _ext)
 .venv/bin/python -m ruff check "${LINTED[@]}"
 .venv/bin/python -m ruff format --check "${LINTED[@]}"
+# The book's code is read on its pages: 76 columns fit a code block at a 1280-pixel window
+# (chapters/ruff.toml); the instructors' page is formatted the same way.
+.venv/bin/python -m ruff format --check chapters
+.venv/bin/python -m ruff check --select E501 chapters
+.venv/bin/python -m ruff format --check --line-length 76 instructors.ipynb
+.venv/bin/python -m ruff check --select E501 --line-length 76 instructors.ipynb
 .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile \
   --nbval --nbval-current-env --nbval-cell-timeout=600 \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters instructors.ipynb "$@"
