@@ -106,10 +106,15 @@ def scores(course: Path) -> dict:
         "                  'cells': {g.name: [g.score, g.max_score] for g in nb.grades}}\n"
         "json.dump(out, sys.stdout)\n"
     )
+    return json.loads(gradebook_script(course, code))
+
+
+def gradebook_script(course: Path, code: str) -> str:
+    """Run ``code`` with nbgrader's Python in the course folder; return what it prints."""
     python = NBGRADER.parent / "python"
     done = subprocess.run([str(python), "-c", code], cwd=course, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return done.stdout
 
 
 def grade_written_answers(course: Path, student: str) -> None:
@@ -122,9 +127,7 @@ def grade_written_answers(course: Path, student: str) -> None:
         "            g.manual_score = g.max_score\n"
         "    gb.db.commit()\n"
     )
-    python = NBGRADER.parent / "python"
-    done = subprocess.run([str(python), "-c", code], cwd=course, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    gradebook_script(course, code)
 
 
 def failing_output(course: Path, student: str, grade_id: str) -> str:
