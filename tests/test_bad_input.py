@@ -2,6 +2,8 @@
 (the training settings, the command line), or that nothing a user has is lost (an out-dir holding
 a checkpoint, a run whose loss diverges)."""
 
+import importlib
+import signal
 import subprocess
 import sys
 
@@ -10,6 +12,8 @@ import torch
 
 import transformer_lib as tl
 from transformer_lib import cli
+
+train_module = importlib.import_module("transformer_lib.train")  # the name tl.train is the function
 
 # (TrainConfig keyword arguments, error class, a word of the message)
 TRAIN_CONFIG_CASES = [
@@ -143,3 +147,102 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     with pytest.raises(FloatingPointError, match="step 3"):
         tl.train(model, batches, config, resume=tl.read_checkpoint(tmp_path) | {"model": model.state_dict()})
     assert (tmp_path / "ckpt.pt").read_bytes() == good
+
+
+# ---- faults: a Ctrl-C at every point of a step; resume must equal the run that never stopped ----
+
+POINTS = ["forward", "backward", "optimizer", "counter"]
+
+
+def tiny_run(out_dir, seed=0):
+    """A fresh process's view of the same small run: model, batches and config, all seeded."""
+    tl.set_seed(seed)
+    tok = tl.CharTokenizer.from_text("abcdefgh")
+    model = tl.GPT(tl.GPTConfig(vocab_size=tok.vocab_size, context_len=8, n_layers=1, n_heads=1, d_model=8))
+    batches = tl.LMBatches(*tl.split_tokens(torch.tensor(tok.encode("abcdefgh" * 50))), 8, 4, seed=seed)
+    config = tl.TrainConfig(max_iters=6, eval_interval=2, eval_iters=1, log_interval=1, device="cpu",
+                            progress=False, verbose=False, out_dir=str(out_dir), warmup_iters=2)  # fmt: skip
+    return model, batches, config
+
+
+def finished_state(out_dir):
+    """The model and optimizer state after all six steps of the run in ``out_dir``."""
+    ckpt = tl.read_checkpoint(out_dir)
+    return ckpt["step"], ckpt["model"], ckpt["optimizer"]["state"]
+
+
+def assert_same_state(a, b):
+    assert a[0] == b[0]
+    assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert all(torch.equal(a[2][i][k], b[2][i][k]) for i in a[2] for k in a[2][i])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    tl.train(*tiny_run(out))
+    return finished_state(out)
+
+
+def interrupt_at(monkeypatch, point, at_step, how):
+    """Make step ``at_step`` (0-based) meet a Ctrl-C at ``point``: a real SIGINT, or a raw KeyboardInterrupt."""
+
+    def fire(run, name):
+        if name == point and run.step == at_step:
+            if how == "signal":
+                signal.raise_signal(signal.SIGINT)
+            else:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module._Run, "point", fire)
+
+
+@pytest.mark.parametrize("how", ["signal", "raise"])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_ctrl_c_at_any_point_of_a_step_resumes_bitwise_equal(point, how, tmp_path, monkeypatch, uninterrupted):
+    interrupt_at(monkeypatch, point, 3, how)
+    with pytest.raises(KeyboardInterrupt):
+        tl.train(*tiny_run(tmp_path))
+    ckpt = tl.read_checkpoint(tmp_path)
+    # a signal lets step 4 finish and saves it; a raw interrupt mid-step keeps step 2's checkpoint
+    assert ckpt["step"] == (4 if how == "signal" else 2)
+    assert all(s["step"].item() == ckpt["step"] for s in ckpt["optimizer"]["state"].values())  # Adam agrees
+    monkeypatch.undo()
+    tl.train(*tiny_run(tmp_path), resume=True)
+    assert_same_state(finished_state(tmp_path), uninterrupted)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("how", ["signal", "raise"])
+def test_a_ctrl_c_while_the_checkpoint_is_written_loses_nothing(how, tmp_path, monkeypatch, uninterrupted):
+    real_save = torch.save
+    calls = []
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == 2 and how == "signal":  # the second checkpoint (step 4) meets a Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+        real_save(obj, f, *args, **kwargs)
+        if len(calls) == 2 and how == "raise":  # half written, then the Ctrl-C
+            with open(f, "r+b") as handle:
+                handle.truncate(100)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        tl.train(*tiny_run(tmp_path))
+    monkeypatch.undo()
+    assert tl.read_checkpoint(tmp_path)["step"] in (2, 4)  # loads: a whole checkpoint, never the torn file
+    assert not list(tmp_path.glob("*.tmp"))
+    tl.train(*tiny_run(tmp_path), resume=True)
+    assert_same_state(finished_state(tmp_path), uninterrupted)
+
+
+def test_orphaned_temporary_checkpoints_are_removed(tmp_path, uninterrupted):
+    orphan = tmp_path / "ckpt.pt.k1ll3d.tmp"
+    orphan.write_bytes(b"half a checkpoint")
+    keep = tmp_path / "notes.tmp"
+    keep.write_bytes(b"the user's own file")
+    tl.train(*tiny_run(tmp_path))
+    assert not orphan.exists() and keep.read_bytes() == b"the user's own file"
+    assert_same_state(finished_state(tmp_path), uninterrupted)

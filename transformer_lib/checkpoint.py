@@ -43,6 +43,22 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
+def remove_orphans(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files a killed writer of the checkpoint ``path`` left beside it
+    (chapter 9); returns them."""
+    path = Path(path)
+    orphans = sorted(path.parent.glob(f"{path.name}.*.tmp")) if path.parent.is_dir() else []
+    for orphan in orphans:
+        orphan.unlink(missing_ok=True)
+    return orphans
+
+
+def load_states(ckpt: dict, **parts) -> None:
+    """``part.load_state_dict(ckpt[name])`` for each ``name=part`` (chapter 9)."""
+    for name, part in parts.items():
+        part.load_state_dict(ckpt[name])
+
+
 def checkpoint_file(path: str | os.PathLike) -> Path:
     """``path`` itself, or ``path/ckpt.pt`` when ``path`` is a folder (chapter 9)."""
     path = Path(path)
