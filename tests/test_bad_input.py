@@ -3,9 +3,13 @@
 a checkpoint, a run whose loss diverges)."""
 
 import importlib
+import io
+import os
 import signal
+import struct
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -246,3 +250,141 @@ def test_orphaned_temporary_checkpoints_are_removed(tmp_path, uninterrupted):
     tl.train(*tiny_run(tmp_path))
     assert not orphan.exists() and keep.read_bytes() == b"the user's own file"
     assert_same_state(finished_state(tmp_path), uninterrupted)
+
+
+# ---- damaged checkpoints: one clear ValueError naming the file; the file itself left as it was ----
+
+
+def flip_a_tensor_byte(good: bytes) -> bytes:
+    """Overwrite one byte inside the largest tensor's stored data (the zip archive keeps it uncompressed)."""
+    with zipfile.ZipFile(io.BytesIO(good)) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack("<HH", good[info.header_offset + 26 : info.header_offset + 30])
+    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    return good[:at] + bytes([good[at] ^ 0xFF]) + good[at + 1 :]
+
+
+def resaved(change):
+    """The checkpoint loaded, changed by ``change``, and saved again by plain ``torch.save``."""
+
+    def damage(good: bytes) -> bytes:
+        ckpt = torch.load(io.BytesIO(good), weights_only=True)
+        buffer = io.BytesIO()
+        torch.save(change(ckpt), buffer)
+        return buffer.getvalue()
+
+    return damage
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def _tamper(ckpt):
+    ckpt["model"]["lm_head.weight"][0, 0] += 1.0
+    return ckpt
+
+
+# (how the good checkpoint's bytes are damaged, a word of the message)
+DAMAGE_CASES = {
+    "empty": (lambda good: b"", "empty"),
+    "truncated to half": (lambda good: good[: len(good) // 2], "truncated"),
+    "last bytes cut": (lambda good: good[:-7], "truncated"),
+    "garbage": (
+        lambda good: bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))),
+        "damaged",
+    ),
+    "a byte flipped inside a tensor": (flip_a_tensor_byte, "damaged"),
+    "a tensor changed and saved again": (resaved(_tamper), "checksum"),
+    "no checksum": (resaved(lambda c: {k: v for k, v in c.items() if k != "checksum"}), "checksum"),
+    "a list, not a dict": (resaved(lambda c: [1, 2, 3]), "checksum"),
+    "a pickle that runs code": (resaved(lambda c: {**c, "meta": RunsCode()}), "refused"),
+}
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory):
+    """A checkpoint as the command writes it, with the text it was trained on."""
+    folder = tmp_path_factory.mktemp("good")
+    text = folder / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    os.environ[tl.OFFLINE_ENV] = "1"
+    assert cli.main(["train", *TINY, "--data", str(text), "--out-dir", str(folder / "run"), "--max-iters", "2"]) == 0
+    return (folder / "run" / "ckpt.pt").read_bytes()
+
+
+def damaged(tmp_path, good_checkpoint, kind):
+    damage, word = DAMAGE_CASES[kind]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(damage(good_checkpoint))
+    return run / "ckpt.pt", word
+
+
+@pytest.mark.parametrize("kind", DAMAGE_CASES)
+def test_a_damaged_checkpoint_is_one_clear_error_naming_the_file(kind, tmp_path, good_checkpoint):
+    file, word = damaged(tmp_path, good_checkpoint, kind)
+    before = file.read_bytes()
+    for read in (tl.read_checkpoint, tl.load_checkpoint):
+        with pytest.raises(ValueError, match=word) as error:
+            read(file)
+        assert str(file) in str(error.value) and "weights_only" not in str(error.value)
+    assert file.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["train", "sample"])
+@pytest.mark.parametrize("kind", DAMAGE_CASES)
+def test_the_commands_refuse_a_damaged_checkpoint_in_one_line(kind, command, tmp_path, good_checkpoint, capsys):
+    file, word = damaged(tmp_path, good_checkpoint, kind)
+    before = file.read_bytes()
+    args = (
+        ["train", "--resume", "--out-dir", str(file.parent)] if command == "train" else ["sample", "--ckpt", str(file)]
+    )
+    assert cli.main([*args, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and str(file) in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert file.read_bytes() == before
+
+
+def library_checkpoint(out_dir, model_class="GPT", tokenizer=True):
+    """A checkpoint written by train() itself, not by the command."""
+    tok = tl.CharTokenizer.from_text("to be or not, that is the question\n")
+    tl.set_seed(0)
+    if model_class == "GPT":
+        model = tl.GPT(tl.GPTConfig(vocab_size=tok.vocab_size, context_len=8, n_layers=1, n_heads=1, d_model=8))
+        ids = torch.tensor(tok.encode("to be or not to be, that is the question\n" * 40))
+        batches = tl.LMBatches(*tl.split_tokens(ids), 8, 2, seed=0)
+    else:
+        data = tl.sequence_task("copy", n_train=50, n_val=10, n_symbols=5, max_len=4)
+        model = tl.Transformer(tl.TransformerConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=1,
+                                                    context_len=data.context_len))  # fmt: skip
+        batches = tl.Seq2SeqBatches(data, batch_size=4)
+    config = tl.TrainConfig(max_iters=2, eval_interval=2, eval_iters=1, device="cpu", progress=False,
+                            verbose=False, out_dir=str(out_dir))  # fmt: skip
+    tl.train(model, batches, config, tokenizer=tok if tokenizer else None)
+    return out_dir / "ckpt.pt"
+
+
+# (model class, saved with its tokenizer, --data given, a word of the error or None: it resumes)
+LIBRARY_RESUME_CASES = [
+    ("GPT", True, True, None),
+    ("GPT", True, False, "--data"),
+    ("GPT", False, True, "tokenizer"),
+    ("Transformer", False, True, "Transformer"),
+]
+
+
+@pytest.mark.parametrize(("model_class", "with_tokenizer", "with_data", "word"), LIBRARY_RESUME_CASES)
+def test_resume_of_a_checkpoint_written_by_train(model_class, with_tokenizer, with_data, word, small_text, tmp_path,
+                                                 capsys):  # fmt: skip
+    file = library_checkpoint(tmp_path / "run", model_class, with_tokenizer)
+    before = file.read_bytes()
+    data = ["--data", str(small_text)] if with_data else []
+    code = cli.main(["train", "--resume", "--out-dir", str(file.parent), "--max-iters", "4", "--no-progress", *data])
+    if word is None:
+        assert code == 0 and tl.read_checkpoint(file)["step"] == 4
+    else:
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and word in err and len(err.splitlines()) == 1
+        assert file.read_bytes() == before
