@@ -5,6 +5,7 @@ a checkpoint, a run whose loss diverges)."""
 import importlib
 import io
 import os
+import random
 import signal
 import struct
 import subprocess
@@ -291,10 +292,7 @@ DAMAGE_CASES = {
     "empty": (lambda good: b"", "empty"),
     "truncated to half": (lambda good: good[: len(good) // 2], "truncated"),
     "last bytes cut": (lambda good: good[:-7], "truncated"),
-    "garbage": (
-        lambda good: bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))),
-        "damaged",
-    ),
+    "garbage": (lambda good: random.Random(0).randbytes(4096), "damaged"),
     "a byte flipped inside a tensor": (flip_a_tensor_byte, "damaged"),
     "a tensor changed and saved again": (resaved(_tamper), "checksum"),
     "no checksum": (resaved(lambda c: {k: v for k, v in c.items() if k != "checksum"}), "checksum"),
@@ -388,3 +386,135 @@ def test_resume_of_a_checkpoint_written_by_train(model_class, with_tokenizer, wi
         err = capsys.readouterr().err.strip()
         assert code == 2 and word in err and len(err.splitlines()) == 1
         assert file.read_bytes() == before
+
+
+# ---- an out-dir no checkpoint can be written to: found before the first step ----
+
+
+def not_a_folder(tmp_path):
+    (tmp_path / "taken").write_text("the user's notes")
+    return tmp_path / "taken"
+
+
+def under_a_file(tmp_path):
+    (tmp_path / "taken").write_text("the user's notes")
+    return tmp_path / "taken" / "run"
+
+
+def read_only(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    return folder
+
+
+# (makes the out-dir, a word of the error)
+UNWRITABLE_CASES = [(not_a_folder, "taken"), (under_a_file, "taken")]
+if os.geteuid() != 0:  # root writes anywhere
+    UNWRITABLE_CASES.append((read_only, "locked"))
+
+
+@pytest.mark.parametrize(("make", "word"), UNWRITABLE_CASES, ids=lambda v: getattr(v, "__name__", v))
+def test_an_unwritable_out_dir_stops_the_library_before_any_step(make, word, tmp_path):
+    out = make(tmp_path)
+    model, batches, config = tiny_run(out)
+    drawn = []
+
+    def get_batch(split):
+        drawn.append(split)
+        return batches(split)
+
+    with pytest.raises(OSError, match=word):
+        tl.train(model, get_batch, config)
+    assert drawn == []  # found before the first batch
+    if word == "taken":
+        assert (tmp_path / "taken").read_text() == "the user's notes"
+
+
+@pytest.mark.parametrize(("make", "word"), UNWRITABLE_CASES, ids=lambda v: getattr(v, "__name__", v))
+def test_an_unwritable_out_dir_is_one_line_from_the_command(make, word, small_text, tmp_path, capsys):
+    out = make(tmp_path)
+    assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and "cannot write" in err and len(err.splitlines()) == 1
+    assert "step" not in capsys.readouterr().out
+
+
+# ---- data files that are not UTF-8 text: a ValueError naming the file, the file untouched ----
+
+# (the file's bytes, a word of the error)
+DATA_FILE_CASES = {
+    "latin-1": ("Roméo et Juliette\n".encode("latin-1") * 20, "UTF-8"),
+    "utf-16": (("to be or not to be\n" * 20).encode("utf-16"), "UTF-8"),
+    "png": (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "UTF-8"),
+    "random bytes": (random.Random(1).randbytes(2048), "UTF-8"),
+    "NUL bytes": (b"abc\x00def\n" * 30, "binary"),
+    "empty": (b"", "empty"),
+}
+
+
+@pytest.mark.parametrize("kind", DATA_FILE_CASES)
+def test_a_data_file_that_is_not_text_is_named(kind, tmp_path, monkeypatch):
+    data, word = DATA_FILE_CASES[kind]
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=word) as error:
+        tl.load_corpus(path)
+    assert str(path) in str(error.value)
+    monkeypatch.setenv("TINY_SHAKESPEARE", str(path))
+    with pytest.raises(ValueError, match=word), pytest.warns(UserWarning, match="checksum"):
+        tl.load_corpus()
+    assert path.read_bytes() == data
+
+
+@pytest.mark.parametrize("kind", DATA_FILE_CASES)
+def test_the_command_names_a_data_file_that_is_not_text(kind, tmp_path, capsys):
+    data, word = DATA_FILE_CASES[kind]
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(data)
+    assert cli.main(["train", *TINY, "--data", str(path), "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and str(path) in err and len(err.splitlines()) == 1
+    assert path.read_bytes() == data and not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+# ---- batches whose targets do not fit the inputs: a clear error before the model sees them ----
+
+
+def gpt_batches_changed(change):
+    def make(batches):
+        return lambda split: change(*batches(split))
+
+    return make
+
+
+# (turns a good get_batch into a bad one, error class, a word of the message)
+BATCH_CASES = {
+    "targets one shorter": (gpt_batches_changed(lambda x, y: (x, y[:, :-1])), ValueError, "shape"),
+    "targets flattened": (gpt_batches_changed(lambda x, y: (x, y.reshape(-1))), ValueError, "targets"),
+    "targets with an extra axis": (gpt_batches_changed(lambda x, y: (x, y[..., None])), ValueError, "shape"),
+    "targets transposed": (gpt_batches_changed(lambda x, y: (x, y.T)), ValueError, "shape"),
+    "one tensor, not a tuple": (gpt_batches_changed(lambda x, y: x), TypeError, "tuple of tensors"),
+    "a list of lists": (gpt_batches_changed(lambda x, y: (x.tolist(), y.tolist())), TypeError, "tuple of tensors"),
+}
+
+
+@pytest.mark.parametrize("kind", BATCH_CASES)
+def test_batches_whose_targets_do_not_fit_are_a_clear_error(kind, tmp_path):
+    change, error, word = BATCH_CASES[kind]
+    model, batches, config = tiny_run(tmp_path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(error, match=word):
+        tl.train(model, change(batches), config)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # not one step taken
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_seq2seq_targets_must_fit_the_decoder_inputs(tmp_path):
+    data = tl.sequence_task("copy", n_train=50, n_val=10, n_symbols=5, max_len=4)
+    model = tl.Transformer(tl.TransformerConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=1,
+                                                context_len=data.context_len))  # fmt: skip
+    batches = tl.Seq2SeqBatches(data, batch_size=4)
+    config = tl.TrainConfig(max_iters=2, eval_iters=1, device="cpu", progress=False, verbose=False)
+    with pytest.raises(ValueError, match="shape"):
+        tl.train(model, lambda split: (*batches(split)[:2], batches(split)[2][:, 1:]), config)

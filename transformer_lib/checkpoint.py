@@ -17,7 +17,7 @@ from torch import nn
 
 from .data import CharTokenizer
 from .models import GPT, GPTConfig, Transformer, TransformerConfig
-from .utils import atomic_write
+from .utils import atomic_write, check_writable
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -28,7 +28,6 @@ __all__ = [
     "read_checkpoint",
     "restore_rng",
     "save_checkpoint",
-    "tensor_checksum",
 ]
 
 CHECKPOINT_NAME = "ckpt.pt"
@@ -70,20 +69,15 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def remove_orphans(path: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files a killed writer of the checkpoint ``path`` left beside it
-    (chapter 9); returns them."""
+def prepare_folder(path: str | os.PathLike) -> list[Path]:
+    """Check that the folder of the checkpoint ``path`` can be written (making it if needed) and
+    delete the temporary files a killed writer left beside ``path`` (chapter 9); returns those."""
     path = Path(path)
-    orphans = sorted(path.parent.glob(f"{path.name}.*.tmp")) if path.parent.is_dir() else []
+    check_writable(path.parent)
+    orphans = sorted(path.parent.glob(f"{path.name}.*.tmp"))
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans
-
-
-def load_states(ckpt: dict, **parts) -> None:
-    """``part.load_state_dict(ckpt[name])`` for each ``name=part`` (chapter 9)."""
-    for name, part in parts.items():
-        part.load_state_dict(ckpt[name])
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:

@@ -28,15 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .checkpoint import (
-    CHECKPOINT_NAME,
-    capture_rng,
-    load_states,
-    read_checkpoint,
-    remove_orphans,
-    restore_rng,
-    save_checkpoint,
-)
+from .checkpoint import CHECKPOINT_NAME, capture_rng, prepare_folder, read_checkpoint, restore_rng, save_checkpoint
 from .cost import estimate_mfu, gpu_peak_flops
 from .utils import DTYPES, InterruptFlag, autocast, batch_on, check_fields, pick_device, resolve_dtype, world
 
@@ -227,7 +219,7 @@ class _Run:
         self.saved = None  # (step, eval_pending) of the last checkpoint written
         self.busy = False  # inside a step or an evaluation: the state is not one a checkpoint may hold
         if self.ckpt_path is not None and self.rank == 0:
-            remove_orphans(self.ckpt_path)
+            prepare_folder(self.ckpt_path)  # an unwritable out_dir is found now, not after the training
 
     def point(self, name: str) -> None:
         """A named point of a step, where the tests interrupt a run: nothing happens here."""
@@ -238,7 +230,8 @@ class _Run:
             if self.ckpt_path is None or not self.ckpt_path.is_file():
                 raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.ckpt_path} (config.out_dir)")
             ckpt = read_checkpoint(self.ckpt_path)
-        load_states(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
+        for part in ("model", "optimizer", "scheduler", "scaler"):
+            getattr(self, part).load_state_dict(ckpt[part])
         self.step, self.eval_pending, self.history = ckpt["step"], ckpt["eval_pending"], History(**ckpt["history"])
         restore_rng(ckpt["rng"], self.get_batch)
 

@@ -114,6 +114,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     return path
 
 
+def check_writable(folder: str | os.PathLike) -> Path:
+    """Make ``folder`` if needed and write a probe file in it (chapter 9), so that a folder no
+    file can be written to is an ``OSError`` naming it before any work is done, not after."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OSError(f"cannot write to the folder {folder}: {e.strerror or e}") from None
+    return folder
+
+
 def _fsync_folder(folder: Path) -> None:
     """Flush a folder's entries (the rename) to disk where the system allows it."""
     try:
