@@ -30,7 +30,7 @@ from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
 from .train import TrainConfig, train
-from .utils import DTYPES, check_fields, pick_device, set_seed
+from .utils import DTYPES, check_fields, check_writable, pick_device, set_seed
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "build_parser", "main", "sample_main", "train_main"]
 
@@ -175,6 +175,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{file} holds another run's checkpoint: continue it with --resume, replace it with --force, "
                      f"or choose another --out-dir")  # fmt: skip
     preset, shape, config = _settings(args, parser, ckpt)
+    check_writable(args.out_dir)  # before the data is read and the model built
     rank, world_size, local_rank = _init_distributed()
     say = print if rank == 0 else lambda *a, **k: None
 

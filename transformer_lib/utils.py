@@ -118,6 +118,8 @@ def check_writable(folder: str | os.PathLike) -> Path:
     """Make ``folder`` if needed and write a probe file in it (chapter 9), so that a folder no
     file can be written to is an ``OSError`` naming it before any work is done, not after."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"cannot write to the folder {folder}: it is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
