@@ -30,7 +30,7 @@ from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
 from .train import TrainConfig, train
-from .utils import DTYPES, check_fields, pick_device, set_seed
+from .utils import DTYPES, check_fields, check_writable, pick_device, set_seed
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "build_parser", "main", "sample_main", "train_main"]
 
@@ -149,6 +149,19 @@ def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
     return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
 
 
+def _resumable(ckpt: dict, file: Path, data: str | None) -> dict:
+    """``ckpt`` if this command can continue it, else a ``ValueError`` that says why."""
+    if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
+        raise ValueError(
+            f"{file} holds a {ckpt.get('model_class')} "
+            f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
+            f"with its tokenizer (train(..., tokenizer=...) or this command)"
+        )
+    if data is None and not (ckpt.get("meta") or {}).get("corpus"):
+        raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
+    return ckpt
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
@@ -157,11 +170,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     if args.resume:
         if not file.is_file():
             parser.error(f"--resume: no checkpoint at {file}")
-        ckpt = read_checkpoint(file)  # read once: settings, tokenizer and the training state
+        ckpt = _resumable(read_checkpoint(file), file, args.data)  # read once: settings, tokenizer, state
     elif file.exists() and not args.force:
         parser.error(f"{file} holds another run's checkpoint: continue it with --resume, replace it with --force, "
                      f"or choose another --out-dir")  # fmt: skip
     preset, shape, config = _settings(args, parser, ckpt)
+    check_writable(args.out_dir)  # before the data is read and the model built
     rank, world_size, local_rank = _init_distributed()
     say = print if rank == 0 else lambda *a, **k: None
 

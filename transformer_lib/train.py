@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .checkpoint import CHECKPOINT_NAME, capture_rng, read_checkpoint, restore_rng, save_checkpoint
+from .checkpoint import CHECKPOINT_NAME, capture_rng, prepare_folder, read_checkpoint, restore_rng, save_checkpoint
 from .cost import estimate_mfu, gpu_peak_flops
-from .utils import DTYPES, autocast, check_fields, pick_device, resolve_dtype, world
+from .utils import DTYPES, InterruptFlag, autocast, batch_on, check_fields, pick_device, resolve_dtype, world
 
 __all__ = [
     "History",
@@ -148,11 +148,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> tor
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, config) / config.lr)
 
 
-def _on(batch: Sequence[Tensor], device: torch.device) -> tuple[Tensor, ...]:
-    """The batch on ``device``; tensors already there (the batch samplers put them there) are not copied."""
-    return tuple(t if t.device == device else t.to(device, non_blocking=True) for t in batch)
-
-
 @torch.no_grad()
 def estimate_loss(
     model: nn.Module, get_batch: Callable[[str], Sequence[Tensor]], eval_iters: int = 20, dtype: str = "auto"
@@ -172,7 +167,7 @@ def estimate_loss(
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
             with autocast(device, autocast_dtype):
-                _, loss = model(*_on(get_batch(split), device))
+                _, loss = model(*batch_on(get_batch(split), device))
             losses[k] = loss.float()
         mean = losses.mean()
         if world_size > 1:
@@ -222,6 +217,12 @@ class _Run:
         self.history, self.step, self.eval_pending = History(), 0, True  # eval_pending: `step` not evaluated yet
         self.pending: list[Tensor] = []  # losses still on the device
         self.saved = None  # (step, eval_pending) of the last checkpoint written
+        self.busy = False  # inside a step or an evaluation: the state is not one a checkpoint may hold
+        if self.ckpt_path is not None and self.rank == 0:
+            prepare_folder(self.ckpt_path)  # an unwritable out_dir is found now, not after the training
+
+    def point(self, name: str) -> None:
+        """A named point of a step, where the tests interrupt a run: nothing happens here."""
 
     def resume(self, ckpt: dict | None) -> None:
         """Continue from ``ckpt`` (read from ``out_dir`` when None)."""
@@ -229,10 +230,8 @@ class _Run:
             if self.ckpt_path is None or not self.ckpt_path.is_file():
                 raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.ckpt_path} (config.out_dir)")
             ckpt = read_checkpoint(self.ckpt_path)
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        for part in ("model", "optimizer", "scheduler", "scaler"):
+            getattr(self, part).load_state_dict(ckpt[part])
         self.step, self.eval_pending, self.history = ckpt["step"], ckpt["eval_pending"], History(**ckpt["history"])
         restore_rng(ckpt["rng"], self.get_batch)
 
@@ -240,22 +239,13 @@ class _Run:
         """Write the checkpoint (rank 0 only; nothing when this state is already saved)."""
         if self.ckpt_path is None or self.rank != 0 or self.saved == (self.step, self.eval_pending):
             return
-        model = self.model
-        state = {
-            "model_class": type(model).__name__,
-            "model_config": asdict(model.config) if hasattr(model, "config") else None,
-            "train_config": {**asdict(self.config), "device": str(self.device)},
-            "step": self.step,
-            "eval_pending": self.eval_pending,
-            "model": model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
-            "rng": rng,
-            "history": asdict(self.history),
-            "meta": self.meta or {},
-        }
+        parts = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
+        state = {key: part.state_dict() for key, part in parts.items()}
+        state |= {"model_class": type(self.model).__name__, "step": self.step, "eval_pending": self.eval_pending,
+                  "model_config": asdict(self.model.config) if hasattr(self.model, "config") else None,
+                  "train_config": {**asdict(self.config), "device": str(self.device)}, "rng": rng,
+                  "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
+                  "history": asdict(self.history), "meta": self.meta or {}}  # fmt: skip
         save_checkpoint(state, self.ckpt_path)
         self.saved = (self.step, self.eval_pending)
 
@@ -289,19 +279,23 @@ class _Run:
 
     def train_step(self, step_model: nn.Module) -> Tensor:
         """One optimizer step on one training batch; returns the batch's inputs."""
-        batch = _on(self.get_batch("train"), self.device)
+        batch = batch_on(self.get_batch("train"), self.device)
         with autocast(self.device, self.dtype):
             _, loss = step_model(*batch)
+        self.point("forward")
         self.scaler.scale(loss).backward()
+        self.point("backward")
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        self.point("optimizer")
         self.history.lr.append(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.pending.append(loss.detach())
+        self.point("counter")
         self.step, self.eval_pending = self.step + 1, True
         return batch[0]
 
@@ -332,7 +326,8 @@ class _Run:
         return gpu_peak_flops() if self.device.type == "cuda" else None
 
 
-def _loop(run: _Run, until: int) -> None:
+def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
+    """The steps; a Ctrl-C (``flag``) is honoured between two steps, so a checkpoint holds whole steps."""
     config, step_model, peak = run.config, run.step_model(), run.peak_flops()
     rng = capture_rng(run.get_batch)  # the random states as of the last completed step or evaluation
     bar = tqdm(
@@ -341,27 +336,34 @@ def _loop(run: _Run, until: int) -> None:
     timer = (time.perf_counter(), run.step)
     run.model.train()
     try:
-        while True:
+        while not flag.requested:
             due = config.eval_interval > 0 and (run.step % config.eval_interval == 0 or run.step == config.max_iters)
             if run.eval_pending and due:
+                run.busy = True
                 run.evaluate(bar)
-                rng = capture_rng(run.get_batch)
+                rng, run.busy = capture_rng(run.get_batch), False
                 if run.step > 0:
                     run.read_losses()
                     run.save(rng)
                 timer = (time.perf_counter(), run.step)
             if run.step >= until:
                 break
+            if flag.requested:
+                continue
+            run.busy = True
             inputs = run.train_step(step_model)
-            rng = capture_rng(run.get_batch)
+            rng, run.busy = capture_rng(run.get_batch), False
             bar.update(1)
             if run.step % config.log_interval == 0 or run.step == until:
                 timer = run.log(bar, inputs, timer, peak)
+        else:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
-        run.read_losses()
-        run.save(rng)
-        if run.ckpt_path is not None and run.rank == 0:
-            bar.write(f"interrupted after {run.step} steps; checkpoint saved to {run.ckpt_path}")
+        if not run.busy:  # mid-step the state is torn: the last checkpoint written stays the one to resume
+            run.read_losses()
+            run.save(rng)
+        if run.ckpt_path is not None and run.rank == 0 and run.saved is not None:
+            bar.write(f"interrupted; the checkpoint in {run.ckpt_path} holds step {run.saved[0]}")
         raise
     finally:
         bar.close()
@@ -386,8 +388,8 @@ def train(
     ``y (B, T)``) for a GPT, :class:`~transformer_lib.data.Seq2SeqBatches` for a Transformer.
     The model is moved to the chosen device. With ``config.out_dir`` a checkpoint (model,
     optimiser, scheduler, step, configs, ``tokenizer``, ``meta``, every random state and the batch
-    sampler's state) is written after each evaluation, at the end, and on Ctrl-C before the
-    ``KeyboardInterrupt`` propagates. ``resume=True`` continues from that checkpoint exactly (the
+    sampler's state) is written after each evaluation, at the end, and on Ctrl-C, which lets the
+    step under way finish before ``KeyboardInterrupt`` is raised. ``resume=True`` continues from that checkpoint exactly (the
     same steps, batches and random numbers as a run that never stopped); ``resume`` may also be
     the checkpoint dict itself, already read, so the file is read once. ``until`` stops early
     after that many steps (of ``config.max_iters``, whose schedule is kept), as if interrupted.
@@ -395,5 +397,6 @@ def train(
     run = _Run(model, get_batch, config or TrainConfig(), tokenizer, meta)
     if resume is not False:
         run.resume(resume if isinstance(resume, dict) else None)
-    _loop(run, run.config.max_iters if until is None else min(until, run.config.max_iters))
+    with InterruptFlag() as flag:
+        _loop(run, run.config.max_iters if until is None else min(until, run.config.max_iters), flag)
     return run.history

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -15,7 +17,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DTYPES", "atomic_write", "autocast", "check_fields", "pick_device", "resolve_dtype", "set_seed", "world"]
+__all__ = [
+    "DTYPES",
+    "atomic_write",
+    "autocast",
+    "check_fields",
+    "pick_device",
+    "resolve_dtype",
+    "set_seed",
+    "world",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,6 +75,19 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def batch_on(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The batch on ``device``, tensors already there not copied (chapter 9); the targets (the
+    last tensor) must have the shape of the inputs before them, else a ``ValueError``."""
+    if isinstance(batch, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise TypeError(f"get_batch must return a tuple of tensors, got {type(batch).__name__}")
+    if len(batch) >= 2 and batch[-1].shape != batch[-2].shape:
+        raise ValueError(
+            f"the batch's targets have shape {tuple(batch[-1].shape)} but its inputs {tuple(batch[-2].shape)}: "
+            f"get_batch must return targets of the inputs' shape"
+        )
+    return tuple(t if t.device == device else t.to(device, non_blocking=True) for t in batch)
+
+
 def world() -> tuple[int, int]:
     """``(rank, world_size)`` of this process; ``(0, 1)`` without ``torch.distributed`` (chapter 9)."""
     if dist.is_available() and dist.is_initialized():
@@ -86,7 +110,63 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
     return path
+
+
+def check_writable(folder: str | os.PathLike) -> Path:
+    """Make ``folder`` if needed and write a probe file in it (chapter 9), so that a folder no
+    file can be written to is an ``OSError`` naming it before any work is done, not after."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"cannot write to the folder {folder}: it is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OSError(f"cannot write to the folder {folder}: {e.strerror or e}") from None
+    return folder
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (the rename) to disk where the system allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # Windows cannot open a folder
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class InterruptFlag:
+    """Inside ``with InterruptFlag() as flag:`` (in the main thread) the first Ctrl-C (SIGINT)
+    only sets ``flag.requested``, for a loop to honour between two steps (chapter 9); a second
+    Ctrl-C raises ``KeyboardInterrupt`` as usual. Elsewhere nothing changes."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> InterruptFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
 
 
 def _number(value, kind: type) -> bool:

@@ -105,6 +105,23 @@ def python_stdlib_corpus(n_chars: int = 1_000_000) -> str:
     return corpus
 
 
+def _text_of(data: bytes, path: Path) -> str:
+    """The UTF-8 text of the file ``path`` holding ``data``; a ``ValueError`` naming the file when
+    it is empty, binary or in another encoding."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {e.start} is {data[e.start : e.start + 1]!r}): convert it to UTF-8, "
+            f"or give a text file"
+        ) from None
+    if "\x00" in text:
+        raise ValueError(f"{path} looks binary (it holds NUL bytes), not like text")
+    if not text:
+        raise ValueError(f"{path} is empty")
+    return text
+
+
 def load_corpus(
     path: str | os.PathLike | None = None,
     *,
@@ -123,7 +140,7 @@ def load_corpus(
     """
     if path is not None:
         path = Path(path)
-        return Corpus(path.read_text(encoding="utf-8"), path.stem, str(path))
+        return Corpus(_text_of(path.read_bytes(), path), path.stem, str(path))
     if os.environ.get(PATH_ENV):
         path = Path(os.environ[PATH_ENV])
         if not path.is_file():
@@ -131,7 +148,7 @@ def load_corpus(
         data = path.read_bytes()
         if sha256_of(data) != TINY_SHAKESPEARE_SHA256:
             warnings.warn(f"{PATH_ENV}={path} is not the expected Tiny Shakespeare (checksum differs)", stacklevel=2)
-        return Corpus(data.decode("utf-8"), "tiny_shakespeare", str(path))
+        return Corpus(_text_of(data, path), "tiny_shakespeare", str(path))
     cached = Path(cache_dir or _cache_dir()) / "tinyshakespeare.txt"
     if cached.is_file():
         data = cached.read_bytes()
