@@ -182,9 +182,9 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = None
             # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
-            # 0 * (the sum of its row) makes that row NaN, as in the hand-written path, at the cost
-            # of one reduction over q, outside autograd
-            nan_rows = q.detach().sum(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
+            # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
+            # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
+            nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
             if fused_causal:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True) + nan_rows
             elif mask is None:
