@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
-CONCEPTS = ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models"]
+CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models"]
 TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course"]
 
 

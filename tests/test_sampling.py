@@ -16,9 +16,10 @@ def test_top_k_filter_keeps_the_k_largest_of_each_row(gen):
         assert (smallest_kept > largest_dropped).all()
 
 
-@pytest.mark.parametrize("k", [0, -1, 2.0, True, None])
-def test_top_k_must_be_a_positive_int(k):
-    with pytest.raises(ValueError, match="top_k"):
+@pytest.mark.parametrize(("k", "error"), [(0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError),
+                                          (None, TypeError)])  # fmt: skip
+def test_top_k_must_be_a_positive_int(k, error):
+    with pytest.raises(error, match="top_k"):
         tl.top_k_filter(torch.zeros(1, 4), k)
 
 

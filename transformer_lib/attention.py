@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_float_tensors, check_probability
+
 __all__ = [
     "AdditiveAttention",
     "SingleHeadAttention",
@@ -72,9 +74,8 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    check_float_tensors({"q": q, "k": k, "v": v})
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., T, d), got shape {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1]:
@@ -102,17 +103,23 @@ def scaled_dot_product_attention(
 
     Returns:
         ``(output, weights)`` of shapes ``(..., T_q, d_v)`` and ``(..., T_q, T_k)``. A query
-        whose keys are all masked gets zeros in both, never NaN.
+        whose keys are all masked gets zeros in both, never NaN. A NaN in a query gives NaN in
+        that query's row of both (IEEE arithmetic), unless all its keys are masked: a fully masked
+        query's output is zeros whatever the values hold.
+
+    q, k and v must be floating-point tensors of one dtype (``TypeError`` otherwise).
     """
     _check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_probability(dropout_p, "dropout_p")
     d_k = q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., T_q, T_k)
     weights = masked_softmax(scores, mask)  # (..., T_q, T_k)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
-    return weights @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+    out = weights @ v  # (..., T_q, d_v)
+    if mask is not None:  # zero weights times a NaN value would still be NaN
+        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return out, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
 class AdditiveAttention(nn.Module):

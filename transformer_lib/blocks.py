@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_bool, check_int
 from .multihead import MultiHeadAttention
 
 __all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward", "layer_grad_norms", "scaled_embedding"]
@@ -71,6 +72,9 @@ class _LayerParts:
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
         norm_first: bool = False, activation: str = "relu", bias: bool = True,
     ):  # fmt: skip
+        if d_ff is not None:
+            check_int(d_ff, "d_ff")
+        check_bool(norm_first, "norm_first")
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, 4 * d_model if d_ff is None else d_ff
         self.dropout, self.norm_first, self.activation, self.bias = dropout, norm_first, activation, bias
 
@@ -168,6 +172,7 @@ class _Stack(nn.Module):
         norm_first: bool = False, bias: bool = True, **options,
     ):  # fmt: skip
         super().__init__()
+        check_int(n_layers, "n_layers", minimum=0)
         make = self.layer_class
         self.layers = nn.ModuleList(
             make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, **options) for _ in range(n_layers)

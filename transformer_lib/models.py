@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_bool, check_divisible, check_int, check_probability, check_temperature
 from .blocks import Decoder, Encoder, scaled_embedding
 from .multihead import MultiHeadAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -21,22 +22,45 @@ __all__ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "check_token_
 
 def check_token_ids(ids: Tensor, vocab_size: int, context_len: int, name: str = "token ids") -> None:
     """Raise a clear error for ids that are not ``(B, T)`` integers in ``[0, vocab_size)`` with
-    ``T <= context_len`` (chapter 8).
+    ``1 <= T <= context_len`` (chapter 8). Every integer dtype is accepted (the models convert
+    ids that ``nn.Embedding`` cannot index with to int64); bool, float and complex are not.
 
     The range check reads the tensor's values, which on a GPU forces a host-device
     synchronisation; it is skipped only while a model trains on a GPU (the hot loop), where an
     out-of-range id still fails loudly inside the embedding kernel.
     """
-    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    _check_id_tensor(ids, name)
     if ids.shape[1] > context_len:
         raise ValueError(f"{name}: sequence length {ids.shape[1]} is longer than context_len={context_len}")
     if ids.numel() and not (ids.is_cuda and torch.is_grad_enabled()) and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got values from {lo} to {hi}")
+
+
+def _check_id_tensor(ids: Tensor, name: str) -> None:
+    """Type, dtype and shape of a ``(B, T)`` batch of ids with ``T >= 1``; no data is read."""
+    kind = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {kind}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty: a sequence needs at least one token, got shape {tuple(ids.shape)}")
+
+
+def _as_index(ids: Tensor) -> Tensor:
+    """``ids`` in a dtype ``nn.Embedding`` and the loss accept: int32 and int64 as they are, else int64."""
+    return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
+
+
+def _check_targets(targets: Tensor, ids: Tensor, name: str) -> Tensor:
+    """``targets`` as int64 after checking that they are integers of the shape of ``ids``."""
+    if not isinstance(targets, Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise TypeError(f"targets must be an integer tensor, got {getattr(targets, 'dtype', type(targets).__name__)}")
+    if targets.shape != ids.shape:
+        raise ValueError(f"targets must have the shape of {name} {tuple(ids.shape)}, got {tuple(targets.shape)}")
+    return targets.long()
 
 
 def _init_weights(model: nn.Module) -> None:
@@ -82,6 +106,29 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
 
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "context_len"):
+            check_int(getattr(self, name), name)
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            check_int(getattr(self, name), name, minimum=0)
+        _check_shared(self)
+        check_bool(self.norm_first, "norm_first")
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        vocab = min(self.src_vocab_size, self.tgt_vocab_size)
+        for name, size in (("pad_id", vocab), ("bos_id", self.tgt_vocab_size), ("eos_id", self.tgt_vocab_size)):
+            check_int(getattr(self, name), name, minimum=0)
+            if getattr(self, name) >= size:
+                raise ValueError(f"{name}={getattr(self, name)} lies outside the vocabulary [0, {size})")
+
+
+def _check_shared(config) -> None:
+    """The fields both configs have: ``d_model``, ``n_heads``, ``d_ff`` (if any) and ``dropout``."""
+    check_divisible(config.d_model, config.n_heads)
+    if getattr(config, "d_ff", None) is not None:
+        check_int(config.d_ff, "d_ff")
+    check_probability(config.dropout, "dropout")
+
 
 class Transformer(nn.Module):
     """Encoder-decoder transformer for sequence-to-sequence tasks (chapter 8).
@@ -94,9 +141,9 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         c = self.config = config
-        if c.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {c.positional!r}")
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
 
@@ -120,7 +167,7 @@ class Transformer(nn.Module):
         c = self.config
         check_token_ids(src, c.src_vocab_size, c.context_len, "src")
         src_keep = src != c.pad_id  # (B, T_src), True at real tokens
-        x = self.src_pos(scaled_embedding(self.src_embed, src))  # (B, T_src, d_model)
+        x = self.src_pos(scaled_embedding(self.src_embed, _as_index(src)))  # (B, T_src, d_model)
         memory = self.encoder(x, mask=src_keep[:, None, None, :], need_weights=need_weights)
         return memory, src_keep
 
@@ -128,7 +175,7 @@ class Transformer(nn.Module):
         """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``."""
         c = self.config
         check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
-        y = self.tgt_pos(scaled_embedding(self.tgt_embed, tgt))  # (B, T_tgt, d_model)
+        y = self.tgt_pos(scaled_embedding(self.tgt_embed, _as_index(tgt)))  # (B, T_tgt, d_model)
         y = self.decoder(y, memory, memory_mask=src_keep[:, None, None, :], need_weights=need_weights)
         return self.lm_head(y)
 
@@ -139,6 +186,7 @@ class Transformer(nn.Module):
         logits = self.decode(tgt, memory, src_keep, need_weights=need_weights)
         loss = None
         if targets is not None:
+            targets = _check_targets(targets, tgt, "tgt")
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=self.config.pad_id
             )
@@ -150,9 +198,11 @@ class Transformer(nn.Module):
 
         Returns ``(B, n)`` generated ids, without the leading ``bos_id``; after a sequence's
         ``eos_id`` the rest of its row is ``pad_id``. Decoding stops when every row has ended.
+        ``max_new_tokens`` is an int >= 0 (0 gives ``(B, 0)``); ``src`` needs at least one token.
         """
         c = self.config
         max_new_tokens = c.context_len - 1 if max_new_tokens is None else max_new_tokens
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
         if max_new_tokens > c.context_len - 1:
             raise ValueError(
                 f"max_new_tokens={max_new_tokens} exceeds the model's context_len - 1 ({c.context_len - 1})"
@@ -184,6 +234,13 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
 
+    def __post_init__(self):
+        for name in ("vocab_size", "context_len"):
+            check_int(getattr(self, name), name)
+        check_int(self.n_layers, "n_layers", minimum=0)
+        _check_shared(self)
+        check_bool(self.bias, "bias")
+
     def to_dict(self) -> dict:
         """The sizes as a plain dict (what a checkpoint stores)."""
         return asdict(self)
@@ -198,6 +255,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
@@ -226,11 +285,12 @@ class GPT(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         c = self.config
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
-        x = self.pos_embed(self.tok_embed(idx))  # (B, T, d_model)
+        x = self.pos_embed(self.tok_embed(_as_index(idx)))  # (B, T, d_model)
         x = self.decoder(x, need_weights=need_weights)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
+            targets = _check_targets(targets, idx, "idx")
             loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
         return logits, loss
 
@@ -248,8 +308,14 @@ class GPT(nn.Module):
         Logits are divided by ``temperature`` (lower is greedier) and, with ``top_k``, all but the
         ``k`` most likely tokens are removed before sampling
         (:func:`~transformer_lib.sampling.sample_next`). The context is cropped to the last
-        ``context_len`` tokens.
+        ``context_len`` tokens. ``idx`` needs at least one token, ``max_new_tokens`` is an
+        int >= 0, ``temperature`` a finite number > 0 and ``top_k`` None or a positive int.
         """
+        _check_id_tensor(idx, "idx")
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
+        check_temperature(temperature)
+        if top_k is not None:
+            check_int(top_k, "top_k")
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.context_len :])  # (B, T, vocab_size)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)

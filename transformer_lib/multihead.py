@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_probability
 from .attention import check_mask, scaled_dot_product_attention
 from .masks import causal_mask
 
@@ -36,8 +37,15 @@ class Projection(NamedTuple):
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter 5)."""
+    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter 5).
+
+    ``n_heads`` must be a positive int dividing ``d_model``."""
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise ValueError(f"split_heads expects x of shape (B, T, d_model), got {getattr(x, 'shape', type(x).__name__)}")
     B, T, d_model = x.shape
+    check_int(n_heads, "n_heads")
+    if d_model % n_heads:
+        raise ValueError(f"split_heads: the width d_model={d_model} is not divisible by n_heads={n_heads}")
     return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)  # (B, h, T, d_k)
 
 
@@ -64,13 +72,16 @@ class MultiHeadAttention(nn.Module):
     Without weights it calls PyTorch's fused kernel
     (:func:`torch.nn.functional.scaled_dot_product_attention`); with weights it uses the
     library's hand-written :func:`~transformer_lib.attention.scaled_dot_product_attention`.
-    Both compute the same function.
+    Both compute the same function, NaN included: a NaN in a query (after projection) gives NaN
+    in that query's output row, as IEEE arithmetic does, while a query whose keys are all
+    masked gets zeros. ``query``, ``key`` and ``value`` must be floating-point tensors of one dtype.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        if n_heads < 1 or d_model % n_heads != 0:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        check_divisible(d_model, n_heads)
+        check_probability(dropout, "dropout")
+        check_bool(bias, "bias")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))  # rows: W_q, W_k, W_v
@@ -147,6 +158,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        check_float_tensors({"query": query, "key": key, "value": value})
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
                 raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got {tuple(t.shape)}")
@@ -169,16 +181,20 @@ class MultiHeadAttention(nn.Module):
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k)
         else:
             weights = None
+            # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
+            # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
+            # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
+            nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
             if fused_causal:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True) + nan_rows
             elif mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, h, T_q, d_k)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p) + nan_rows  # (B, h, T_q, d_k)
             else:
                 # a query with no key to attend to gets zeros, as in the hand-written path, on every
                 # PyTorch version and kernel: let it attend everywhere, then zero its output
                 any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p)
-                out = out * any_key  # (B, h, T_q, d_k)
+                out = torch.where(any_key, out + nan_rows, 0.0)  # (B, h, T_q, d_k)
         return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
 
 
@@ -223,9 +239,10 @@ def multihead_cost(
     ``total_flops``; and ``score_entries``, the number of attention weights, ``B * h * T_q * T_k``,
     the only term that grows with ``h``. ``T_k`` defaults to ``T_q`` (self-attention).
     """
-    if n_heads < 1 or d_model % n_heads != 0:
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+    check_divisible(d_model, n_heads)
     T_k = T_q if T_k is None else T_k
+    for name, n in (("T_q", T_q), ("T_k", T_k), ("batch", batch)):
+        check_int(n, name, minimum=0)
     params = 4 * d_model * d_model + (4 * d_model if bias else 0)
     projection = 2 * batch * d_model * d_model * (2 * T_q + 2 * T_k)  # Q and output on T_q rows, K and V on T_k
     d_k = d_model // n_heads

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_int, check_probability
+
 __all__ = [
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
@@ -28,8 +30,8 @@ def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0
     PE(pos, 2i) = sin(pos / base^(2i/d_model)) and PE(pos, 2i+1) = cos(pos / base^(2i/d_model)):
     sines on the even dimensions, cosines on the odd ones, interleaved.
     """
-    if context_len < 1 or d_model < 1:
-        raise ValueError(f"context_len and d_model must be positive, got context_len={context_len}, d_model={d_model}")
+    check_int(d_model, "d_model")
+    check_int(context_len, "context_len")
     pos = torch.arange(context_len, dtype=torch.float64)[:, None]  # (context_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
     angles = pos / base ** (two_i / d_model)  # (context_len, ceil(d_model / 2))
@@ -54,6 +56,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, context_len: int = 5000, *, dropout: float = 0.0):
         super().__init__()
+        check_probability(dropout, "dropout")
         self.d_model, self.context_len = d_model, context_len
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoidal_encoding(d_model, context_len), persistent=False)
@@ -71,6 +74,9 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, d_model: int, context_len: int, *, dropout: float = 0.0):
         super().__init__()
+        check_int(d_model, "d_model")
+        check_int(context_len, "context_len")
+        check_probability(dropout, "dropout")
         self.d_model, self.context_len = d_model, context_len
         self.embedding = nn.Embedding(context_len, d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)

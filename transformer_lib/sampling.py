@@ -3,10 +3,10 @@ generating text from a prompt."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
+
+from ._checks import check_int, check_temperature
 
 __all__ = ["generate_text", "sample_next", "top_k_filter"]
 
@@ -15,9 +15,9 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """``logits (..., V)`` with all but the ``k`` largest of each row set to ``-inf`` (chapter 9).
 
     Ties with the ``k``-th largest value are kept. ``k >= V`` keeps every logit. Same shape out.
+    ``k`` must be a positive int: ``TypeError`` for a float or a bool, ``ValueError`` below 1.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k must be a positive int, got {k!r}")
+    check_int(k, "top_k")
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -29,13 +29,20 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """One token id per row of ``logits (B, V)``, drawn from ``softmax(logits / temperature)``
-    after an optional :func:`top_k_filter` (chapter 9); returns ``(B, 1)``."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    logits = logits / temperature  # (B, V)
+    after an optional :func:`top_k_filter` (chapter 9); returns ``(B, 1)``.
+
+    ``temperature`` is a finite number > 0. One so small that ``logits / temperature``
+    overflows gives the limit ``T -> 0``: a uniform choice among each row's largest logits.
+    """
+    check_temperature(temperature)
     if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
+        check_int(top_k, "top_k")
+    scaled = logits / temperature  # (B, V)
+    if top_k is not None:
+        scaled = top_k_filter(scaled, top_k)
+    probs = torch.softmax(scaled, dim=-1)  # (B, V)
+    if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the T -> 0 limit
+        probs = (logits == logits.amax(dim=-1, keepdim=True)).to(logits.dtype)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 

@@ -158,8 +158,8 @@ class _ScriptedSeq2Seq(Transformer):
 
     def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False) -> Tensor:
         c = self.config
-        check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
         self.calls.append(tgt.detach().clone())
+        check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
         src = memory[..., 0].round().long()  # (B, T_src)
         lengths = src_keep.sum(1).tolist()  # (B,)
         B, T = tgt.shape
@@ -311,7 +311,7 @@ def _decode_crash_hint(model: Transformer, src: Tensor) -> Callable[[Exception],
 
     def hint(exc: Exception) -> str | None:
         calls = getattr(model, "calls", [])
-        if not isinstance(exc, RuntimeError | IndexError) or not calls:
+        if not isinstance(exc, RuntimeError | IndexError | ValueError) or not calls:
             return None
         if calls[0].shape[1] == 0:
             return (

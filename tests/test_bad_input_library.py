@@ -1,0 +1,251 @@
+"""Bad input to the library's functions and classes: each case names the exact error class and a
+word its message must hold, or, where the input is legal, the behaviour it must give."""
+
+import math
+
+import pytest
+import torch
+
+import transformer_lib as tl
+
+NAN, INF = float("nan"), float("inf")
+
+
+def qkv(dtype=torch.float32, T=3, d=4):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, T, d, generator=g).to(dtype) for _ in range(3)]
+
+
+def gpt(**sizes):
+    torch.manual_seed(0)
+    return tl.GPT(tl.GPTConfig(vocab_size=11, context_len=8, n_layers=1, n_heads=2, d_model=8, **sizes)).eval()
+
+
+def seq2seq(**sizes):
+    torch.manual_seed(0)
+    config = tl.TransformerConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, n_heads=2, n_encoder_layers=1,
+                                  n_decoder_layers=1, context_len=8, dropout=0.0, **sizes)  # fmt: skip
+    return tl.Transformer(config).eval()
+
+
+def mha():
+    torch.manual_seed(0)
+    return tl.MultiHeadAttention(8, 2).eval()
+
+
+IDS = torch.tensor([[1, 2, 3]])
+X = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1))
+LOGITS = torch.randn(2, 11, generator=torch.Generator().manual_seed(2))
+
+# (name, call, error class, a word of the message)
+ERRORS = [
+    # q, k, v: types and dtypes
+    ("sdpa int64 q k v", lambda: tl.scaled_dot_product_attention(*qkv(torch.int64)), TypeError, "floating"),
+    ("sdpa int32 q", lambda: tl.scaled_dot_product_attention(qkv(torch.int32)[0], *qkv()[1:]), TypeError, "int32"),
+    ("sdpa mixed float64 k", lambda: tl.scaled_dot_product_attention(qkv()[0], qkv(torch.float64)[1], qkv()[2]),
+     TypeError, "dtype"),
+    ("sdpa mixed float16 v", lambda: tl.scaled_dot_product_attention(*qkv()[:2], qkv(torch.float16)[2]),
+     TypeError, "share"),
+    ("sdpa bool q", lambda: tl.scaled_dot_product_attention(qkv(torch.bool)[0], *qkv()[1:]), TypeError, "bool"),
+    ("sdpa a list for q", lambda: tl.scaled_dot_product_attention([[1.0]], *qkv()[1:]), TypeError, "list"),
+    ("sdpa dropout negative", lambda: tl.scaled_dot_product_attention(*qkv(), dropout_p=-0.1), ValueError, "-0.1"),
+    ("sdpa dropout 1", lambda: tl.scaled_dot_product_attention(*qkv(), dropout_p=1.0), ValueError, "[0, 1)"),
+    ("sdpa dropout NaN", lambda: tl.scaled_dot_product_attention(*qkv(), dropout_p=NAN), ValueError, "nan"),
+    ("sdpa dropout string", lambda: tl.scaled_dot_product_attention(*qkv(), dropout_p="0.1"), TypeError, "str"),
+    ("dot-product int q k v", lambda: tl.dot_product_attention(*qkv(torch.int16)), TypeError, "int16"),
+    ("mha int64 query", lambda: mha()(*[t.long() for t in qkv(d=8)]), TypeError, "int64"),
+    ("mha mixed dtypes", lambda: mha()(X, X.double(), X.double()), TypeError, "share"),
+    ("mha half query, float key", lambda: mha()(X.half(), X, X), TypeError, "float16"),
+    ("mha a numpy array", lambda: mha()(X.numpy(), X, X), TypeError, "ndarray"),
+    # multi-head construction and helpers
+    ("mha negative dropout", lambda: tl.MultiHeadAttention(8, 2, dropout=-0.5), ValueError, "dropout"),
+    ("mha dropout 1.5", lambda: tl.MultiHeadAttention(8, 2, dropout=1.5), ValueError, "1.5"),
+    ("mha d_model not divisible", lambda: tl.MultiHeadAttention(10, 3), ValueError, "divisible"),
+    ("mha zero heads", lambda: tl.MultiHeadAttention(8, 0), ValueError, "n_heads"),
+    ("mha string d_model", lambda: tl.MultiHeadAttention("8", 2), TypeError, "d_model"),
+    ("mha float heads", lambda: tl.MultiHeadAttention(8, 2.0), TypeError, "n_heads"),
+    ("mha bias as a string", lambda: tl.MultiHeadAttention(8, 2, bias="False"), TypeError, "bias"),
+    ("split_heads width not divisible", lambda: tl.split_heads(torch.zeros(1, 2, 10), 3), ValueError, "divisible"),
+    ("split_heads zero heads", lambda: tl.split_heads(torch.zeros(1, 2, 8), 0), ValueError, "n_heads"),
+    ("split_heads float heads", lambda: tl.split_heads(torch.zeros(1, 2, 8), 2.0), TypeError, "n_heads"),
+    ("split_heads a 2-D input", lambda: tl.split_heads(torch.zeros(2, 8), 2), ValueError, "(B, T, d_model)"),
+    ("multihead_cost negative T_q", lambda: tl.multihead_cost(8, 2, -4), ValueError, "T_q"),
+    ("multihead_cost negative T_k", lambda: tl.multihead_cost(8, 2, 4, T_k=-1), ValueError, "T_k"),
+    ("multihead_cost negative batch", lambda: tl.multihead_cost(8, 2, 4, batch=-2), ValueError, "batch"),
+    ("multihead_cost float T_q", lambda: tl.multihead_cost(8, 2, 4.5), TypeError, "T_q"),
+    ("multihead_cost not divisible", lambda: tl.multihead_cost(10, 4, 4), ValueError, "divisible"),
+    # token ids, prompts, targets
+    ("gpt float ids", lambda: gpt()(IDS.float()), TypeError, "integer"),
+    ("gpt bool ids", lambda: gpt()(IDS.bool()), TypeError, "bool"),
+    ("gpt 1-D ids", lambda: gpt()(IDS[0]), ValueError, "(B, T)"),
+    ("gpt empty prompt T=0", lambda: gpt()(IDS[:, :0]), ValueError, "empty"),
+    ("gpt id out of the vocabulary", lambda: gpt()(IDS + 20), ValueError, "vocab_size"),
+    ("gpt uint8 id out of the vocabulary", lambda: gpt()((IDS + 20).to(torch.uint8)), ValueError, "vocab_size"),
+    ("gpt targets of the wrong shape", lambda: gpt()(IDS, IDS[:, :2]), ValueError, "shape"),
+    ("gpt targets as floats", lambda: gpt()(IDS, IDS.float()), TypeError, "targets"),
+    ("transformer targets of the wrong shape", lambda: seq2seq()(IDS, IDS, IDS[0]), ValueError, "shape"),
+    ("transformer empty target prefix", lambda: seq2seq()(IDS, IDS[:, :0]), ValueError, "empty"),
+    # sampling
+    ("generate T=0 prompt", lambda: gpt().generate(IDS[:, :0], 3), ValueError, "empty"),
+    ("generate negative count", lambda: gpt().generate(IDS, -3), ValueError, "max_new_tokens"),
+    ("generate float count", lambda: gpt().generate(IDS, 2.0), TypeError, "max_new_tokens"),
+    ("generate NaN temperature", lambda: gpt().generate(IDS, 2, temperature=NAN), ValueError, "temperature"),
+    ("generate zero temperature", lambda: gpt().generate(IDS, 2, temperature=0), ValueError, "> 0"),
+    ("generate negative temperature", lambda: gpt().generate(IDS, 2, temperature=-1.0), ValueError, "-1.0"),
+    ("generate infinite temperature", lambda: gpt().generate(IDS, 2, temperature=INF), ValueError, "finite"),
+    ("generate string temperature", lambda: gpt().generate(IDS, 2, temperature="0.5"), TypeError, "temperature"),
+    ("generate float top_k", lambda: gpt().generate(IDS, 2, top_k=2.5), TypeError, "top_k"),
+    ("generate bool top_k", lambda: gpt().generate(IDS, 2, top_k=True), TypeError, "top_k"),
+    ("generate zero top_k", lambda: gpt().generate(IDS, 2, top_k=0), ValueError, "top_k"),
+    ("sample_next NaN temperature", lambda: tl.sample_next(LOGITS, NAN), ValueError, "temperature"),
+    ("sample_next float top_k", lambda: tl.sample_next(LOGITS, 1.0, top_k=3.0), TypeError, "top_k"),
+    ("top_k_filter negative k", lambda: tl.top_k_filter(LOGITS, -2), ValueError, "-2"),
+    ("greedy_decode negative count", lambda: seq2seq().greedy_decode(IDS, -1), ValueError, "max_new_tokens"),
+    ("greedy_decode float count", lambda: seq2seq().greedy_decode(IDS, 2.5), TypeError, "max_new_tokens"),
+    ("greedy_decode empty source", lambda: seq2seq().greedy_decode(IDS[:, :0], 3), ValueError, "empty"),
+    # configs built from Python
+    ("gpt d_model=0", lambda: tl.GPTConfig(vocab_size=11, d_model=0), ValueError, "d_model"),
+    ("gpt negative n_layers", lambda: tl.GPTConfig(vocab_size=11, n_layers=-2), ValueError, "n_layers"),
+    ("gpt string n_layers", lambda: tl.GPTConfig(vocab_size=11, n_layers="2"), TypeError, "n_layers"),
+    ("gpt bool d_model", lambda: tl.GPTConfig(vocab_size=11, d_model=True), TypeError, "d_model"),
+    ("gpt float vocab_size", lambda: tl.GPTConfig(vocab_size=11.0), TypeError, "vocab_size"),
+    ("gpt zero vocab_size", lambda: tl.GPTConfig(vocab_size=0), ValueError, "vocab_size"),
+    ("gpt zero context_len", lambda: tl.GPTConfig(vocab_size=11, context_len=0), ValueError, "context_len"),
+    ("gpt d_model not divisible", lambda: tl.GPTConfig(vocab_size=11, d_model=10, n_heads=4), ValueError,
+     "divisible"),
+    ("gpt zero heads", lambda: tl.GPTConfig(vocab_size=11, n_heads=0), ValueError, "n_heads"),
+    ("gpt bias as a string", lambda: tl.GPTConfig(vocab_size=11, bias="False"), TypeError, "bias"),
+    ("gpt dropout 1", lambda: tl.GPTConfig(vocab_size=11, dropout=1.0), ValueError, "dropout"),
+    ("gpt negative dropout", lambda: tl.GPTConfig(vocab_size=11, dropout=-0.1), ValueError, "dropout"),
+    ("gpt string dropout", lambda: tl.GPTConfig(vocab_size=11, dropout="0.1"), TypeError, "dropout"),
+    ("gpt from a dict", lambda: tl.GPT({"vocab_size": 11}), TypeError, "GPTConfig"),
+    ("transformer norm_first as a string", lambda: seq2seq(norm_first="False"), TypeError, "norm_first"),
+    ("transformer pad_id outside the vocabulary", lambda: seq2seq(pad_id=9), ValueError, "pad_id"),
+    ("transformer negative pad_id", lambda: seq2seq(pad_id=-1), ValueError, "pad_id"),
+    ("transformer eos_id outside the vocabulary", lambda: seq2seq(eos_id=10), ValueError, "eos_id"),
+    ("transformer negative encoder layers",
+     lambda: tl.TransformerConfig(src_vocab_size=9, tgt_vocab_size=9, n_encoder_layers=-1), ValueError,
+     "n_encoder_layers"),
+    ("transformer string d_ff", lambda: tl.TransformerConfig(src_vocab_size=9, tgt_vocab_size=9, d_ff="512"),
+     TypeError, "d_ff"),
+    ("transformer unknown positional",
+     lambda: tl.TransformerConfig(src_vocab_size=9, tgt_vocab_size=9, positional="rope"), ValueError, "positional"),
+    ("transformer from a dict", lambda: tl.Transformer({"src_vocab_size": 9}), TypeError, "TransformerConfig"),
+    # layers
+    ("encoder negative n_layers", lambda: tl.Encoder(8, 2, -1), ValueError, "n_layers"),
+    ("encoder layer norm_first as a string", lambda: tl.EncoderLayer(8, 2, norm_first="False"), TypeError,
+     "norm_first"),
+    ("decoder layer zero d_ff", lambda: tl.DecoderLayer(8, 2, 0), ValueError, "d_ff"),
+    ("learned positions negative dropout", lambda: tl.LearnedPositionalEmbedding(8, 4, dropout=-0.2), ValueError,
+     "dropout"),
+    ("sinusoidal encoding string width", lambda: tl.sinusoidal_encoding("8", 4), TypeError, "d_model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [c[1:] for c in ERRORS], ids=[c[0] for c in ERRORS])
+def test_bad_input_gives_a_clear_error(call, error, word):
+    with pytest.raises(Exception) as caught:
+        call()
+    assert type(caught.value) is error, f"{type(caught.value).__name__}: {caught.value}"
+    assert word.lower() in str(caught.value).lower()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_every_integer_id_dtype_gives_the_int64_result(dtype):
+    model = gpt()
+    logits, loss = model(IDS.to(dtype), IDS.to(dtype))
+    want, want_loss = model(IDS, IDS)
+    assert torch.equal(logits, want) and torch.equal(loss, want_loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_the_encoder_decoder_takes_every_integer_id_dtype(dtype):
+    model = seq2seq()
+    assert torch.equal(model(IDS.to(dtype), IDS.to(dtype))[0], model(IDS, IDS)[0])
+    assert torch.equal(model.greedy_decode(IDS.to(dtype), 3), model.greedy_decode(IDS, 3))
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 5e-324])
+def test_a_tiny_temperature_takes_the_argmax(temperature):
+    logits = torch.randn(64, 11, generator=torch.Generator().manual_seed(3)) * 50
+    got = tl.sample_next(logits, temperature, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(got[:, 0], logits.argmax(-1))
+
+
+def test_a_tiny_temperature_in_generate_is_greedy():
+    model = gpt()
+    out = model.generate(IDS, 4, temperature=1e-40)
+    for t in range(IDS.shape[1], out.shape[1]):
+        assert out[0, t] == model(out[:, :t])[0][0, -1].argmax()
+
+
+def test_zero_new_tokens_return_the_prompt():
+    assert torch.equal(gpt().generate(IDS, 0), IDS)
+    assert seq2seq().greedy_decode(IDS, 0).shape == (1, 0)
+
+
+@pytest.mark.parametrize(("T_q", "T_k"), [(0, 5), (3, 0), (0, 0)])
+def test_multihead_cost_of_empty_sequences_counts_only_what_is_done(T_q, T_k):
+    cost = tl.multihead_cost(8, 2, T_q, T_k)
+    assert cost["score_entries"] == 0 and cost["attention_flops"] == 0
+    assert cost["projection_flops"] == 2 * 8 * 8 * (2 * T_q + 2 * T_k) >= 0
+
+
+# --- NaN: the fused and the hand-written multi-head paths agree, NaN positions included ---
+
+
+def nan_inputs(where: str):
+    g = torch.Generator().manual_seed(4)
+    query, memory = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    query[0, 2, 3] = NAN
+    if where == "self":
+        return query, query, query
+    return query, memory, memory
+
+
+MASK = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+MASK[0, :, 2, :] = False  # the NaN query's row: every key masked
+MASK[1, :, :, 3] = False
+
+
+@pytest.mark.parametrize("where", ["self", "cross"])
+@pytest.mark.parametrize("mask", [None, MASK], ids=["no mask", "mask"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_both_multi_head_paths_give_the_same_output_nan_included(where, mask, is_causal):
+    m = mha()
+    args = (*nan_inputs(where),)
+    fused, _ = m(*args, mask=mask, is_causal=is_causal)
+    written, _ = m(*args, mask=mask, is_causal=is_causal, need_weights=True)
+    assert torch.equal(fused.isnan(), written.isnan())
+    torch.testing.assert_close(fused.nan_to_num(), written.nan_to_num(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_query_gives_nan_in_its_row_only_unless_it_is_fully_masked():
+    m = mha()
+    query, key, value = nan_inputs("cross")
+    out, _ = m(query, key, value)
+    assert out[0, 2].isnan().all() and not out[0, [0, 1, 3, 4]].isnan().any() and not out[1].isnan().any()
+    masked, _ = m(query, key, value, mask=MASK)
+    bias = m.out_proj.bias
+    assert not masked.isnan().any() and torch.equal(masked[0, 2], bias)  # zeros through W_o: the bias
+
+
+def test_a_fully_masked_query_gets_zeros_even_when_a_value_is_nan():
+    q, k, v = qkv()
+    v[0, 1, 0] = NAN
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[2] = False
+    out, weights = tl.scaled_dot_product_attention(q, k, v, mask=mask)
+    assert torch.equal(out[:, 2], torch.zeros(2, 4)) and torch.equal(weights[:, 2], torch.zeros(2, 3))
+    assert out[0, :2].isnan().any() and not out[1].isnan().any()
+
+
+def test_the_nan_guard_leaves_gradients_unchanged():
+    m = mha().train()
+    x = X.clone().requires_grad_()
+    m(x, x, x, is_causal=True)[0].square().sum().backward()
+    fused = x.grad.clone()
+    x.grad = None
+    m(x, x, x, is_causal=True, need_weights=True)[0].square().sum().backward()
+    torch.testing.assert_close(fused, x.grad, rtol=1e-4, atol=1e-6)
+    assert math.isfinite(float(fused.abs().sum()))

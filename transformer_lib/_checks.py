@@ -1,0 +1,69 @@
+"""Argument guards the concept modules share: each raises ``TypeError`` for a value of the wrong
+type and ``ValueError`` for one out of range, and names the argument and the value.
+
+Only Python values and tensor attributes (type, dtype, shape) are read, never a tensor's data,
+so a guard costs nothing on the hot path and never waits for a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from torch import Tensor
+
+
+def check_int(value, name: str, minimum: int = 1) -> None:
+    """``value`` must be an int (not a bool) and at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        rule = "must be positive (an int >= 1)" if minimum == 1 else f"must be an int >= {minimum}"
+        raise ValueError(f"{name} {rule}, got {value}")
+
+
+def check_bool(value, name: str) -> None:
+    """``value`` must be ``True`` or ``False`` (a string such as ``"False"`` is truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def _check_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def check_probability(value, name: str) -> None:
+    """``value`` must be a number in ``[0, 1)`` (a dropout probability)."""
+    p = _check_real(value, name)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+def check_temperature(value, name: str = "temperature") -> None:
+    """``value`` must be a finite number > 0."""
+    t = _check_real(value, name)
+    if not (t > 0.0 and math.isfinite(t)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_float_tensors(named: dict[str, object]) -> None:
+    """Every value must be a floating-point tensor, all of one dtype (as ``q``, ``k``, ``v``)."""
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}; convert with .float()")
+    dtypes = {t.dtype for t in named.values()}
+    if len(dtypes) > 1:
+        got = ", ".join(f"{name} {t.dtype}" for name, t in named.items())
+        raise TypeError(f"{', '.join(named)} must share one dtype, got {got}")
+
+
+def check_divisible(d_model, n_heads) -> None:
+    """``d_model`` and ``n_heads`` positive ints, ``d_model`` divisible by ``n_heads``."""
+    check_int(d_model, "d_model")
+    check_int(n_heads, "n_heads")
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
