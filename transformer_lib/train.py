@@ -389,10 +389,11 @@ def train(
     The model is moved to the chosen device. With ``config.out_dir`` a checkpoint (model,
     optimiser, scheduler, step, configs, ``tokenizer``, ``meta``, every random state and the batch
     sampler's state) is written after each evaluation, at the end, and on Ctrl-C, which lets the
-    step under way finish before ``KeyboardInterrupt`` is raised. ``resume=True`` continues from that checkpoint exactly (the
-    same steps, batches and random numbers as a run that never stopped); ``resume`` may also be
-    the checkpoint dict itself, already read, so the file is read once. ``until`` stops early
-    after that many steps (of ``config.max_iters``, whose schedule is kept), as if interrupted.
+    step under way finish before ``KeyboardInterrupt`` is raised. ``resume=True`` continues from
+    that checkpoint exactly (the same steps, batches and random numbers as a run that never
+    stopped); ``resume`` may also be the checkpoint dict itself, already read, so the file is read
+    once. ``until`` stops early after that many steps (of ``config.max_iters``, whose schedule is
+    kept), as if interrupted.
     """
     run = _Run(model, get_batch, config or TrainConfig(), tokenizer, meta)
     if resume is not False:
