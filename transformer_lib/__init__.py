@@ -2,7 +2,8 @@
 
 Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also the FLOP and
 memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
-``positional`` (6), ``blocks`` (7), ``models`` (8-9) and ``sampling`` (9). Tools above them:
+``positional`` (6), ``blocks`` (7), ``models`` (8-9), ``sampling`` (9) and ``long_context``
+(10: the online softmax and tiled attention). Tools above them:
 ``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``viz`` (figures) and ``utils``.
 Every public name of every module is here, so ``tl.name`` works for all of them.
 Mask convention everywhere: boolean, ``True`` means "may attend".
@@ -47,6 +48,7 @@ from .cli import (
 )
 from .cost import (
     PEAK_FLOPS,
+    attention_peak_memory,
     estimate_mfu,
     flops_per_token,
     gpu_peak_flops,
@@ -82,6 +84,10 @@ from .data import (
     sequence_task,
     sha256_of,
     split_tokens,
+)
+from .long_context import (
+    online_softmax,
+    tiled_attention,
 )
 from .masks import (
     Seq2SeqMasks,
@@ -195,6 +201,7 @@ __all__ = [
     "TransformerConfig",
     "additive_mask",
     "apply_rotary",
+    "attention_peak_memory",
     "atomic_write",
     "autocast",
     "binary_encoding",
@@ -232,6 +239,7 @@ __all__ = [
     "masked_softmax",
     "merge_heads",
     "multihead_cost",
+    "online_softmax",
     "pad_sequences",
     "padding_mask",
     "peak_memory_bytes",
@@ -264,6 +272,7 @@ __all__ = [
     "split_tokens",
     "to_ignore_mask",
     "top_k_filter",
+    "tiled_attention",
     "train",
     "viz",
     "world",
