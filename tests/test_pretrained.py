@@ -172,6 +172,8 @@ def test_broken_gpt2_weights_are_refused_with_the_tensor_named(tmp_path):
         tl.gpt_from_hf(tmp_path / "model.bin")
     with pytest.raises(TypeError, match="int"):
         tl.gpt_from_hf(3)
+    with pytest.raises(TypeError, match="GPT"):  # the book's own GPT is not a source
+        tl.gpt_from_hf(tl.GPT(tl.GPTConfig(vocab_size=11, n_layers=1, n_heads=2, d_model=8)))
 
 
 # ---------------------------------------------------------------- nanoGPT

@@ -200,7 +200,7 @@ def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
     GPT-2's defaults are assumed for the rest). A configuration the book's GPT cannot express,
     missing or unexpected tensors and wrong shapes raise ``ValueError`` naming the problem.
     """
-    if hasattr(source, "state_dict") and hasattr(source, "config"):  # a transformers model
+    if isinstance(source, torch.nn.Module) and hasattr(getattr(source, "config", None), "model_type"):  # transformers
         config, state = source.config.to_dict(), source.state_dict()
         origin = type(source).__name__
     elif isinstance(source, Mapping):
