@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     add_record_flags(parser)
     args = parser.parse_args(argv)
-    set_threads(args.threads)
+    threads = set_threads(args.threads)  # the fused kernel's buffers depend on the thread count
     result = sweep(args.seq_lens, d=args.d, block_size=args.block_size)
     print(report(result))
     if not args.no_record:
-        settings = dict(result["settings"], T="/".join(str(T) for T in args.seq_lens))
+        settings = dict(result["settings"], T="/".join(str(T) for T in args.seq_lens), threads=threads)
         print(f"appended to {append_result('tiled_memory', settings, summary(result), args.results)}")
     return 0
 
