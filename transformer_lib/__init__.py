@@ -2,8 +2,10 @@
 
 Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also the FLOP and
 memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
-``positional`` (6), ``blocks`` (7), ``models`` (8-9) and ``sampling`` (9). Tools above them:
-``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``viz`` (figures) and ``utils``.
+``positional`` (6), ``blocks`` (7), ``models`` (8-9), ``sampling`` (9) and ``long_context``
+(10: the online softmax and tiled attention). Tools above them:
+``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``pretrained`` (GPT-2 and
+nanoGPT weights), ``viz`` (figures) and ``utils``.
 Every public name of every module is here, so ``tl.name`` works for all of them.
 Mask convention everywhere: boolean, ``True`` means "may attend".
 """
@@ -47,6 +49,7 @@ from .cli import (
 )
 from .cost import (
     PEAK_FLOPS,
+    attention_peak_memory,
     estimate_mfu,
     flops_per_token,
     gpu_peak_flops,
@@ -83,6 +86,10 @@ from .data import (
     sha256_of,
     split_tokens,
 )
+from .long_context import (
+    online_softmax,
+    tiled_attention,
+)
 from .masks import (
     Seq2SeqMasks,
     additive_mask,
@@ -116,6 +123,11 @@ from .positional import (
     relative_rotation,
     sinusoidal_encoding,
     sinusoidal_frequencies,
+)
+from .pretrained import (
+    gpt_from_hf,
+    gpt_from_nanogpt,
+    load_gpt2,
 )
 from .sampling import (
     generate_text,
@@ -195,6 +207,7 @@ __all__ = [
     "TransformerConfig",
     "additive_mask",
     "apply_rotary",
+    "attention_peak_memory",
     "atomic_write",
     "autocast",
     "binary_encoding",
@@ -219,6 +232,8 @@ __all__ = [
     "flops_per_token",
     "generate_text",
     "get_batch",
+    "gpt_from_hf",
+    "gpt_from_nanogpt",
     "gpu_peak_flops",
     "head_contributions",
     "layer_grad_norms",
@@ -227,11 +242,13 @@ __all__ = [
     "frame_widget",
     "load_checkpoint",
     "load_corpus",
+    "load_gpt2",
     "lr_at",
     "make_scheduler",
     "masked_softmax",
     "merge_heads",
     "multihead_cost",
+    "online_softmax",
     "pad_sequences",
     "padding_mask",
     "peak_memory_bytes",
@@ -264,6 +281,7 @@ __all__ = [
     "split_tokens",
     "to_ignore_mask",
     "top_k_filter",
+    "tiled_attention",
     "train",
     "viz",
     "world",

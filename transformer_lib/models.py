@@ -233,6 +233,7 @@ class GPTConfig:
     d_model: int = 128
     dropout: float = 0.0
     bias: bool = True
+    activation: str = "gelu"  # or "gelu_tanh", GPT-2's tanh approximation (chapter 10)
 
     def __post_init__(self):
         for name in ("vocab_size", "context_len"):
@@ -240,6 +241,8 @@ class GPTConfig:
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
         check_bool(self.bias, "bias")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
 
     def to_dict(self) -> dict:
         """The sizes as a plain dict (what a checkpoint stores)."""
@@ -268,7 +271,7 @@ class GPT(nn.Module):
             dropout=c.dropout,
             norm_first=True,
             cross_attention=False,
-            activation="gelu",
+            activation=c.activation,
             bias=c.bias,
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
