@@ -125,13 +125,15 @@ def test_course_notebook_of_a_small_chapter():
         cell("code", "r = tl.exercises.ch04.check_causal_mask(f)\n"),
         cell("markdown", "```{solution} ex-04-1\nEasy.\n```", "solution"),
         cell("markdown", "```{exercise} Why\n:label: ex-04-3\nExplain.\n```"),
+        cell("code", "print(the_numbers_of_the_answer)\n", "solution-work", "hide-cell"),
         cell("markdown", "```{solution} ex-04-3\n:class: dropdown\n\nBecause.\n```", "solution"),
     ]
     nb = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     course, points = course_notebook(nb)
     assert points == {"ex-04-1-check-1": POINTS["ex-04-1"], "ex-04-3-answer": POINTS["ex-04-3"]}
     cells = course["cells"]
-    assert len(cells) == 5  # the coding exercise's written solution is dropped
+    assert len(cells) == 5  # the coding exercise's written solution and the worked numbers are dropped
+    assert "the_numbers_of_the_answer" not in str(cells)
     assert cells[1]["source"] == f"def f(T):\n    {BEGIN}\n    return T\n    {END}\n"
     assert cells[2]["source"] == "result = tl.exercises.ch04.check_causal_mask(f)\nassert result, result.message"
     assert cells[4]["cell_type"] == "markdown" and cells[4]["source"] == "Because.\n"

@@ -51,6 +51,7 @@ def test_strip_notebook_removes_solutions_and_outputs():
             _cell("code", "check(f)"),
             _cell("markdown", "```{solution} ex-01-1\n:class: dropdown\nAdd one.\n```", tags=["solution"]),
             _cell("markdown", "Intro\n\n````{solution} ex-01-2\n:class: dropdown\nHidden.\n````\nAfter."),
+            _cell("code", "print(secret_number)", tags=["solution-work", "hide-cell"]),  # a written answer's numbers
         ],
         "metadata": {"widgets": {}},
         "nbformat": 4,
@@ -64,6 +65,7 @@ def test_strip_notebook_removes_solutions_and_outputs():
     assert all(c.get("outputs", []) == [] for c in out["cells"])
     assert "Hidden" not in out["cells"][3]["source"] and "After." in out["cells"][3]["source"]
     assert "widgets" not in out["metadata"]
+    assert "secret_number" not in str(out), "the numbers of a written answer are left out"
     assert nb["cells"][1]["source"].endswith("return x + 1\n")  # the input is not modified
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .student.edition import (
     SOLUTION_TAG,
+    WORKED_TAG,
     MalformedNotebookError,
     cell_source,
     function_body_start,
@@ -149,6 +150,8 @@ def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict
     nb = copy.deepcopy(nb)
     cells, label, coded, pending = [], None, set(), None
     for index, cell in enumerate(nb["cells"]):
+        if WORKED_TAG in tags(cell):  # the numbers of a written solution: not for students
+            continue
         where, src = f"{path}, cell {index + 1}", cell_source(cell)
         if pending is not None and cell["cell_type"] == "code":
             cells.extend(_test_cells(pending, src, where))

@@ -23,6 +23,9 @@ __all__ = [
 ]
 
 SOLUTION_TAG = "solution"
+# a code cell that computes numbers a written solution quotes: folded in the book, left out of the
+# student edition and of the course
+WORKED_TAG = "solution-work"
 STUB_LINE = 'raise NotImplementedError("write your answer here")'
 _SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
 
@@ -107,6 +110,8 @@ def strip_notebook(nb: dict) -> tuple[dict, int]:
     nb = copy.deepcopy(nb)
     cells, stubs = [], 0
     for cell in nb["cells"]:
+        if WORKED_TAG in tags(cell):
+            continue
         src = cell_source(cell)
         is_solution = SOLUTION_TAG in tags(cell)
         if cell["cell_type"] == "markdown":
