@@ -194,3 +194,16 @@ def test_a_cache_follows_the_positions_of_a_gpt():
     assert cache.position == 4 and all(c.self_attn.length == 4 for c in cache.layers)
     step, _ = model(idx[:, 4:5], cache=cache)
     torch.testing.assert_close(step[:, -1], model(idx[:, :5])[0][:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_subclass_whose_decode_takes_no_cache_still_greedy_decodes():
+    class OldStyle(tl.Transformer):
+        def decode(self, tgt, memory, src_keep, need_weights=False):
+            return super().decode(tgt, memory, src_keep, need_weights)
+
+    torch.manual_seed(0)
+    config = tl.TransformerConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, context_len=16)
+    old, new = OldStyle(config).eval(), tl.Transformer(config).eval()
+    new.load_state_dict(old.state_dict())
+    src = torch.randint(3, 13, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(old.greedy_decode(src, 6), new.greedy_decode(src, 6))
