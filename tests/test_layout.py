@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
-CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models"]
-TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course"]
+CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context"]
+TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course",
+         "pretrained"]  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -113,8 +114,8 @@ def test_every_module_imports_first_without_a_circular_import():
 
 
 def test_flat_namespace_has_every_public_name_of_every_module():
-    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "cost",
-                   "data", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
+    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context",
+                   "cost", "data", "pretrained", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
         names = __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__
         missing = [n for n in names if n not in tl.__all__]
         assert not missing, f"{module} names missing from transformer_lib.__all__: {missing}"
