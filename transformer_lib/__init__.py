@@ -26,10 +26,12 @@ from .attention import (
 )
 from .blocks import (
     Decoder,
+    DecoderCache,
     DecoderLayer,
     Encoder,
     EncoderLayer,
     FeedForward,
+    LayerCache,
     layer_grad_norms,
     scaled_embedding,
 )
@@ -97,6 +99,7 @@ from .masks import (
     combine_masks,
     padding_mask,
     seq2seq_masks,
+    sliding_window_mask,
     to_ignore_mask,
 )
 from .models import (
@@ -107,9 +110,11 @@ from .models import (
     check_token_ids,
 )
 from .multihead import (
+    KVCache,
     MultiHeadAttention,
     Projection,
     head_contributions,
+    kv_cache_bytes,
     merge_heads,
     multihead_cost,
     split_heads,
@@ -130,9 +135,11 @@ from .pretrained import (
     load_gpt2,
 )
 from .sampling import (
+    check_top_p,
     generate_text,
     sample_next,
     top_k_filter,
+    top_p_filter,
 )
 from .train import (
     History,
@@ -187,6 +194,7 @@ __all__ = [
     "ChecksumError",
     "Corpus",
     "Decoder",
+    "DecoderCache",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
@@ -195,6 +203,8 @@ __all__ = [
     "History",
     "LMBatches",
     "LearnedPositionalEmbedding",
+    "KVCache",
+    "LayerCache",
     "MultiHeadAttention",
     "RotaryEmbedding",
     "Seq2SeqBatches",
@@ -230,12 +240,14 @@ __all__ = [
     "exact_match",
     "exercises",
     "flops_per_token",
+    "check_top_p",
     "generate_text",
     "get_batch",
     "gpt_from_hf",
     "gpt_from_nanogpt",
     "gpu_peak_flops",
     "head_contributions",
+    "kv_cache_bytes",
     "layer_grad_norms",
     "layers_to_connect",
     "figure_png",
@@ -267,6 +279,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_embedding",
     "seq2seq_masks",
+    "sliding_window_mask",
     "sequence_task",
     "set_seed",
     "sha256_of",
@@ -281,6 +294,7 @@ __all__ = [
     "split_tokens",
     "to_ignore_mask",
     "top_k_filter",
+    "top_p_filter",
     "tiled_attention",
     "train",
     "viz",
