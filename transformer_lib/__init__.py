@@ -24,10 +24,12 @@ from .attention import (
 )
 from .blocks import (
     Decoder,
+    DecoderCache,
     DecoderLayer,
     Encoder,
     EncoderLayer,
     FeedForward,
+    LayerCache,
     layer_grad_norms,
     scaled_embedding,
 )
@@ -90,6 +92,7 @@ from .masks import (
     combine_masks,
     padding_mask,
     seq2seq_masks,
+    sliding_window_mask,
     to_ignore_mask,
 )
 from .models import (
@@ -100,9 +103,11 @@ from .models import (
     check_token_ids,
 )
 from .multihead import (
+    KVCache,
     MultiHeadAttention,
     Projection,
     head_contributions,
+    kv_cache_bytes,
     merge_heads,
     multihead_cost,
     split_heads,
@@ -118,9 +123,11 @@ from .positional import (
     sinusoidal_frequencies,
 )
 from .sampling import (
+    check_top_p,
     generate_text,
     sample_next,
     top_k_filter,
+    top_p_filter,
 )
 from .train import (
     History,
@@ -175,6 +182,7 @@ __all__ = [
     "ChecksumError",
     "Corpus",
     "Decoder",
+    "DecoderCache",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
@@ -183,6 +191,8 @@ __all__ = [
     "History",
     "LMBatches",
     "LearnedPositionalEmbedding",
+    "KVCache",
+    "LayerCache",
     "MultiHeadAttention",
     "RotaryEmbedding",
     "Seq2SeqBatches",
@@ -217,10 +227,12 @@ __all__ = [
     "exact_match",
     "exercises",
     "flops_per_token",
+    "check_top_p",
     "generate_text",
     "get_batch",
     "gpu_peak_flops",
     "head_contributions",
+    "kv_cache_bytes",
     "layer_grad_norms",
     "layers_to_connect",
     "figure_png",
@@ -250,6 +262,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_embedding",
     "seq2seq_masks",
+    "sliding_window_mask",
     "sequence_task",
     "set_seed",
     "sha256_of",
@@ -264,6 +277,7 @@ __all__ = [
     "split_tokens",
     "to_ignore_mask",
     "top_k_filter",
+    "top_p_filter",
     "train",
     "viz",
     "world",

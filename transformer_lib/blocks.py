@@ -8,14 +8,25 @@ Inputs and outputs are ``(B, T, d_model)``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_int
-from .multihead import MultiHeadAttention
+from .multihead import KVCache, MultiHeadAttention
 
-__all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward", "layer_grad_norms", "scaled_embedding"]
+__all__ = [
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "LayerCache",
+    "layer_grad_norms",
+    "scaled_embedding",
+]
 
 # Every layer and stack takes d_model first; everything after the first three arguments is keyword-only.
 
@@ -70,16 +81,19 @@ class _LayerParts:
 
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
-        norm_first: bool = False, activation: str = "relu", bias: bool = True,
+        norm_first: bool = False, activation: str = "relu", bias: bool = True, n_kv_heads: int | None = None,
     ):  # fmt: skip
         if d_ff is not None:
             check_int(d_ff, "d_ff")
         check_bool(norm_first, "norm_first")
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, 4 * d_model if d_ff is None else d_ff
         self.dropout, self.norm_first, self.activation, self.bias = dropout, norm_first, activation, bias
+        self.n_kv_heads = n_kv_heads
 
     def attention(self) -> MultiHeadAttention:
-        return MultiHeadAttention(self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias)
+        return MultiHeadAttention(
+            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, dropout=self.dropout, bias=self.bias
+        )
 
     def residual(self) -> _Residual:
         return _Residual(self.d_model, self.dropout, self.norm_first, self.bias)
@@ -92,7 +106,8 @@ class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter 7).
 
     ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False,
-    activation="relu", bias=True)``; ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out.
+    activation="relu", bias=True, n_kv_heads=None)``; ``x (B, T, d_model)`` in, ``(B, T, d_model)``
+    out. ``n_kv_heads`` makes the attention grouped-query (chapter 10).
 
     ``forward(x, mask=None, need_weights=False)``; ``mask`` (True = may attend) broadcasts to
     ``(B, h, T, T)`` and is normally a padding mask. With ``need_weights`` the attention weights
@@ -116,40 +131,76 @@ class EncoderLayer(nn.Module):
         return self.res_ff(x, self.ff)  # (B, T, d_model)
 
 
+class LayerCache(NamedTuple):
+    """The caches of one :class:`DecoderLayer` for incremental decoding (chapter 10).
+
+    ``self_attn`` grows by one entry per generated token; ``cross_attn`` (None in a layer without
+    cross-attention) is a static :class:`~transformer_lib.multihead.KVCache` filled once with the
+    encoder output's keys and values. Each holds ``(B, n_kv_heads, T, d_k)`` keys and values.
+    """
+
+    self_attn: KVCache
+    cross_attn: KVCache | None = None
+
+
 class DecoderLayer(nn.Module):
     """Causal self-attention, then cross-attention to the encoder's output, then feed-forward (chapter 7).
 
     ``DecoderLayer(d_model, n_heads, d_ff=None, *, cross_attention=True, dropout=0.0,
-    norm_first=False, activation="relu", bias=True)``; ``x (B, T, d_model)`` and
-    ``memory (B, T_src, d_model)`` in, ``(B, T, d_model)`` out.
+    norm_first=False, activation="relu", bias=True, n_kv_heads=None, window=None)``;
+    ``x (B, T, d_model)`` and ``memory (B, T_src, d_model)`` in, ``(B, T, d_model)`` out.
 
-    ``forward(x, memory=None, self_mask=None, memory_mask=None, need_weights=False)``. The
-    self-attention is always causal; ``self_mask`` can add a padding mask. With
+    ``forward(x, memory=None, self_mask=None, memory_mask=None, need_weights=False, cache=None)``.
+    The self-attention is always causal; ``self_mask`` can add a padding mask. With
     ``cross_attention=False`` the layer has no cross-attention: the block of a decoder-only
     model such as GPT. With ``need_weights`` the weights are kept in ``self.self_attn_weights``
     ``(B, h, T, T)`` and ``self.cross_attn_weights`` ``(B, h, T, T_src)``.
+
+    Chapter 10 adds ``n_kv_heads`` (grouped-query attention in every attention of the layer),
+    ``window`` (sliding-window self-attention: each position sees itself and the ``window - 1``
+    before it) and ``cache``, a :class:`LayerCache`: then ``x`` holds only the new positions,
+    which follow the ``cache.self_attn.position`` positions already seen, and a ``self_mask``
+    covers ``T_cached + T`` keys.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *, cross_attention: bool = True, **options):
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int | None = None, *, cross_attention: bool = True,
+        window: int | None = None, **options,
+    ):  # fmt: skip
         super().__init__()
+        if window is not None:
+            check_int(window, "window")
         parts = _LayerParts(d_model, n_heads, d_ff, **options)
+        self.window = window
         self.self_attn, self.res_self = parts.attention(), parts.residual()
         self.cross_attn = parts.attention() if cross_attention else None
         self.res_cross = parts.residual() if cross_attention else None
         self.ff, self.res_ff = parts.feed_forward(), parts.residual()
         self.self_attn_weights = self.cross_attn_weights = None
 
+    def new_cache(self) -> LayerCache:
+        """An empty :class:`LayerCache` for this layer (chapter 10)."""
+        cross = KVCache(static=True) if self.cross_attn is not None else None
+        return LayerCache(KVCache(window=self.window), cross)
+
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:  # fmt: skip
+                memory_mask: Tensor | None = None, need_weights: bool = False,
+                cache: LayerCache | None = None) -> Tensor:  # fmt: skip
+        if cache is not None and not isinstance(cache, LayerCache):
+            raise TypeError(f"cache must be a LayerCache (layer.new_cache()) or None, got {type(cache).__name__}")
+        self_cache = None if cache is None else cache.self_attn
+        cross_cache = None if cache is None else cache.cross_attn
+
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
-                h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True
-            )
+                h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True, window=self.window,
+                cache=self_cache,
+            )  # fmt: skip
             return out
 
         def cross_attend(h: Tensor) -> Tensor:
             out, self.cross_attn_weights = self.cross_attn(
-                h, memory, memory, mask=memory_mask, need_weights=need_weights
+                h, memory, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache
             )
             return out
 
@@ -185,7 +236,7 @@ class Encoder(_Stack):
 
     ``Encoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`EncoderLayer` (``dropout``,
-    ``activation``). ``x (B, T, d_model)`` in and out.
+    ``activation``, ``n_kv_heads``). ``x (B, T, d_model)`` in and out.
     """
 
     layer_class = EncoderLayer
@@ -196,21 +247,68 @@ class Encoder(_Stack):
         return self.norm(x)  # (B, T, d_model)
 
 
+class DecoderCache:
+    """The caches of a whole :class:`Decoder` stack for incremental decoding (chapter 10).
+
+    ``layers`` holds one :class:`LayerCache` per layer (``decoder.new_cache()`` makes them);
+    ``position`` counts the target positions the decoder has processed, which is where the next
+    new token sits (the offset its position encoding needs). :meth:`Decoder.forward` advances it.
+    ``nbytes()`` is the memory all cached keys and values take, cross-attention included.
+    """
+
+    def __init__(self, layers: list[LayerCache]):
+        if not all(isinstance(c, LayerCache) for c in layers):
+            raise TypeError("DecoderCache takes a list of LayerCache, one per layer")
+        self.layers = list(layers)
+        self.position = 0
+
+    def nbytes(self, *, cross: bool = True) -> int:
+        """Bytes of every cached key and value; ``cross=False`` counts the self-attention only."""
+        total = 0
+        for c in self.layers:
+            total += c.self_attn.nbytes() + (c.cross_attn.nbytes() if cross and c.cross_attn is not None else 0)
+        return total
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"DecoderCache({len(self.layers)} layers, position={self.position}, nbytes={self.nbytes()})"
+
+
 class Decoder(_Stack):
     """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm (chapter 7).
 
     ``Decoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`DecoderLayer` (``dropout``,
-    ``cross_attention``, ``activation``). ``x (B, T, d_model)`` in and out; ``memory
-    (B, T_src, d_model)`` is the encoder's output.
+    ``cross_attention``, ``activation``, and from chapter 10 ``n_kv_heads`` and ``window``).
+    ``x (B, T, d_model)`` in and out; ``memory (B, T_src, d_model)`` is the encoder's output.
+
+    ``forward(..., cache=None)`` (chapter 10) takes a :class:`DecoderCache` from
+    :meth:`new_cache`: ``x`` then holds only the new positions, and the cache's ``position``
+    moves on by ``T``.
     """
 
     layer_class = DecoderLayer
 
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`DecoderCache` with one :class:`LayerCache` per layer (chapter 10)."""
+        return DecoderCache([layer.new_cache() for layer in self.layers])
+
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:  # fmt: skip
-        for layer in self.layers:
-            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights)
+                memory_mask: Tensor | None = None, need_weights: bool = False,
+                cache: DecoderCache | None = None) -> Tensor:  # fmt: skip
+        if cache is not None and (not isinstance(cache, DecoderCache) or len(cache) != len(self.layers)):
+            got = f"{len(cache)} layers" if isinstance(cache, DecoderCache) else type(cache).__name__
+            raise ValueError(
+                f"cache must be a DecoderCache with {len(self.layers)} layers (decoder.new_cache()), got {got}"
+            )
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else cache.layers[i]
+            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights,
+                      cache=layer_cache)  # fmt: skip
+        if cache is not None:
+            cache.position += x.shape[1]
         return self.norm(x)  # (B, T, d_model)
 
 

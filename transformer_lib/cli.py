@@ -230,6 +230,9 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="below 1: safer, above 1: wilder")
     parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely characters")
+    parser.add_argument(
+        "--top-p", type=float, default=None, help="sample only among the most likely characters that reach this mass"
+    )
     parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
@@ -243,13 +246,13 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    options = dict(temperature=args.temperature, top_k=args.top_k, generator=generator)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
     for i in range(args.num_samples):
         if i:
             print("\n" + "-" * 40)
         try:
             print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, **options))
-        except ValueError as e:  # a prompt character the model never saw, a bad temperature or top-k
+        except ValueError as e:  # a prompt character the model never saw, a bad temperature, top-k or top-p
             parser.error(str(e))
     return 0
 

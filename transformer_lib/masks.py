@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ._checks import check_int
+
 __all__ = [
     "Seq2SeqMasks",
     "additive_mask",
@@ -18,6 +20,7 @@ __all__ = [
     "combine_masks",
     "padding_mask",
     "seq2seq_masks",
+    "sliding_window_mask",
     "to_ignore_mask",
 ]
 
@@ -35,6 +38,30 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
             raise ValueError(f"{name} must be a positive int, got {n!r}")
     ones = torch.ones(T_q, T_k, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=T_k - T_q)
+
+
+def sliding_window_mask(
+    T_q: int, T_k: int | None = None, window: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
+    """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 10).
+
+    Query ``i`` may attend to itself and the ``window - 1`` keys before it, never to the future.
+    As in :func:`causal_mask`, with ``T_k > T_q`` the queries are the *last* ``T_q`` positions
+    (new tokens attending to a cache), so query ``i`` sits at key position ``p = i + T_k - T_q`` and
+    sees keys ``max(0, p - window + 1) .. p``. ``window`` is a positive int (required; it is the
+    third argument only so that ``sliding_window_mask(T_q, T_k, window)`` reads naturally);
+    ``window >= T_k`` gives :func:`causal_mask`.
+    """
+    T_k = T_q if T_k is None else T_k
+    for name, n in (("T_q", T_q), ("T_k", T_k)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if window is None:
+        raise ValueError("sliding_window_mask needs a window (a positive int), got None")
+    check_int(window, "window")
+    ones = torch.ones(T_q, T_k, dtype=torch.bool, device=device)
+    offset = T_k - T_q  # query i sits at key position i + offset
+    return torch.tril(ones, diagonal=offset) & ~torch.tril(ones, diagonal=offset - window)
 
 
 def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:

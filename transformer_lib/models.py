@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_int, check_probability, check_temperature
-from .blocks import Decoder, Encoder, scaled_embedding
+from .blocks import Decoder, DecoderCache, Encoder, scaled_embedding
 from .multihead import MultiHeadAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from .sampling import sample_next
+from .sampling import check_top_p, sample_next
 
 __all__ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "check_token_ids"]
 
@@ -105,6 +105,7 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "context_len"):
@@ -123,8 +124,13 @@ class TransformerConfig:
 
 
 def _check_shared(config) -> None:
-    """The fields both configs have: ``d_model``, ``n_heads``, ``d_ff`` (if any) and ``dropout``."""
+    """The fields both configs have: ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_ff`` (if any)
+    and ``dropout``."""
     check_divisible(config.d_model, config.n_heads)
+    if config.n_kv_heads is not None:
+        check_int(config.n_kv_heads, "n_kv_heads")
+        if config.n_heads % config.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({config.n_kv_heads}) must divide n_heads ({config.n_heads})")
     if getattr(config, "d_ff", None) is not None:
         check_int(config.d_ff, "d_ff")
     check_probability(config.dropout, "dropout")
@@ -137,6 +143,9 @@ class Transformer(nn.Module):
     ``(logits (B, T_tgt, tgt_vocab_size), loss or None)``. Padding (``pad_id``) in ``src`` is
     masked out of the encoder's self-attention and the decoder's cross-attention; the decoder's
     self-attention is causal. ``targets`` equal to ``pad_id`` are ignored by the loss.
+
+    Chapter 10: ``config.n_kv_heads`` makes every attention grouped-query;
+    :meth:`greedy_decode` caches keys and values (:meth:`new_cache`).
     """
 
     def __init__(self, config: TransformerConfig):
@@ -153,12 +162,9 @@ class Transformer(nn.Module):
             return LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
 
         self.src_pos, self.tgt_pos = make_positional(), make_positional()
-        self.encoder = Encoder(
-            c.d_model, c.n_heads, c.n_encoder_layers, c.d_ff, dropout=c.dropout, norm_first=c.norm_first
-        )
-        self.decoder = Decoder(
-            c.d_model, c.n_heads, c.n_decoder_layers, c.d_ff, dropout=c.dropout, norm_first=c.norm_first
-        )
+        shape = dict(dropout=c.dropout, norm_first=c.norm_first, n_kv_heads=c.n_kv_heads)
+        self.encoder = Encoder(c.d_model, c.n_heads, c.n_encoder_layers, c.d_ff, **shape)
+        self.decoder = Decoder(c.d_model, c.n_heads, c.n_decoder_layers, c.d_ff, **shape)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
         _init_weights(self)
 
@@ -171,13 +177,34 @@ class Transformer(nn.Module):
         memory = self.encoder(x, mask=src_keep[:, None, None, :], need_weights=need_weights)
         return memory, src_keep
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False) -> Tensor:
-        """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``."""
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:  # fmt: skip
+        """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``.
+
+        With ``cache`` (chapter 10; :meth:`new_cache`), ``tgt`` is still the whole target prefix,
+        but only the positions the cache has not seen (from ``cache.position`` on) go through
+        the decoder, and only their logits ``(B, T_tgt - cache.position, tgt_vocab_size)`` come
+        back; the cross-attention keys and values of ``memory`` are computed once, at the first call.
+        """
         c = self.config
         check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")
         y = self.tgt_pos(scaled_embedding(self.tgt_embed, _as_index(tgt)))  # (B, T_tgt, d_model)
-        y = self.decoder(y, memory, memory_mask=src_keep[:, None, None, :], need_weights=need_weights)
+        if cache is not None:
+            if not isinstance(cache, DecoderCache) or not cache.position < tgt.shape[1]:
+                got = f"position {cache.position}" if isinstance(cache, DecoderCache) else type(cache).__name__
+                raise ValueError(f"cache must be a DecoderCache that has seen fewer than {tgt.shape[1]} "
+                                 f"target positions (model.new_cache()), got {got}")  # fmt: skip
+            y = y[:, cache.position :]  # (B, T_new, d_model): the positions not yet cached
+        memory_mask = src_keep[:, None, None, :]  # (B, 1, 1, T_src)
+        y = self.decoder(y, memory, memory_mask=memory_mask, need_weights=need_weights, cache=cache)
         return self.lm_head(y)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`~transformer_lib.blocks.DecoderCache` for :meth:`decode` (chapter 10):
+        per decoder layer, a growing self-attention cache and a static cross-attention one."""
+        return self.decoder.new_cache()
 
     def forward(
         self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, need_weights: bool = False
@@ -193,16 +220,22 @@ class Transformer(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def greedy_decode(self, src: Tensor, max_new_tokens: int | None = None) -> Tensor:
+    def greedy_decode(self, src: Tensor, max_new_tokens: int | None = None, use_cache: bool = True) -> Tensor:
         """Decode by taking the most likely token at each step (chapter 8).
 
         Returns ``(B, n)`` generated ids, without the leading ``bos_id``; after a sequence's
         ``eos_id`` the rest of its row is ``pad_id``. Decoding stops when every row has ended.
         ``max_new_tokens`` is an int >= 0 (0 gives ``(B, 0)``); ``src`` needs at least one token.
+
+        The source is encoded once. With ``use_cache`` (chapter 10) each step runs the decoder on
+        the newest token only: its self-attention keys and values are cached, and each layer's
+        cross-attention keys and values of the encoder output are computed once. Without it,
+        every step re-decodes the whole prefix; both give the same tokens.
         """
         c = self.config
         max_new_tokens = c.context_len - 1 if max_new_tokens is None else max_new_tokens
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
+        check_bool(use_cache, "use_cache")
         if max_new_tokens > c.context_len - 1:
             raise ValueError(
                 f"max_new_tokens={max_new_tokens} exceeds the model's context_len - 1 ({c.context_len - 1})"
@@ -211,8 +244,9 @@ class Transformer(nn.Module):
         B = src.shape[0]
         out = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        cache = self.new_cache() if use_cache else None
         for _ in range(max_new_tokens):
-            logits = self.decode(out, memory, src_keep)[:, -1]  # (B, V)
+            logits = self.decode(out, memory, src_keep, cache=cache)[:, -1]  # (B, V)
             nxt = logits.argmax(dim=-1)
             nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
             out = torch.cat([out, nxt[:, None]], dim=1)
@@ -233,6 +267,8 @@ class GPTConfig:
     d_model: int = 128
     dropout: float = 0.0
     bias: bool = True
+    n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
+    window: int | None = None  # chapter 10: sliding-window attention over the last `window` positions
 
     def __post_init__(self):
         for name in ("vocab_size", "context_len"):
@@ -240,6 +276,8 @@ class GPTConfig:
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
         check_bool(self.bias, "bias")
+        if self.window is not None:
+            check_int(self.window, "window")
 
     def to_dict(self) -> dict:
         """The sizes as a plain dict (what a checkpoint stores)."""
@@ -251,6 +289,11 @@ class GPT(nn.Module):
 
     ``forward(idx (B, T), targets=None)`` returns ``(logits (B, T, vocab_size), loss or None)``
     with the next-token cross-entropy loss when ``targets (B, T)`` are given.
+
+    Chapter 10: ``config.n_kv_heads`` (grouped-query attention) and ``config.window``
+    (sliding-window attention); ``forward(idx, cache=model.new_cache())`` runs only the new
+    tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
+    :meth:`generate` uses it.
     """
 
     def __init__(self, config: GPTConfig):
@@ -270,6 +313,8 @@ class GPT(nn.Module):
             cross_attention=False,
             activation="gelu",
             bias=c.bias,
+            n_kv_heads=c.n_kv_heads,
+            window=c.window,
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
@@ -280,19 +325,43 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_embed.embedding.weight.numel() if non_embedding else n
 
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`~transformer_lib.blocks.DecoderCache` for ``forward(..., cache=)``
+        (chapter 10); with ``config.window`` each layer keeps only the last ``window - 1`` keys."""
+        return self.decoder.new_cache()
+
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+        self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False,
+        cache: DecoderCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
         c = self.config
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
-        x = self.pos_embed(self.tok_embed(_as_index(idx)))  # (B, T, d_model)
-        x = self.decoder(x, need_weights=need_weights)
+        if cache is None:
+            x = self.pos_embed(self.tok_embed(_as_index(idx)))  # (B, T, d_model)
+        else:
+            x = self._embed_at(idx, cache)  # (B, T_new, d_model)
+        x = self.decoder(x, need_weights=need_weights, cache=cache)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             targets = _check_targets(targets, idx, "idx")
             loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
         return logits, loss
+
+    def _embed_at(self, idx: Tensor, cache: DecoderCache) -> Tensor:
+        """Token plus position embeddings of new tokens ``idx (B, T_new)`` that follow the
+        ``cache.position`` cached ones: what ``pos_embed`` computes, at positions shifted by the offset."""
+        if not isinstance(cache, DecoderCache) or len(cache) != len(self.decoder.layers):
+            raise TypeError(f"cache must be this model's DecoderCache (model.new_cache()), got {cache!r}")
+        start, end = cache.position, cache.position + idx.shape[1]
+        if end > self.config.context_len:
+            raise ValueError(
+                f"the cache holds {start} positions and idx adds {idx.shape[1]}: {end} is longer than "
+                f"context_len={self.config.context_len}"
+            )
+        pe = self.pos_embed
+        positions = torch.arange(start, end, device=idx.device)  # (T_new,)
+        return pe.dropout(self.tok_embed(_as_index(idx)) + pe.embedding(positions))  # (B, T_new, d_model)
 
     @torch.no_grad()
     def generate(
@@ -301,7 +370,9 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
+        use_cache: bool = True,
     ) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
@@ -310,14 +381,40 @@ class GPT(nn.Module):
         (:func:`~transformer_lib.sampling.sample_next`). The context is cropped to the last
         ``context_len`` tokens. ``idx`` needs at least one token, ``max_new_tokens`` is an
         int >= 0, ``temperature`` a finite number > 0 and ``top_k`` None or a positive int.
+
+        Chapter 10: ``top_p`` (nucleus sampling, a number in ``(0, 1]``) keeps only the most
+        likely tokens that together reach probability ``top_p``. With ``use_cache`` (default)
+        the prompt is run once (prefill) and then each step runs only the newest token, reading
+        the earlier keys and values from a :class:`~transformer_lib.blocks.DecoderCache`. Once
+        the sequence is longer than ``context_len``, the uncached model sees a window that slides
+        by one token per step, so every position shifts and no cached key stays valid: from then
+        on each step re-runs the cropped window without the cache, exactly as ``use_cache=False``
+        does. Cached and uncached generation give the same tokens (the same logits up to
+        rounding); the model's train/eval mode is left as it is.
         """
         _check_id_tensor(idx, "idx")
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
         check_temperature(temperature)
         if top_k is not None:
             check_int(top_k, "top_k")
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.context_len :])  # (B, T, vocab_size)
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
+        if top_p is not None:
+            check_top_p(top_p)
+        check_bool(use_cache, "use_cache")
+        L = self.config.context_len
+        if not use_cache:
+            for _ in range(max_new_tokens):
+                logits, _ = self(idx[:, -L:])  # (B, T, vocab_size)
+                nxt = sample_next(logits[:, -1, :], temperature, top_k, generator, top_p=top_p)  # (B, 1)
+                idx = torch.cat([idx, nxt], dim=1)
+            return idx
+        cache = self.new_cache()
+        for step in range(max_new_tokens):
+            if step == 0:
+                logits, _ = self(idx[:, -L:], cache=cache)  # prefill: (B, T, vocab_size)
+            elif idx.shape[1] <= L:
+                logits, _ = self(idx[:, -1:], cache=cache)  # (B, 1, vocab_size)
+            else:
+                logits, _ = self(idx[:, -L:])  # past context_len: the cropped window, uncached
+            nxt = sample_next(logits[:, -1, :], temperature, top_k, generator, top_p=top_p)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
         return idx

@@ -6,6 +6,7 @@ heads in one batched matrix product by reshaping ``(B, T, d_model)`` to ``(B, h,
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import NamedTuple
 
@@ -15,18 +16,47 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_probability
 from .attention import check_mask, scaled_dot_product_attention
-from .masks import causal_mask
+from .masks import causal_mask, sliding_window_mask
 
-__all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_heads", "multihead_cost", "split_heads"]
+__all__ = [
+    "KVCache",
+    "MultiHeadAttention",
+    "Projection",
+    "head_contributions",
+    "kv_cache_bytes",
+    "merge_heads",
+    "multihead_cost",
+    "split_heads",
+]
+
+
+def _sdpa_has_gqa() -> bool:
+    """Does this PyTorch's fused kernel share K/V heads between query heads itself (grouped-query
+    attention, ``enable_gqa=True``, PyTorch >= 2.5)? Otherwise the K/V heads are repeated first.
+    The kernel is a builtin whose signature ``inspect`` may not read: then one tiny call decides."""
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):
+        pass
+    q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except (TypeError, RuntimeError):
+        return False
+    return True
+
+
+_SDPA_HAS_GQA = _sdpa_has_gqa()
 
 
 class Projection(NamedTuple):
     """One of the Q, K, V projections of a :class:`MultiHeadAttention` (chapter 5).
 
-    ``weight (d_model, d_model)`` and ``bias (d_model,)`` (or None) are *views* of rows of the
+    ``weight (d_out, d_model)`` and ``bias (d_out,)`` (or None) are *views* of rows of the
     layer's fused ``in_proj_weight`` and ``in_proj_bias``: reading them, or writing into them
     under ``torch.no_grad()``, reads or changes the layer. ``proj(x)`` maps ``(..., d_model)`` to
-    ``(..., d_model)`` like an ``nn.Linear``.
+    ``(..., d_out)`` like an ``nn.Linear``. ``d_out`` is ``d_model``, except for the keys and
+    values of grouped-query attention (chapter 10), where it is ``n_kv_heads * d_k``.
     """
 
     weight: Tensor
@@ -55,6 +85,123 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, d_model)
 
 
+class KVCache:
+    """The keys and values one attention layer has already computed, for generation (chapter 10).
+
+    Generating token by token, a causal model recomputes the same keys and values at every step;
+    a cache keeps them. ``k`` and ``v`` are ``(B, n_kv_heads, T_cached, d_k)`` (None while empty).
+    Pass the cache to :meth:`MultiHeadAttention.forward` as ``cache=``; the layer then projects
+    only the new tokens. Two kinds:
+
+    * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
+      returns all of them. With ``window`` (sliding-window attention) only the last
+      ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
+      stays bounded; without it, everything is kept.
+    * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
+      forward call, with the projected keys and values of the encoder's output; every later call
+      reuses them and does not project the memory again.
+
+    ``length`` is the number of cached positions held, ``position`` the number of tokens appended
+    in all (the position of the next one; it differs from ``length`` only once a window has
+    dropped old keys), ``nbytes()`` the memory the tensors take.
+    """
+
+    def __init__(self, *, window: int | None = None, static: bool = False):
+        if window is not None:
+            check_int(window, "window")
+        check_bool(static, "static")
+        if static and window is not None:
+            raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
+        self.window, self.static = window, static
+        self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
+        self.v: Tensor | None = None
+        self.position = 0
+
+    @property
+    def length(self) -> int:
+        """The number of positions held, ``T_cached``."""
+        return 0 if self.k is None else self.k.shape[2]
+
+    @property
+    def filled(self) -> bool:
+        """True once anything is cached."""
+        return self.k is not None
+
+    def nbytes(self) -> int:
+        """Bytes taken by the cached keys and values."""
+        if self.k is None:
+            return 0
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def _check(self, k: Tensor, v: Tensor) -> None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"KVCache: {name} must have shape (B, n_kv_heads, T, d_k), got {got}")
+        if k.shape != v.shape:
+            raise ValueError(f"KVCache: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if self.k is not None:
+            old, new = self.k.shape, k.shape
+            if (old[0], old[1], old[3]) != (new[0], new[1], new[3]) or self.k.dtype != k.dtype:
+                raise ValueError(
+                    f"KVCache holds (B, n_kv_heads, T, d_k) = {tuple(old)} {self.k.dtype}; cannot add "
+                    f"{tuple(new)} {k.dtype} (a different batch, layer or dtype: start a new cache)"
+                )
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new ``k, v (B, n_kv_heads, T_new, d_k)``; returns every key and value,
+        ``(B, n_kv_heads, T_cached + T_new, d_k)`` each, the new ones last."""
+        if self.static:
+            raise ValueError("this KVCache is static (cross-attention): it is filled once, by set()")
+        self._check(k, v)
+        self.position += k.shape[2]
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, n_kv, T_cached + T_new, d_k)
+        keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
+        self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
+        return k, v
+
+    def set(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Fill a static cache with ``k, v (B, n_kv_heads, T_src, d_k)`` (once); returns them."""
+        if not self.static:
+            raise ValueError(
+                "set() fills a static cache (KVCache(static=True)); a self-attention cache grows by append()"
+            )
+        if self.k is not None:
+            raise ValueError("this static KVCache is already filled; start a new one for a new source")
+        self._check(k, v)
+        self.k, self.v, self.position = k, v, k.shape[2]
+        return k, v
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.k = self.v = None
+        self.position = 0
+
+    def __repr__(self) -> str:
+        shape = None if self.k is None else tuple(self.k.shape)
+        extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
+        return f"KVCache(shape={shape}, position={self.position}{extra})"
+
+
+def kv_cache_bytes(
+    n_layers: int, n_kv_heads: int, d_k: int, T: int, *, batch: int = 1, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes of the key-value cache of ``n_layers`` attention layers holding ``T`` positions (chapter 10).
+
+    ``2 (K and V) * n_layers * batch * n_kv_heads * T * d_k * bytes per element``: linear in the
+    context and in the number of K/V heads, which grouped-query attention divides by
+    ``n_heads / n_kv_heads``. Compare with ``sum(c.nbytes() ...)`` of a filled cache.
+    """
+    for name, n in (("n_layers", n_layers), ("T", T), ("batch", batch)):
+        check_int(n, name, minimum=0)
+    check_int(n_kv_heads, "n_kv_heads")
+    check_int(d_k, "d_k")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    return 2 * n_layers * batch * n_kv_heads * T * d_k * torch.empty((), dtype=dtype).element_size()
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with Q, K, V and output projections (chapter 5).
 
@@ -75,26 +222,57 @@ class MultiHeadAttention(nn.Module):
     Both compute the same function, NaN included: a NaN in a query (after projection) gives NaN
     in that query's output row, as IEEE arithmetic does, while a query whose keys are all
     masked gets zeros. ``query``, ``key`` and ``value`` must be floating-point tensors of one dtype.
+
+    Added in chapter 10 ("Attention at scale"):
+
+    * ``n_kv_heads`` (keyword, default ``n_heads``): grouped-query attention. Only
+      ``n_kv_heads`` key and value heads are computed, each shared by ``n_heads / n_kv_heads``
+      consecutive query heads (``n_kv_heads = 1``: multi-query attention). ``in_proj_weight`` is
+      then ``(d_model + 2 n_kv_heads d_k, d_model)``, ``k_proj`` and ``v_proj`` map to
+      ``n_kv_heads * d_k`` features. With the default it is standard multi-head attention.
+    * ``forward(..., window=w)`` (with ``is_causal=True``): sliding-window attention, each query
+      sees itself and the ``w - 1`` keys before it (:func:`~transformer_lib.masks.sliding_window_mask`).
+    * ``forward(..., cache=KVCache)``: incremental decoding (see :class:`KVCache`). The new
+      queries are the *last* ``T_q`` positions of everything cached plus themselves, so the
+      causal and window masks are aligned to the end, and ``mask`` and ``weights`` have
+      ``T_k = T_cached + T_new`` keys. A static cache replaces ``key`` and ``value`` by the keys
+      and values it holds.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True
+    ):
         super().__init__()
         check_divisible(d_model, n_heads)
         check_probability(dropout, "dropout")
         check_bool(bias, "bias")
+        if n_kv_heads is None:
+            n_kv_heads = n_heads
+        check_int(n_kv_heads, "n_kv_heads")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads = n_kv_heads
         self.dropout = dropout
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))  # rows: W_q, W_k, W_v
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model)) if bias else None
-        with torch.no_grad():  # each block as nn.Linear(d_model, d_model) initialises itself, in the same order
+        d_kv = n_kv_heads * self.d_k  # the width of K and of V: d_model unless grouped
+        self.in_proj_weight = nn.Parameter(torch.empty(d_model + 2 * d_kv, d_model))  # rows: W_q, W_k, W_v
+        self.in_proj_bias = nn.Parameter(torch.empty(d_model + 2 * d_kv)) if bias else None
+        with torch.no_grad():  # each block as nn.Linear(d_model, d_out) initialises itself, in the same order
             for proj in (self.q_proj, self.k_proj, self.v_proj):
                 nn.init.kaiming_uniform_(proj.weight, a=math.sqrt(5))
                 if proj.bias is not None:
                     nn.init.uniform_(proj.bias, -1 / math.sqrt(d_model), 1 / math.sqrt(d_model))
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
+    @property
+    def _widths(self) -> tuple[int, int, int]:
+        d_kv = self.n_kv_heads * self.d_k
+        return self.d_model, d_kv, d_kv  # the rows of W_q, W_k, W_v
+
     def _projection(self, i: int) -> Projection:
-        rows = slice(i * self.d_model, (i + 1) * self.d_model)
+        widths = self._widths
+        start = sum(widths[:i])
+        rows = slice(start, start + widths[i])
         bias = self.in_proj_bias[rows] if self.in_proj_bias is not None else None
         return Projection(self.in_proj_weight[rows], bias)
 
@@ -105,28 +283,36 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def k_proj(self) -> Projection:
-        """The key projection ``W_k``: rows ``d_model .. 2 d_model - 1`` of ``in_proj_weight``."""
+        """The key projection ``W_k``: the next ``n_kv_heads * d_k`` rows (``d_model`` by default)."""
         return self._projection(1)
 
     @property
     def v_proj(self) -> Projection:
-        """The value projection ``W_v``: rows ``2 d_model .. 3 d_model - 1`` of ``in_proj_weight``."""
+        """The value projection ``W_v``: the last ``n_kv_heads * d_k`` rows (``d_model`` by default)."""
         return self._projection(2)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(q, k, v)``, each ``(B, h, T, d_k)``: one matrix product when ``query``, ``key`` and
-        ``value`` are the same tensor (self-attention), two when only ``key`` and ``value`` are
-        (cross-attention), three otherwise."""
-        h, d = self.n_heads, self.d_model
+        """``q (B, h, T_q, d_k)``, ``k`` and ``v`` ``(B, n_kv_heads, T_k, d_k)``: one matrix product
+        when ``query``, ``key`` and ``value`` are the same tensor (self-attention), two when only
+        ``key`` and ``value`` are (cross-attention), three otherwise."""
+        h, h_kv = self.n_heads, self.n_kv_heads
+        widths = self._widths
         if query is key and key is value:
-            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3 d_model)
-            return tuple(split_heads(t, h) for t in qkv.split(d, dim=-1))
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (B, T, d_model + 2 d_kv)
+            q, k, v = qkv.split(widths, dim=-1)
+            return split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)
         q = split_heads(self.q_proj(query), h)  # (B, h, T_q, d_k)
+        k, v = self._project_kv(key, value)
+        return q, k, v
+
+    def _project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """``k, v (B, n_kv_heads, T_k, d_k)``; one matrix product when ``key is value``."""
+        h_kv, d = self.n_kv_heads, self.d_model
         if key is value:
             w, b = self.in_proj_weight[d:], None if self.in_proj_bias is None else self.in_proj_bias[d:]
-            k, v = F.linear(key, w, b).split(d, dim=-1)  # (B, T_k, d_model) each
-            return q, split_heads(k, h), split_heads(v, h)
-        return q, split_heads(self.k_proj(key), h), split_heads(self.v_proj(value), h)
+            k, v = F.linear(key, w, b).split(self._widths[1:], dim=-1)  # (B, T_k, d_kv) each
+            return split_heads(k, h_kv), split_heads(v, h_kv)
+        return split_heads(self.k_proj(key), h_kv), split_heads(self.v_proj(value), h_kv)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -157,6 +343,9 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
         is_causal: bool = False,
+        *,
+        window: int | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         check_float_tensors({"query": query, "key": key, "value": value})
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -167,35 +356,78 @@ class MultiHeadAttention(nn.Module):
                 f"query, key and value must share B, and key/value must share T_k: got {tuple(query.shape)}, "
                 f"{tuple(key.shape)}, {tuple(value.shape)}"
             )
+        if window is not None:
+            check_int(window, "window")
+            if not is_causal:
+                raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if cache is not None and cache.window is not None and (window is None or cache.window < window):
+            raise ValueError(
+                f"this KVCache keeps only what a window of {cache.window} needs, but the attention's window is "
+                f"{window}: give the cache the attention's window (or none)"
+            )
         B, T_q, _ = query.shape
-        T_k = key.shape[1]
+        reuse = cache is not None and cache.static and cache.filled  # cross-attention after the first step
+        if reuse and cache.k.shape[0] != B:
+            raise ValueError(f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={B}")
+        T_k = cache.length if reuse else key.shape[1] + (0 if cache is None or cache.static else cache.length)
         check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        if reuse:
+            q, k, v = split_heads(self.q_proj(query), self.n_heads), cache.k, cache.v
+        else:
+            q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice
+            if cache is not None:
+                k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
+        if is_causal:
+            mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
         # the pure causal case goes to the fused kernel's causal (flash) path with no mask at all
         fused_causal = is_causal and mask is None and T_q == T_k and not need_weights
-        if is_causal and not fused_causal:
-            causal = causal_mask(T_q, T_k, device=query.device)  # (T_q, T_k)
-            mask = causal if mask is None else mask & causal
-        q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h, T_k, d_k), (B, h, T_k, d_k)
         p = self.dropout if self.training else 0.0
+        group = self.n_heads // self.n_kv_heads
         if need_weights:
+            if group > 1:  # query head i reads K/V head i // group
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_k, d_k)
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k)
         else:
             weights = None
+            gqa = {}
+            if group > 1 and _SDPA_HAS_GQA:
+                gqa = {"enable_gqa": True}
+            elif group > 1:
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_k, d_k)
             # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
             # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
             # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
             nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
             if fused_causal:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True) + nan_rows
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa) + nan_rows
             elif mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p) + nan_rows  # (B, h, T_q, d_k)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, **gqa) + nan_rows  # (B, h, T_q, d_k)
             else:
                 # a query with no key to attend to gets zeros, as in the hand-written path, on every
                 # PyTorch version and kernel: let it attend everywhere, then zero its output
                 any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p, **gqa)
                 out = torch.where(any_key, out + nan_rows, 0.0)  # (B, h, T_q, d_k)
         return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+
+    @staticmethod
+    def _causal(
+        mask: Tensor | None, T_q: int, T_k: int, window: int | None, need_weights: bool, device: torch.device
+    ) -> Tensor | None:
+        """``mask`` and the causal (or sliding-window) mask, end-aligned; None where the fused
+        kernel's own causal path can do it (``T_q == T_k``, no other mask, no weights) or where
+        nothing is masked (one query at the end, all keys within the window)."""
+        if window is None or window >= T_k:  # the window hides nothing: plain causal attention
+            if T_q == T_k and mask is None and not need_weights:
+                return None  # the fused kernel's own causal path
+            if T_q == 1 and T_k > 1:
+                return mask  # one new query at the end sees every key
+            structural = causal_mask(T_q, T_k, device=device)  # (T_q, T_k)
+        else:
+            structural = sliding_window_mask(T_q, T_k, window, device=device)  # (T_q, T_k)
+        return structural if mask is None else mask & structural
 
 
 def head_contributions(

@@ -1,14 +1,17 @@
 """Sampling from a language model (chapter 9, "A GPT from scratch"): temperature, top-k and
-generating text from a prompt."""
+generating text from a prompt; nucleus (top-p) sampling is added in chapter 10."""
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_int, check_temperature
 
-__all__ = ["generate_text", "sample_next", "top_k_filter"]
+__all__ = ["check_top_p", "generate_text", "sample_next", "top_k_filter", "top_p_filter"]
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -22,26 +25,63 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def check_top_p(p, name: str = "top_p") -> None:
+    """Raise unless ``p`` is a number in ``(0, 1]`` (a nucleus-sampling mass, chapter 10):
+    ``TypeError`` for a non-number (or a bool), ``ValueError`` for 0, a negative, above 1 or NaN."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a number in (0, 1], got {p!r} ({type(p).__name__})")
+    if not (0.0 < float(p) <= 1.0) or math.isnan(float(p)):
+        raise ValueError(f"{name} must be a probability mass in (0, 1], got {p!r}")
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """``logits (..., V)`` with every token outside the nucleus set to ``-inf`` (chapter 10).
+
+    The nucleus of a row is the smallest set of most likely tokens whose probabilities
+    (``softmax(logits)``) add up to at least ``p``; the most likely token is always in it.
+    Tokens tied with the least likely member are kept too (as :func:`top_k_filter` keeps ties),
+    so the result never depends on how a sort orders equal logits. ``p = 1`` keeps every token.
+    ``p`` is a number in ``(0, 1]``. Same shape and dtype out.
+    """
+    check_top_p(p)
+    if p >= 1.0:
+        return logits
+    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)  # (..., V)
+    probs = torch.softmax(sorted_logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # (..., V): the mass of the more likely tokens
+    inside = mass_before < p  # a prefix of each sorted row; the first entry is always True (0 < p)
+    last = (inside.sum(dim=-1, keepdim=True) - 1).clamp(min=0)  # (..., 1): the least likely member (NaN rows: 0)
+    threshold = sorted_logits.gather(-1, last)  # (..., 1)
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> Tensor:
     """One token id per row of ``logits (B, V)``, drawn from ``softmax(logits / temperature)``
     after an optional :func:`top_k_filter` (chapter 9); returns ``(B, 1)``.
 
     ``temperature`` is a finite number > 0. One so small that ``logits / temperature``
-    overflows gives the limit ``T -> 0``: a uniform choice among each row's largest logits.
+    overflows gives the limit ``tau -> 0``: a uniform choice among each row's largest logits.
+    ``top_p`` (chapter 10) then applies :func:`top_p_filter` to the tempered, top-k-filtered
+    logits: temperature first, then top-k, then top-p.
     """
     check_temperature(temperature)
     if top_k is not None:
         check_int(top_k, "top_k")
+    if top_p is not None:
+        check_top_p(top_p)
     scaled = logits / temperature  # (B, V)
     if top_k is not None:
         scaled = top_k_filter(scaled, top_k)
+    if top_p is not None:
+        scaled = top_p_filter(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)  # (B, V)
-    if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the T -> 0 limit
+    if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the tau -> 0 limit
         probs = (logits == logits.amax(dim=-1, keepdim=True)).to(logits.dtype)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
@@ -55,12 +95,14 @@ def generate_text(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> str:
     """``prompt`` followed by ``max_new_tokens`` sampled characters (chapter 9).
 
     ``model`` is a :class:`~transformer_lib.models.GPT` and ``tokenizer`` the
     :class:`~transformer_lib.data.CharTokenizer` it was trained with; the prompt becomes a
     ``(1, T)`` batch for :meth:`GPT.generate`. The model's train/eval mode is restored afterwards.
+    ``top_p`` (chapter 10) is passed on to :meth:`GPT.generate` (nucleus sampling).
     """
     if not prompt:
         raise ValueError("the prompt must have at least one character (for example a newline)")
@@ -68,6 +110,6 @@ def generate_text(
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
     was_training = model.training
     model.eval()
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     model.train(was_training)
     return tokenizer.decode(out[0])
