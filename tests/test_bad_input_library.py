@@ -249,3 +249,43 @@ def test_the_nan_guard_leaves_gradients_unchanged():
     m(x, x, x, is_causal=True, need_weights=True)[0].square().sum().backward()
     torch.testing.assert_close(fused, x.grad, rtol=1e-4, atol=1e-6)
     assert math.isfinite(float(fused.abs().sum()))
+
+
+def qkv4(T_q=6, T_k=6, d=4, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 2, T, d, generator=g).to(dtype) for T in (T_q, T_k, T_k)]
+
+
+# chapter 10: tiled attention, the online softmax, the peak-memory probe, GPT-2's GELU
+LONG_CONTEXT_ERRORS = [
+    ("tiled 3-D q", lambda: tl.tiled_attention(*qkv()), ValueError, "(B, h, T, d)"),
+    ("tiled q and k widths differ", lambda: tl.tiled_attention(qkv4(d=4)[0], *qkv4(d=5)[1:]), ValueError, "width"),
+    ("tiled k and v lengths differ", lambda: tl.tiled_attention(*qkv4(T_k=6)[:2], qkv4(T_k=7)[2]), ValueError, "T_k"),
+    ("tiled heads differ", lambda: tl.tiled_attention(qkv4()[0][:, :1], *qkv4()[1:]), ValueError, "share B and h"),
+    ("tiled empty keys", lambda: tl.tiled_attention(*qkv4(T_k=0)), ValueError, "T = 0"),
+    ("tiled causal with T_q != T_k", lambda: tl.tiled_attention(*qkv4(T_q=3, T_k=6), is_causal=True), ValueError,
+     "T_q=3"),
+    ("tiled causal as a string", lambda: tl.tiled_attention(*qkv4(), is_causal="yes"), TypeError, "is_causal"),
+    ("tiled block_size 0", lambda: tl.tiled_attention(*qkv4(), block_size=0), ValueError, "block_size"),
+    ("tiled block_size float", lambda: tl.tiled_attention(*qkv4(), block_size=16.0), TypeError, "block_size"),
+    ("tiled block_size True", lambda: tl.tiled_attention(*qkv4(), block_size=True), TypeError, "block_size"),
+    ("tiled int64 q k v", lambda: tl.tiled_attention(*[t.long() for t in qkv4()]), TypeError, "int64"),
+    ("tiled mixed float64 k", lambda: tl.tiled_attention(qkv4()[0], qkv4(dtype=torch.float64)[1], qkv4()[2]),
+     TypeError, "share one dtype"),
+    ("online softmax block 0", lambda: tl.online_softmax(LOGITS, 0), ValueError, "block_size"),
+    ("online softmax int tensor", lambda: tl.online_softmax(IDS, 2), TypeError, "floating"),
+    ("online softmax empty row", lambda: tl.online_softmax(torch.zeros(2, 0), 2), ValueError, "n >= 1"),
+    ("peak memory unknown method", lambda: tl.attention_peak_memory(64, method="flash"), ValueError, "flash"),
+    ("peak memory T 0", lambda: tl.attention_peak_memory(0), ValueError, "T must"),
+    ("peak memory int dtype", lambda: tl.attention_peak_memory(8, dtype=torch.int32), TypeError, "int32"),
+    ("feed-forward unknown activation", lambda: tl.FeedForward(8, 16, activation="gelu_new"), ValueError,
+     "gelu_tanh"),
+    ("gpt config unknown activation", lambda: gpt(activation="relu"), ValueError, "relu"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "word"), [c[1:] for c in LONG_CONTEXT_ERRORS], ids=[c[0] for c in LONG_CONTEXT_ERRORS]
+)
+def test_bad_long_context_input_gives_a_clear_error(call, error, word):
+    test_bad_input_gives_a_clear_error(call, error, word)

@@ -13,7 +13,7 @@ import transformer_lib as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
 
-from benchmarks import attention, common, cpu_throughput, gpu_training, quality  # noqa: E402
+from benchmarks import attention, common, cpu_throughput, generation, gpu_training, quality  # noqa: E402
 
 TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, context_len=16)
 
@@ -131,3 +131,15 @@ def test_attention_timing_drops_a_call_that_runs_out_of_memory():
     calls = {"small": lambda: None, "big": too_big}
     medians, reps, failed = attention.time_in_turns(calls, torch.device("cpu"), budget_s=0.001, max_reps=3)
     assert set(medians) == {"small"} and 1 <= reps["small"] <= 3 and failed == {"big": "out of memory"}
+
+
+def test_generation_benchmark_times_both_paths_on_the_same_tokens():
+    r = generation.run_generation((4, 9), shape=dict(TINY_GPT), batch_size=2, rounds=2, threads=1)
+    assert [row["T"] for row in r["rows"]] == [4, 9] and r["settings"]["threads"] == 1
+    for row in r["rows"]:
+        assert row["same_tokens"] and row["new_tokens"] == row["T"] - 1  # a one-token prompt
+        assert len(row["speedup"]) == len(row["cpu_speedup"]) == 2
+        assert min(row["tok_s"]["cached"] + row["tok_s"]["uncached"]) > 0 and row["step_ms"] > 0
+    assert "CPU-time ratio" in generation.report(r)
+    with pytest.raises(ValueError, match="context_len"):
+        generation.run_generation((32,), shape=dict(TINY_GPT), rounds=1, threads=1)

@@ -54,13 +54,25 @@ def test_kv_cache_appends_and_returns_everything():
     k1, v1 = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
     k2, v2 = torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 5)
     assert cache.length == cache.position == cache.nbytes() == 0 and not cache.filled
-    assert cache.append(k1, v1)[0] is k1
+    assert torch.equal(cache.append(k1, v1)[0], k1)
     k, v = cache.append(k2, v2)
     assert torch.equal(k, torch.cat([k1, k2], 2)) and torch.equal(v, torch.cat([v1, v2], 2))
     assert cache.length == cache.position == 5
     assert cache.nbytes() == 2 * 2 * 3 * 5 * 5 * 4  # K and V, float32
     cache.reset()
     assert cache.length == 0 and cache.position == 0
+
+
+def test_outside_autograd_the_cache_grows_in_a_buffer_without_copying_each_step():
+    cache = tl.KVCache()
+    steps = torch.randn(1, 2, 40, 3)
+    with torch.no_grad():
+        cache.append(steps[:, :, :5], steps[:, :, :5])
+        for t in range(5, 40):
+            k, _ = cache.append(steps[:, :, t : t + 1], steps[:, :, t : t + 1])
+            assert torch.equal(k, steps[:, :, : t + 1]) and cache.length <= cache.capacity <= 2 * cache.length
+    assert cache.capacity == 40 and cache.nbytes() == 2 * 2 * 40 * 3 * 4  # 5, 10, 20, 40: doubled
+    assert cache.k.data_ptr() == cache._buffers[0].data_ptr()  # a view of the buffer, not a copy
 
 
 def test_a_windowed_cache_keeps_only_what_the_window_needs():
@@ -108,22 +120,24 @@ def test_a_cache_refuses_a_different_batch_or_dtype():
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("window", [None, 2, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_attention_through_a_cache_equals_attention_over_everything(need_weights, n_kv_heads, window, dtype):
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad buffer", "autograd concatenation"])
+def test_attention_through_a_cache_equals_attention_over_everything(need_weights, n_kv_heads, window, dtype, grad):
     torch.manual_seed(0)
     mha = tl.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).to(dtype).eval()
     x = torch.randn(2, 9, 32, dtype=dtype)
     full, full_w = mha(x, x, x, is_causal=True, window=window, need_weights=need_weights)
     cache, outs, start = tl.KVCache(window=window), [], 0
-    for n in (4, 1, 1, 3):  # a prefill, single tokens, then a chunk
-        part = x[:, start : start + n]
-        out, w = mha(part, part, part, is_causal=True, window=window, need_weights=need_weights, cache=cache)
-        if need_weights:  # the weights of the new queries over the keys the layer saw
-            T_k = w.shape[-1]
-            rows = full_w[:, :, start : start + n]
-            torch.testing.assert_close(w, rows[..., start + n - T_k : start + n], **TOL[dtype])
-            assert not rows[..., : start + n - T_k].any()  # keys the cache dropped had no weight
-        outs.append(out)
-        start += n
+    with torch.set_grad_enabled(grad):  # the cache writes into a buffer, or concatenates under autograd
+        for n in (4, 1, 1, 3):  # a prefill, single tokens, then a chunk
+            part = x[:, start : start + n]
+            out, w = mha(part, part, part, is_causal=True, window=window, need_weights=need_weights, cache=cache)
+            if need_weights:  # the weights of the new queries over the keys the layer saw
+                T_k = w.shape[-1]
+                rows = full_w[:, :, start : start + n]
+                torch.testing.assert_close(w, rows[..., start + n - T_k : start + n], **TOL[dtype])
+                assert not rows[..., : start + n - T_k].any()  # keys the cache dropped had no weight
+            outs.append(out)
+            start += n
     torch.testing.assert_close(torch.cat(outs, 1), full, **TOL[dtype])
 
 

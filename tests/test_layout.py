@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
-CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models"]
+CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context"]
 TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course"]
 
 
@@ -113,8 +113,8 @@ def test_every_module_imports_first_without_a_circular_import():
 
 
 def test_flat_namespace_has_every_public_name_of_every_module():
-    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "cost",
-                   "data", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
+    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context",
+                   "cost", "data", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
         names = __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__
         missing = [n for n in names if n not in tl.__all__]
         assert not missing, f"{module} names missing from transformer_lib.__all__: {missing}"

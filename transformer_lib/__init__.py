@@ -2,7 +2,8 @@
 
 Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also the FLOP and
 memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
-``positional`` (6), ``blocks`` (7), ``models`` (8-9) and ``sampling`` (9). Tools above them:
+``positional`` (6), ``blocks`` (7), ``models`` (8-9), ``sampling`` (9) and ``long_context``
+(10: the online softmax and tiled attention). Tools above them:
 ``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``viz`` (figures) and ``utils``.
 Every public name of every module is here, so ``tl.name`` works for all of them.
 Mask convention everywhere: boolean, ``True`` means "may attend".
@@ -49,6 +50,7 @@ from .cli import (
 )
 from .cost import (
     PEAK_FLOPS,
+    attention_peak_memory,
     estimate_mfu,
     flops_per_token,
     gpu_peak_flops,
@@ -84,6 +86,10 @@ from .data import (
     sequence_task,
     sha256_of,
     split_tokens,
+)
+from .long_context import (
+    online_softmax,
+    tiled_attention,
 )
 from .masks import (
     Seq2SeqMasks,
@@ -205,6 +211,7 @@ __all__ = [
     "TransformerConfig",
     "additive_mask",
     "apply_rotary",
+    "attention_peak_memory",
     "atomic_write",
     "autocast",
     "binary_encoding",
@@ -244,6 +251,7 @@ __all__ = [
     "masked_softmax",
     "merge_heads",
     "multihead_cost",
+    "online_softmax",
     "pad_sequences",
     "padding_mask",
     "peak_memory_bytes",
@@ -278,6 +286,7 @@ __all__ = [
     "to_ignore_mask",
     "top_k_filter",
     "top_p_filter",
+    "tiled_attention",
     "train",
     "viz",
     "world",

@@ -43,11 +43,13 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model) (chapter 7).
 
     ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out; every position is transformed alike.
+    ``activation`` is ``"relu"``, ``"gelu"`` (exact, with the normal CDF) or ``"gelu_tanh"``
+    (GPT-2's approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter 10).
     """
 
     def __init__(self, d_model: int, d_ff: int, *, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
         super().__init__()
-        acts = {"relu": nn.ReLU, "gelu": nn.GELU}
+        acts = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh")}
         if activation not in acts:
             raise ValueError(f"activation must be one of {sorted(acts)}, got {activation!r}")
         self.net = nn.Sequential(

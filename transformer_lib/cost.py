@@ -1,9 +1,10 @@
 """What a model costs: receptive fields of convolution stacks (chapter 1), training FLOPs and the
-model-FLOPs utilisation against a GPU's peak (chapter 9), and a peak-memory probe built on
-public PyTorch APIs only.
+model-FLOPs utilisation against a GPU's peak (chapter 9), a peak-memory probe built on
+public PyTorch APIs only, and the peak memory of three ways to compute attention (chapter 10).
 
-This is a tool module: it imports no concept module (a model is passed in, and only its
-``config`` and :meth:`num_params` are read).
+This is a tool module. Models are passed in (only their ``config`` and :meth:`num_params` are
+read); the attention functions whose memory :func:`attention_peak_memory` compares are the
+only concept-module imports.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .attention import scaled_dot_product_attention
+from .long_context import tiled_attention
+from .masks import causal_mask
 
 __all__ = [
     "PEAK_FLOPS",
+    "attention_peak_memory",
     "estimate_mfu",
     "flops_per_token",
     "gpu_peak_flops",
@@ -103,9 +110,10 @@ def peak_memory_bytes(call: Callable[[], object], device: torch.device | str = "
     """Peak bytes allocated during ``call()`` above what was allocated before it (chapter 9).
 
     On a GPU: ``torch.cuda.max_memory_allocated``. On the CPU: ``torch.profiler`` with
-    ``profile_memory=True`` reports each operator's own allocations minus frees; their running
-    sum in start-time order is the memory in use (an operator's temporaries freed inside it count
-    as zero, so this is a lower bound on the true peak).
+    ``profile_memory=True`` records every allocation and free of the CPU allocator with its time;
+    their running sum in time order is the memory in use, operators' own temporaries included.
+    (Should those records be unavailable, the per-operator totals are summed instead, in the
+    operators' start order, a lower bound that misses temporaries freed inside an operator.)
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -119,8 +127,74 @@ def peak_memory_bytes(call: Callable[[], object], device: torch.device | str = "
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         call()
+    records = _memory_records(prof)
+    if records is None:  # per operator: allocations minus frees inside it
+        records = [(e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()]
     in_use = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        in_use += event.self_cpu_memory_usage  # > 0: allocated, < 0: freed
+    for _, nbytes in sorted(records, key=lambda r: r[0]):
+        in_use += nbytes  # > 0: allocated, < 0: freed
         peak = max(peak, in_use)
     return peak
+
+
+def _memory_records(prof) -> list[tuple[int, int]] | None:
+    """``(time, bytes)`` of each allocation (> 0) and free (< 0) the profiler saw, or None."""
+    try:
+        events = prof.profiler.kineto_results.events()
+        return [(e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"]
+    except AttributeError:
+        return None
+
+
+_ATTENTION_METHODS = ("naive", "fused", "tiled")
+
+
+def attention_peak_memory(
+    T: int,
+    *,
+    method: str = "tiled",
+    d: int = 64,
+    n_heads: int = 1,
+    batch: int = 1,
+    is_causal: bool = False,
+    backward: bool = False,
+    block_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+) -> int:
+    """Peak extra bytes on the CPU of one attention call over ``T`` positions (chapter 10).
+
+    ``q``, ``k``, ``v`` of shape ``(batch, n_heads, T, d)`` (random, in ``dtype``) are made
+    first and do not count; the probe (:func:`peak_memory_bytes`) then measures what one call
+    allocates: the output and every temporary. ``method`` is ``"naive"`` (the library's
+    :func:`~transformer_lib.attention.scaled_dot_product_attention`, which builds the
+    ``(T, T)`` scores and weights; causal through a boolean ``(T, T)`` mask), ``"fused"``
+    (``torch.nn.functional.scaled_dot_product_attention``, PyTorch's own kernel) or
+    ``"tiled"`` (:func:`~transformer_lib.long_context.tiled_attention` with ``block_size``).
+    With ``backward=True`` the call also runs the backward pass for a given output gradient,
+    so the gradients of ``q``, ``k``, ``v`` count too. Returns an int (bytes).
+    """
+    if method not in _ATTENTION_METHODS:
+        raise ValueError(f"method must be one of {_ATTENTION_METHODS}, got {method!r}")
+    for name, value in (("T", T), ("d", d), ("n_heads", n_heads), ("batch", batch), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, n_heads, T, d, generator=gen).to(dtype).requires_grad_(backward) for _ in range(3))
+    grad = torch.randn(batch, n_heads, T, d, generator=gen).to(dtype)  # (B, h, T, d)
+
+    def attend() -> torch.Tensor:
+        if method == "naive":
+            mask = causal_mask(T) if is_causal else None  # (T, T)
+            return scaled_dot_product_attention(q, k, v, mask)[0]
+        if method == "fused":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        return tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+
+    def call() -> None:
+        out = attend()  # (B, h, T, d)
+        if backward:
+            out.backward(grad)
+
+    return peak_memory_bytes(call, "cpu")

@@ -269,6 +269,7 @@ class GPTConfig:
     bias: bool = True
     n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
     window: int | None = None  # chapter 10: sliding-window attention over the last `window` positions
+    activation: str = "gelu"  # or "gelu_tanh", GPT-2's tanh approximation (chapter 10)
 
     def __post_init__(self):
         for name in ("vocab_size", "context_len"):
@@ -278,6 +279,8 @@ class GPTConfig:
         check_bool(self.bias, "bias")
         if self.window is not None:
             check_int(self.window, "window")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
 
     def to_dict(self) -> dict:
         """The sizes as a plain dict (what a checkpoint stores)."""
@@ -311,7 +314,7 @@ class GPT(nn.Module):
             dropout=c.dropout,
             norm_first=True,
             cross_attention=False,
-            activation="gelu",
+            activation=c.activation,
             bias=c.bias,
             n_kv_heads=c.n_kv_heads,
             window=c.window,

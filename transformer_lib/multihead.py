@@ -103,7 +103,13 @@ class KVCache:
 
     ``length`` is the number of cached positions held, ``position`` the number of tokens appended
     in all (the position of the next one; it differs from ``length`` only once a window has
-    dropped old keys), ``nbytes()`` the memory the tensors take.
+    dropped old keys), ``nbytes()`` the memory the held keys and values take.
+
+    Appending by concatenation would copy the whole cache at every step, a cost that grows with
+    the context. So, outside autograd, an unbounded cache writes into a buffer with room to
+    spare (its ``capacity`` doubles when full: at most twice ``length`` positions are allocated)
+    and ``k``, ``v`` are views of its first ``length`` positions. When gradients are recorded,
+    and for a window's short cache, it concatenates.
     """
 
     def __init__(self, *, window: int | None = None, static: bool = False):
@@ -116,6 +122,12 @@ class KVCache:
         self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
         self.v: Tensor | None = None
         self.position = 0
+        self._buffers: tuple[Tensor, Tensor] | None = None  # (B, n_kv_heads, capacity, d_k) each
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated: ``length`` plus the spare room of the buffer, if any."""
+        return self.length if self._buffers is None else self._buffers[0].shape[2]
 
     @property
     def length(self) -> int:
@@ -155,11 +167,31 @@ class KVCache:
             raise ValueError("this KVCache is static (cross-attention): it is filled once, by set()")
         self._check(k, v)
         self.position += k.shape[2]
+        if self.window is None and not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)):
+            return self._write(k, v)
+        self._buffers = None
         if self.k is not None:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, n_kv, T_cached + T_new, d_k)
         keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
         self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
         return k, v
+
+    def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
+        n, need = self.length, self.length + k.shape[2]
+        if self._buffers is None or need > self._buffers[0].shape[2]:
+            B, h, _, d_k = k.shape
+            capacity = max(need, 2 * self.capacity)
+            buffers = k.new_empty(B, h, capacity, d_k), v.new_empty(B, h, capacity, d_k)
+            if n:
+                buffers[0][:, :, :n] = self.k
+                buffers[1][:, :, :n] = self.v
+            self._buffers = buffers
+        kb, vb = self._buffers
+        kb[:, :, n:need] = k
+        vb[:, :, n:need] = v
+        self.k, self.v = kb[:, :, :need], vb[:, :, :need]  # views: (B, n_kv, T_cached + T_new, d_k)
+        return self.k, self.v
 
     def set(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Fill a static cache with ``k, v (B, n_kv_heads, T_src, d_k)`` (once); returns them."""
@@ -176,6 +208,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty the cache."""
         self.k = self.v = None
+        self._buffers = None
         self.position = 0
 
     def __repr__(self) -> str:

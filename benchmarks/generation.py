@@ -1,0 +1,176 @@
+"""Generation speed of ``tl.GPT`` with and without the key-value cache, against context length.
+
+At the ``gpu`` preset's model shape (6 layers, 6 heads, d_model 384, context 256; the weights
+are random: speed does not depend on them) a one-token prompt is extended greedily
+(``top_k=1``) until the sequence is ``T`` tokens long, for each ``T`` in ``--contexts``.
+Uncached, every step re-runs the whole prefix, so a step costs time growing with ``T`` and the
+whole generation about ``T^2``; cached, the prompt is run once and every step runs one token
+against the stored keys and values. Both must produce the same tokens (checked every round).
+The two take turns, in an order that alternates every round; the table shows the median tokens
+per second over the rounds with the spread (lowest to highest), the median of the per-round
+speed-ups (wall clock), and the same ratio of the CPU time the process used (less sensitive to
+other work on a shared machine, which stretches the wall clock of many small steps the most).
+The cached path's time is also split into the prefill and the mean per-token step.
+
+Target: cached / uncached >= 10 at context 256 on a 2-core CPU.
+
+    python -m benchmarks.generation                     # the real run; appends a row to RESULTS.md
+    python -m benchmarks.generation --threads 1 --rounds 5 --contexts 32,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+import transformer_lib as tl
+
+from .common import add_record_flags, append_result, format_table, median, set_threads
+
+VOCAB_SIZE = 65  # Tiny Shakespeare's characters
+GPU_SHAPE = dict(n_layers=6, n_heads=6, d_model=384, context_len=256)  # tl.PRESETS["gpu"]'s model shape
+
+
+def build_model(shape: dict, seed: int, dtype: torch.dtype = torch.float32) -> tl.GPT:
+    """A GPT of ``shape`` in eval mode (so dropout, whatever its setting, changes nothing)."""
+    torch.manual_seed(seed)
+    return tl.GPT(tl.GPTConfig(vocab_size=VOCAB_SIZE, **shape)).to(dtype).eval()
+
+
+def time_generation(
+    model: tl.GPT, prompt: torch.Tensor, n_new: int, use_cache: bool
+) -> tuple[float, float, torch.Tensor]:
+    """Wall-clock seconds and CPU seconds (all threads of this process) to generate ``n_new``
+    tokens greedily after ``prompt``, and the tokens. On a machine shared with other work the
+    wall clock includes the time spent waiting for a core; the CPU time does not."""
+    start, cpu = time.perf_counter(), time.process_time()
+    out = model.generate(prompt, n_new, top_k=1, use_cache=use_cache)
+    return time.perf_counter() - start, time.process_time() - cpu, out
+
+
+@torch.no_grad()
+def split_cached(model: tl.GPT, prompt: torch.Tensor, n_new: int) -> tuple[float, float]:
+    """The cached path's time in two parts: the prefill, and the mean time of one later step."""
+    cache = model.new_cache()
+    start = time.perf_counter()
+    logits, _ = model(prompt, cache=cache)
+    prefill = time.perf_counter() - start
+    nxt = logits[:, -1].argmax(-1, keepdim=True)
+    start = time.perf_counter()
+    for _ in range(n_new - 1):
+        logits, _ = model(nxt, cache=cache)
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+    return prefill, (time.perf_counter() - start) / max(1, n_new - 1)
+
+
+def run_generation(
+    contexts: tuple[int, ...] = (32, 64, 128, 256),
+    *,
+    shape: dict | None = None,
+    batch_size: int = 1,
+    prompt_len: int = 1,
+    rounds: int = 3,
+    threads: int | None = 2,
+    seed: int = 1337,
+) -> dict:
+    """Time cached and uncached generation up to each context length; returns every round."""
+    shape = dict(GPU_SHAPE if shape is None else shape)
+    threads = set_threads(threads)
+    if max(contexts) > shape["context_len"]:
+        raise ValueError(f"contexts up to {max(contexts)} need context_len >= that, got {shape['context_len']}")
+    if min(contexts) <= prompt_len:
+        raise ValueError(f"every context must be longer than the prompt ({prompt_len} tokens), got {contexts}")
+    model = build_model(shape, seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, VOCAB_SIZE, (batch_size, prompt_len), generator=g)
+    time_generation(model, prompt, 4, True)  # warm-up: first calls allocate and pick kernels
+    time_generation(model, prompt, 4, False)
+    rows = []
+    for T in contexts:
+        n_new = T - prompt_len
+        seconds = {"cached": [], "uncached": []}
+        cpu = {"cached": [], "uncached": []}
+        same = True
+        for r in range(rounds):
+            order = ("cached", "uncached") if r % 2 == 0 else ("uncached", "cached")
+            outs = {}
+            for name in order:
+                wall, used, outs[name] = time_generation(model, prompt, n_new, name == "cached")
+                seconds[name].append(wall)
+                cpu[name].append(used)
+            same &= torch.equal(outs["cached"], outs["uncached"])
+        prefill, step = split_cached(model, prompt, n_new)
+        tok_s = {name: [batch_size * n_new / s for s in v] for name, v in seconds.items()}
+        speedups = [u / c for c, u in zip(seconds["cached"], seconds["uncached"], strict=True)]
+        cpu_speedups = [u / c for c, u in zip(cpu["cached"], cpu["uncached"], strict=True)]
+        rows.append({"T": T, "new_tokens": n_new, "tok_s": tok_s, "speedup": speedups, "cpu_speedup": cpu_speedups,
+                     "same_tokens": same, "prefill_ms": 1000 * prefill, "step_ms": 1000 * step})  # fmt: skip
+    settings = {**shape, "vocab_size": VOCAB_SIZE, "batch_size": batch_size, "prompt_len": prompt_len,
+                "rounds": rounds, "threads": threads, "seed": seed, "greedy": "top_k=1"}  # fmt: skip
+    return {"settings": settings, "rows": rows}
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{format(median(values), fmt)} ({format(min(values), fmt)}..{format(max(values), fmt)})"
+
+
+def report(result: dict) -> str:
+    """The printed table: per context length, tokens/s (median, spread) both ways and the speed-up."""
+    rows = []
+    for row in result["rows"]:
+        rows.append([
+            row["T"],
+            _spread(row["tok_s"]["uncached"], ".1f"),
+            _spread(row["tok_s"]["cached"], ".1f"),
+            _spread(row["speedup"], ".1f"),
+            _spread(row["cpu_speedup"], ".1f"),
+            f"{row['prefill_ms']:.1f}",
+            f"{row['step_ms']:.2f}",
+            "yes" if row["same_tokens"] else "NO",
+        ])  # fmt: skip
+    headers = ["T", "uncached tok/s", "cached tok/s", "speed-up", "CPU-time ratio", "prefill ms", "step ms",
+               "same tokens"]  # fmt: skip
+    n = result["settings"]["rounds"]
+    return format_table(headers, rows) + f"\nmedians over {n} rounds (lowest..highest); target: speed-up >= 10 at T=256"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.generation",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--contexts", default="32,64,128,256", help="comma-separated sequence lengths to reach")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each path once per round")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1337)
+    add_record_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        contexts = tuple(int(c) for c in args.contexts.split(",") if c)
+    except ValueError:
+        parser.error(f"--contexts must be comma-separated ints, got {args.contexts!r}")
+    result = run_generation(
+        contexts, batch_size=args.batch_size, rounds=args.rounds, threads=args.threads, seed=args.seed
+    )
+    print(report(result))
+    if not args.no_record:
+        results = {}
+        for row in result["rows"]:
+            T = row["T"]
+            results[f"uncached_tok_s@{T}"] = f"{median(row['tok_s']['uncached']):.1f}"
+            results[f"cached_tok_s@{T}"] = f"{median(row['tok_s']['cached']):.1f}"
+            results[f"speedup@{T}"] = _spread(row["speedup"], ".1f")
+            results[f"cpu_time_ratio@{T}"] = _spread(row["cpu_speedup"], ".1f")
+        results["same_tokens"] = all(row["same_tokens"] for row in result["rows"])
+        results["target"] = "speedup@256>=10"
+        print(f"\nappended to {append_result('generation', result['settings'], results, args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
