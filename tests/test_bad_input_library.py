@@ -139,6 +139,52 @@ ERRORS = [
     ("learned positions negative dropout", lambda: tl.LearnedPositionalEmbedding(8, 4, dropout=-0.2), ValueError,
      "dropout"),
     ("sinusoidal encoding string width", lambda: tl.sinusoidal_encoding("8", 4), TypeError, "d_model"),
+    # chapter 10: grouped-query attention, sliding windows, caches, top-p
+    ("mha n_kv_heads not dividing n_heads", lambda: tl.MultiHeadAttention(12, 6, n_kv_heads=4), ValueError,
+     "divide"),
+    ("mha zero n_kv_heads", lambda: tl.MultiHeadAttention(8, 2, n_kv_heads=0), ValueError, "n_kv_heads"),
+    ("mha float n_kv_heads", lambda: tl.MultiHeadAttention(8, 2, n_kv_heads=1.0), TypeError, "n_kv_heads"),
+    ("mha window without is_causal", lambda: mha()(X, X, X, window=2), ValueError, "is_causal"),
+    ("mha zero window", lambda: mha()(X, X, X, is_causal=True, window=0), ValueError, "window"),
+    ("mha float window", lambda: mha()(X, X, X, is_causal=True, window=2.5), TypeError, "window"),
+    ("mha cache of the wrong type", lambda: mha()(X, X, X, cache={}), TypeError, "KVCache"),
+    ("mha cache of another batch", lambda: [m := mha(), c := tl.KVCache(), m(X, X, X, cache=c),
+                                            m(X[:1], X[:1], X[:1], cache=c)], ValueError, "batch"),
+    ("mha static cache of another batch", lambda: [m := mha(), c := tl.KVCache(static=True), m(X, X, X, cache=c),
+                                                   m(X[:1], X[:1], X[:1], cache=c)], ValueError, "B=1"),
+    ("mha mask without the cached keys", lambda: [m := mha(), c := tl.KVCache(), m(X, X, X, cache=c),
+                                                  m(X, X, X, mask=torch.ones(3, 3, dtype=torch.bool), cache=c)],
+     ValueError, "broadcast"),
+    ("kv cache window 0", lambda: tl.KVCache(window=0), ValueError, "window"),
+    ("kv cache static with a window", lambda: tl.KVCache(window=4, static=True), ValueError, "static"),
+    ("kv cache static as a string", lambda: tl.KVCache(static="yes"), TypeError, "static"),
+    ("kv cache 3-D keys", lambda: tl.KVCache().append(X, X), ValueError, "(B, n_kv_heads, T, d_k)"),
+    ("kv_cache_bytes negative T", lambda: tl.kv_cache_bytes(2, 2, 4, -1), ValueError, "T"),
+    ("kv_cache_bytes zero heads", lambda: tl.kv_cache_bytes(2, 0, 4, 8), ValueError, "n_kv_heads"),
+    ("kv_cache_bytes a string dtype", lambda: tl.kv_cache_bytes(2, 2, 4, 8, dtype="float32"), TypeError, "dtype"),
+    ("sliding_window_mask no window", lambda: tl.sliding_window_mask(4, 4), ValueError, "window"),
+    ("sliding_window_mask negative window", lambda: tl.sliding_window_mask(4, 4, -1), ValueError, "-1"),
+    ("decoder layer zero window", lambda: tl.DecoderLayer(8, 2, window=0), ValueError, "window"),
+    ("gpt window 0", lambda: tl.GPTConfig(vocab_size=11, window=0), ValueError, "window"),
+    ("gpt string window", lambda: tl.GPTConfig(vocab_size=11, window="4"), TypeError, "window"),
+    ("gpt n_kv_heads not dividing", lambda: tl.GPTConfig(vocab_size=11, n_heads=4, n_kv_heads=3), ValueError,
+     "n_kv_heads (3)"),
+    ("transformer n_kv_heads 0", lambda: seq2seq(n_kv_heads=0), ValueError, "n_kv_heads"),
+    ("gpt cache past context_len", lambda: [m := gpt(), c := m.new_cache(), m(IDS.repeat(1, 2), cache=c),
+                                            m(IDS, cache=c)], ValueError, "context_len"),
+    ("gpt cache of a 2-layer decoder", lambda: gpt()(IDS, cache=tl.Decoder(8, 2, 2).new_cache()),
+     TypeError, "DecoderCache"),
+    ("decode with a spent cache", lambda: [m := seq2seq(), mem := m.encode(IDS), c := m.new_cache(),
+                                           m.decode(IDS, *mem, cache=c), m.decode(IDS, *mem, cache=c)],
+     ValueError, "position 3"),
+    ("generate use_cache as a string", lambda: gpt().generate(IDS, 2, use_cache="no"), TypeError, "use_cache"),
+    ("greedy_decode use_cache as 1", lambda: seq2seq().greedy_decode(IDS, 2, use_cache=1), TypeError, "use_cache"),
+    ("generate top_p 0", lambda: gpt().generate(IDS, 2, top_p=0.0), ValueError, "top_p"),
+    ("generate top_p above 1", lambda: gpt().generate(IDS, 2, top_p=1.5), ValueError, "1.5"),
+    ("generate top_p NaN", lambda: gpt().generate(IDS, 2, top_p=NAN), ValueError, "top_p"),
+    ("generate top_p string", lambda: gpt().generate(IDS, 2, top_p="0.9"), TypeError, "top_p"),
+    ("top_p_filter negative p", lambda: tl.top_p_filter(LOGITS, -0.5), ValueError, "-0.5"),
+    ("sample_next top_p bool", lambda: tl.sample_next(LOGITS, top_p=True), TypeError, "top_p"),
 ]  # fmt: skip
 
 
@@ -289,3 +335,17 @@ LONG_CONTEXT_ERRORS = [
 )
 def test_bad_long_context_input_gives_a_clear_error(call, error, word):
     test_bad_input_gives_a_clear_error(call, error, word)
+
+
+def test_a_top_p_of_one_samples_as_without_it():
+    a = gpt().generate(IDS, 6, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, gpt().generate(IDS, 6, generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_window_of_one_attends_to_itself_only():
+    model = gpt(window=1)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    changed = ids.clone()
+    changed[0, :2] = 5
+    out, out_changed = model(ids)[0], model(changed)[0]
+    assert torch.equal(out[0, 2:], out_changed[0, 2:]) and not torch.equal(out[0, :2], out_changed[0, :2])

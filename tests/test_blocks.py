@@ -102,3 +102,51 @@ def test_layer_grad_norms_handles_empty_lists_and_parameterless_layers():
 def test_layer_grad_norms_is_exported_from_blocks():
     assert "layer_grad_norms" in tl.blocks.__all__
     assert tl.layer_grad_norms is layer_grad_norms
+
+
+# --- chapter 10: grouped-query attention, windows and caches through the blocks ---
+
+
+def test_the_blocks_pass_n_kv_heads_and_window_on():
+    dec = tl.Decoder(16, 4, 2, n_kv_heads=2, window=3)
+    for layer in dec.layers:
+        assert layer.window == 3 and layer.self_attn.n_kv_heads == layer.cross_attn.n_kv_heads == 2
+    enc = tl.Encoder(16, 4, 1, n_kv_heads=1)
+    assert enc.layers[0].self_attn.n_kv_heads == 1
+    cache = dec.new_cache()
+    assert isinstance(cache, tl.DecoderCache) and len(cache) == 2 and cache.position == 0
+    assert all(c.self_attn.window == 3 and c.cross_attn.static for c in cache.layers)
+
+
+def test_the_default_blocks_draw_the_same_weights_as_before():
+    # n_kv_heads=None and window=None add no parameter and no random draw
+    torch.manual_seed(0)
+    a = tl.Decoder(16, 4, 2)
+    torch.manual_seed(0)
+    b = tl.Decoder(16, 4, 2, n_kv_heads=4, window=None)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert list(a.state_dict()) == list(b.state_dict())
+
+
+def test_the_decoder_stack_through_a_cache_equals_the_full_stack():
+    torch.manual_seed(0)
+    dec = tl.Decoder(16, 4, 3, n_kv_heads=2, window=4, norm_first=True).eval()
+    x, memory = torch.randn(2, 9, 16), torch.randn(2, 5, 16)
+    full = dec(x, memory)
+    cache = dec.new_cache()
+    parts = [
+        dec(x[:, :4], memory, cache=cache),
+        dec(x[:, 4:5], memory, cache=cache),
+        dec(x[:, 5:], memory, cache=cache),
+    ]
+    assert cache.position == 9 and cache.nbytes() > cache.nbytes(cross=False) > 0
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_wrong_cache_is_named():
+    dec = tl.Decoder(16, 4, 2, cross_attention=False)
+    x = torch.randn(1, 3, 16)
+    with pytest.raises(ValueError, match="2 layers"):
+        dec(x, cache=tl.Decoder(16, 4, 3, cross_attention=False).new_cache())
+    with pytest.raises(TypeError, match="LayerCache"):
+        dec.layers[0](x, cache=tl.KVCache())

@@ -132,3 +132,36 @@ def test_seq2seq_masks_shapes_and_contents():
 def test_seq2seq_masks_batch_mismatch():
     with pytest.raises(ValueError, match="batch size"):
         seq2seq_masks([4, 2], [3], T_src=4, T_tgt=3)
+
+
+# --- sliding windows, chapter 10 ---
+
+
+@pytest.mark.parametrize(("T_q", "T_k"), [(1, 1), (5, 5), (1, 7), (3, 8), (6, 6)])
+@pytest.mark.parametrize("window", [1, 2, 3, 10])
+def test_sliding_window_mask_sees_itself_and_window_minus_one_before(T_q, T_k, window):
+    mask = tl.sliding_window_mask(T_q, T_k, window)
+    assert mask.shape == (T_q, T_k) and mask.dtype == torch.bool
+    for i in range(T_q):
+        p = i + T_k - T_q  # the query's position among the keys (end-aligned)
+        for j in range(T_k):
+            assert bool(mask[i, j]) == (p - window < j <= p), (i, j)
+    assert not (mask & ~tl.causal_mask(T_q, T_k)).any()  # never the future
+    assert (mask.sum(-1) <= window).all()  # never beyond the window
+    assert mask[:, -1].tolist() == [i == T_q - 1 for i in range(T_q)]  # the newest key: the newest query only
+
+
+def test_a_window_longer_than_the_keys_is_the_causal_mask():
+    for T_q, T_k in ((4, 4), (2, 6)):
+        assert torch.equal(tl.sliding_window_mask(T_q, T_k, window=T_k), tl.causal_mask(T_q, T_k))
+        assert torch.equal(tl.sliding_window_mask(T_q, T_k, 100), tl.causal_mask(T_q, T_k))
+    assert torch.equal(tl.sliding_window_mask(3, window=1), torch.eye(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize(("args", "error", "word"), [
+    ((4, 4, None), ValueError, "window"), ((4, 4, 0), ValueError, "window"), ((4, 4, 2.0), TypeError, "window"),
+    ((0, 4, 2), ValueError, "T_q"), ((4, -1, 2), ValueError, "T_k"),
+])  # fmt: skip
+def test_sliding_window_mask_rejects_bad_sizes(args, error, word):
+    with pytest.raises(error, match=word):
+        tl.sliding_window_mask(*args)

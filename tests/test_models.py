@@ -153,3 +153,57 @@ def test_gpt_bias_flag_removes_every_bias():
     assert not any(name.endswith("bias") for name, _ in without.named_parameters())
     logits, _ = without(torch.zeros(1, 4, dtype=torch.long))
     assert logits.shape == (1, 4, 11)
+
+
+# --- chapter 10: n_kv_heads and window in the configs; caches (more in tests/test_cache.py) ---
+
+
+def test_default_configs_build_the_same_models_as_before():
+    # the new fields default to None: standard attention, full causal context, the same draws
+    a, b = tiny_gpt(), tiny_gpt(n_kv_heads=None, window=None)
+    assert list(a.state_dict()) == list(b.state_dict())
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    attn = a.decoder.layers[0].self_attn
+    assert attn.in_proj_weight.shape == (3 * 32, 32) and a.decoder.layers[0].window is None
+    assert tl.GPTConfig(vocab_size=5).to_dict()["n_kv_heads"] is None
+
+
+def test_gpt_config_sets_grouped_heads_and_window_in_every_layer():
+    model = tiny_gpt(n_kv_heads=1, window=5)
+    for layer in model.decoder.layers:
+        assert layer.self_attn.n_kv_heads == 1 and layer.window == 5
+        assert layer.self_attn.in_proj_weight.shape == (32 + 2 * 16, 32)
+    seq = tiny_transformer(n_kv_heads=1)
+    assert all(m.n_kv_heads == 1 for m in seq.modules() if isinstance(m, tl.MultiHeadAttention))
+
+
+def test_a_grouped_windowed_gpt_survives_a_checkpoint(tmp_path):
+    model = tiny_gpt(n_kv_heads=1, window=3).eval()
+    state = {"model_class": "GPT", "model_config": model.config.to_dict(), "model": model.state_dict()}
+    tl.save_checkpoint(state, tmp_path / "ckpt.pt")
+    loaded, _, _ = tl.load_checkpoint(tmp_path)
+    idx = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(0))
+    assert loaded.config == model.config and torch.equal(loaded(idx)[0], model(idx)[0])
+
+
+def test_a_cache_follows_the_positions_of_a_gpt():
+    model = tiny_gpt().eval()
+    cache = model.new_cache()
+    idx = torch.randint(0, 11, (1, 6), generator=torch.Generator().manual_seed(1))
+    model(idx[:, :4], cache=cache)
+    assert cache.position == 4 and all(c.self_attn.length == 4 for c in cache.layers)
+    step, _ = model(idx[:, 4:5], cache=cache)
+    torch.testing.assert_close(step[:, -1], model(idx[:, :5])[0][:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_subclass_whose_decode_takes_no_cache_still_greedy_decodes():
+    class OldStyle(tl.Transformer):
+        def decode(self, tgt, memory, src_keep, need_weights=False):
+            return super().decode(tgt, memory, src_keep, need_weights)
+
+    torch.manual_seed(0)
+    config = tl.TransformerConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, context_len=16)
+    old, new = OldStyle(config).eval(), tl.Transformer(config).eval()
+    new.load_state_dict(old.state_dict())
+    src = torch.randint(3, 13, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(old.greedy_decode(src, 6), new.greedy_decode(src, 6))

@@ -169,3 +169,35 @@ def test_multihead_cost_flops_do_not_depend_on_heads():
 def test_multihead_cost_rejects_bad_heads():
     with pytest.raises(ValueError, match="divisible"):
         multihead_cost(10, 3, T_q=4)
+
+
+# --- grouped-query attention, chapter 10 (equivalence tests: tests/test_cache.py) ---
+
+
+def test_the_default_is_standard_multi_head_attention_with_the_fused_layout():
+    m = tl.MultiHeadAttention(24, 6)
+    assert m.n_kv_heads == 6 and m.in_proj_weight.shape == (72, 24) and m.in_proj_bias.shape == (72,)
+    assert [p.weight.shape for p in (m.q_proj, m.k_proj, m.v_proj)] == [(24, 24)] * 3
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 3])
+def test_grouped_projections_are_views_of_fewer_rows(n_kv_heads):
+    m = tl.MultiHeadAttention(24, 6, n_kv_heads=n_kv_heads, bias=True)
+    d_kv = n_kv_heads * 4
+    assert m.in_proj_weight.shape == (24 + 2 * d_kv, 24)
+    assert m.k_proj.weight.shape == m.v_proj.weight.shape == (d_kv, 24) and m.k_proj.bias.shape == (d_kv,)
+    with torch.no_grad():
+        m.v_proj.weight.fill_(7.0)
+    assert (m.in_proj_weight[24 + d_kv :] == 7.0).all() and not (m.in_proj_weight[: 24 + d_kv] == 7.0).any()
+    x = torch.randn(2, 5, 24)
+    q, k, v = m.project(x, x, x)
+    assert q.shape == (2, 6, 5, 4) and k.shape == v.shape == (2, n_kv_heads, 5, 4)
+    q2, k2, v2 = m.project(x, x.clone(), x.clone())  # three products instead of one: the same numbers
+    torch.testing.assert_close((q, k, v), (q2, k2, v2))
+
+
+@pytest.mark.parametrize(("n_kv_heads", "error"), [(4, ValueError), (0, ValueError), (2.0, TypeError),
+                                                   (12, ValueError)])  # fmt: skip
+def test_n_kv_heads_must_divide_n_heads(n_kv_heads, error):
+    with pytest.raises(error, match="n_kv_heads"):
+        tl.MultiHeadAttention(24, 6, n_kv_heads=n_kv_heads)

@@ -5,6 +5,7 @@ device (``model.to(device)``); nothing in them assumes one.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass
 
 import torch
@@ -230,7 +231,8 @@ class Transformer(nn.Module):
         The source is encoded once. With ``use_cache`` (chapter 10) each step runs the decoder on
         the newest token only: its self-attention keys and values are cached, and each layer's
         cross-attention keys and values of the encoder output are computed once. Without it,
-        every step re-decodes the whole prefix; both give the same tokens.
+        every step re-decodes the whole prefix; both give the same tokens. (A subclass that
+        overrides :meth:`decode` without a ``cache`` argument is decoded without the cache.)
         """
         c = self.config
         max_new_tokens = c.context_len - 1 if max_new_tokens is None else max_new_tokens
@@ -244,9 +246,11 @@ class Transformer(nn.Module):
         B = src.shape[0]
         out = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
-        cache = self.new_cache() if use_cache else None
+        # a subclass whose decode() predates the cache (it takes no `cache`) decodes without one
+        cached = use_cache and "cache" in inspect.signature(self.decode).parameters
+        options = {"cache": self.new_cache()} if cached else {}
         for _ in range(max_new_tokens):
-            logits = self.decode(out, memory, src_keep, cache=cache)[:, -1]  # (B, V)
+            logits = self.decode(out, memory, src_keep, **options)[:, -1]  # (B, V)
             nxt = logits.argmax(dim=-1)
             nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
             out = torch.cat([out, nxt[:, None]], dim=1)
