@@ -327,6 +327,11 @@ LONG_CONTEXT_ERRORS = [
     ("feed-forward unknown activation", lambda: tl.FeedForward(8, 16, activation="gelu_new"), ValueError,
      "gelu_tanh"),
     ("gpt config unknown activation", lambda: gpt(activation="relu"), ValueError, "relu"),
+    ("gpt from hf: a number", lambda: tl.gpt_from_hf(3), TypeError, "int"),
+    ("gpt from hf: an empty state dict", lambda: tl.gpt_from_hf({}, n_heads=2), ValueError, "wte.weight"),
+    ("gpt from hf: a non-tensor value", lambda: tl.gpt_from_hf({"wte.weight": [1.0]}), TypeError, "list"),
+    ("gpt from nanogpt: a bare state dict", lambda: tl.gpt_from_nanogpt({"wte.weight": X}), ValueError, "model_args"),
+    ("gpt from nanogpt: a list", lambda: tl.gpt_from_nanogpt([1]), ValueError, "list"),
 ]  # fmt: skip
 
 

@@ -16,7 +16,8 @@ PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
 CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context"]
-TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course"]
+TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course",
+         "pretrained"]  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -114,7 +115,7 @@ def test_every_module_imports_first_without_a_circular_import():
 
 def test_flat_namespace_has_every_public_name_of_every_module():
     for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context",
-                   "cost", "data", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
+                   "cost", "data", "pretrained", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
         names = __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__
         missing = [n for n in names if n not in tl.__all__]
         assert not missing, f"{module} names missing from transformer_lib.__all__: {missing}"

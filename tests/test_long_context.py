@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import requires_cuda
 
 import transformer_lib as tl
 
@@ -183,3 +184,32 @@ def test_the_causal_naive_path_pays_for_its_mask_too():
     naive = tl.attention_peak_memory(128, method="naive", d=16, is_causal=True)
     assert naive >= 2 * 128 * 128 * 4 + 128 * 128  # scores, weights and a bool (T, T) mask
     assert tl.attention_peak_memory(128, method="fused", d=16, is_causal=True) < naive
+
+
+def test_the_tiled_memory_benchmark_runs_and_reports_growth(capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a folder, not a package
+    from benchmarks import tiled_memory
+
+    result = tiled_memory.sweep([64, 128], d=16, block_size=16)
+    assert set(result["peak"]) == {
+        (p, m, T) for p in ("fwd", "fwdbwd") for m in tiled_memory.METHODS for T in (64, 128)
+    }
+    assert tiled_memory.growth(result, "fwd", "naive", 128) > 3
+    assert "naive growth" in tiled_memory.report(result)
+    assert tiled_memory.main(["--seq-lens", "32", "64", "--d", "8", "--block-size", "8", "--no-record"]) == 0
+    assert "tiled MiB" in capsys.readouterr().out
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_attention_on_a_gpu_equals_fused_attention(dtype):
+    q, k, v = (t.detach().to("cuda", dtype).requires_grad_() for t in qkv(2, 4, 300, 300, d=64, seed=10))
+    out = tl.tiled_attention(q, k, v, is_causal=True, block_size=64)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert out.dtype == dtype and (out.double() - ref).abs().max() < tol
+    for mine, theirs in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        assert (mine.double() - theirs.double()).abs().max() < 10 * tol

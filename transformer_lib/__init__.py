@@ -4,7 +4,8 @@ Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also 
 memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
 ``positional`` (6), ``blocks`` (7), ``models`` (8-9), ``sampling`` (9) and ``long_context``
 (10: the online softmax and tiled attention). Tools above them:
-``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``viz`` (figures) and ``utils``.
+``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``pretrained`` (GPT-2 and
+nanoGPT weights), ``viz`` (figures) and ``utils``.
 Every public name of every module is here, so ``tl.name`` works for all of them.
 Mask convention everywhere: boolean, ``True`` means "may attend".
 """
@@ -128,6 +129,11 @@ from .positional import (
     sinusoidal_encoding,
     sinusoidal_frequencies,
 )
+from .pretrained import (
+    gpt_from_hf,
+    gpt_from_nanogpt,
+    load_gpt2,
+)
 from .sampling import (
     check_top_p,
     generate_text,
@@ -237,6 +243,8 @@ __all__ = [
     "check_top_p",
     "generate_text",
     "get_batch",
+    "gpt_from_hf",
+    "gpt_from_nanogpt",
     "gpu_peak_flops",
     "head_contributions",
     "kv_cache_bytes",
@@ -246,6 +254,7 @@ __all__ = [
     "frame_widget",
     "load_checkpoint",
     "load_corpus",
+    "load_gpt2",
     "lr_at",
     "make_scheduler",
     "masked_softmax",

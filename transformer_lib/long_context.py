@@ -187,10 +187,11 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
     out, equal to ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)``
     up to rounding. Each block of queries reads the key/value blocks one after the other with
     the online softmax (a running max, a running sum and a running weighted sum of values,
-    rescaled whenever the max grows), so the ``(T_q, T_k)`` score matrix never exists: memory is
-    O(T * block_size), not O(T^2). The backward pass recomputes each tile's weights from the
-    saved output and each query's log-sum-exp (the FlashAttention recipe), so training memory is
-    O(T) too. float16 and bfloat16 inputs keep their statistics and sums in float32.
+    rescaled whenever the max grows), so the ``(T_q, T_k)`` score matrix never exists: besides
+    the output, memory holds a few ``(block_size, block_size)`` tiles, so it grows linearly in T,
+    not as T^2. The backward pass recomputes each tile's weights from the saved output and each
+    query's log-sum-exp (the FlashAttention recipe), so training memory is linear in T too.
+    float16 and bfloat16 inputs keep their statistics and sums in float32.
 
     ``is_causal=True`` lets query ``i`` see keys ``0 .. i`` and needs ``T_q == T_k`` (the case
     where PyTorch's top-left causal mask and :func:`~transformer_lib.masks.causal_mask` agree);
