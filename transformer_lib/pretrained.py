@@ -108,7 +108,7 @@ def _build(config: GPTConfig, state: dict[str, Tensor], transposed: bool, origin
     mapped = {}
     for key, value in state.items():
         name, conv = _book_name(key)
-        value = value.t() if conv and transposed else value
+        value = value.t() if conv and transposed and value.dim() == 2 else value
         if value.shape != expected[name].shape:
             want = tuple(expected[name].shape)
             want = want[::-1] if conv and transposed else want
