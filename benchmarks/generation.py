@@ -10,7 +10,10 @@ The two take turns, in an order that alternates every round; the table shows the
 per second over the rounds with the spread (lowest to highest), the median of the per-round
 speed-ups (wall clock), and the same ratio of the CPU time the process used (less sensitive to
 other work on a shared machine, which stretches the wall clock of many small steps the most).
-The cached path's time is also split into the prefill and the mean per-token step.
+The cached path's time is also split into the prefill and the mean per-token step, and a last
+column gives the cost of one more token once the context already holds ``T - 1`` tokens (one
+forward pass over ``T`` tokens uncached, one cached step): the speed-up of a long generation
+tends to their ratio, while generating from one token up to ``T`` averages over shorter contexts.
 
 Target: cached / uncached >= 10 at context 256 on a 2-core CPU.
 
@@ -66,6 +69,31 @@ def split_cached(model: tl.GPT, prompt: torch.Tensor, n_new: int) -> tuple[float
     return prefill, (time.perf_counter() - start) / max(1, n_new - 1)
 
 
+@torch.no_grad()
+def per_token_at_context(model: tl.GPT, prompt_row: torch.Tensor, T: int, repeats: int = 5) -> tuple[float, float]:
+    """Milliseconds to produce one more token once the context holds ``T - 1`` tokens: uncached,
+    one forward pass over the ``T`` tokens; cached, one step of one token against ``T - 1`` cached
+    positions (the cache is cut back after each step). Medians over ``repeats``."""
+    idx = prompt_row.repeat(1, T)[:, :T]  # (B, T)
+    uncached = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(idx)
+        uncached.append(time.perf_counter() - start)
+    cache = model.new_cache()
+    model(idx[:, :-1], cache=cache)
+    cached = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(idx[:, -1:], cache=cache)
+        cached.append(time.perf_counter() - start)
+        for layer in cache.layers:  # back to T - 1 cached positions
+            c = layer.self_attn
+            c.k, c.v, c.position = c.k[:, :, : T - 1], c.v[:, :, : T - 1], T - 1
+        cache.position = T - 1
+    return 1000 * median(uncached), 1000 * median(cached)
+
+
 def run_generation(
     contexts: tuple[int, ...] = (32, 64, 128, 256),
     *,
@@ -103,11 +131,13 @@ def run_generation(
                 cpu[name].append(used)
             same &= torch.equal(outs["cached"], outs["uncached"])
         prefill, step = split_cached(model, prompt, n_new)
+        at_T = per_token_at_context(model, prompt, T)
         tok_s = {name: [batch_size * n_new / s for s in v] for name, v in seconds.items()}
         speedups = [u / c for c, u in zip(seconds["cached"], seconds["uncached"], strict=True)]
         cpu_speedups = [u / c for c, u in zip(cpu["cached"], cpu["uncached"], strict=True)]
         rows.append({"T": T, "new_tokens": n_new, "tok_s": tok_s, "speedup": speedups, "cpu_speedup": cpu_speedups,
-                     "same_tokens": same, "prefill_ms": 1000 * prefill, "step_ms": 1000 * step})  # fmt: skip
+                     "same_tokens": same, "prefill_ms": 1000 * prefill, "step_ms": 1000 * step,
+                     "at_T_ms": {"uncached": at_T[0], "cached": at_T[1]}})  # fmt: skip
     settings = {**shape, "vocab_size": VOCAB_SIZE, "batch_size": batch_size, "prompt_len": prompt_len,
                 "rounds": rounds, "threads": threads, "seed": seed, "greedy": "top_k=1"}  # fmt: skip
     return {"settings": settings, "rows": rows}
@@ -129,10 +159,11 @@ def report(result: dict) -> str:
             _spread(row["cpu_speedup"], ".1f"),
             f"{row['prefill_ms']:.1f}",
             f"{row['step_ms']:.2f}",
+            f"{row['at_T_ms']['uncached']:.1f} / {row['at_T_ms']['cached']:.1f}",
             "yes" if row["same_tokens"] else "NO",
         ])  # fmt: skip
     headers = ["T", "uncached tok/s", "cached tok/s", "speed-up", "CPU-time ratio", "prefill ms", "step ms",
-               "same tokens"]  # fmt: skip
+               "ms/token at T (uncached / cached)", "same tokens"]  # fmt: skip
     n = result["settings"]["rounds"]
     return format_table(headers, rows) + f"\nmedians over {n} rounds (lowest..highest); target: speed-up >= 10 at T=256"
 
@@ -166,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             results[f"cached_tok_s@{T}"] = f"{median(row['tok_s']['cached']):.1f}"
             results[f"speedup@{T}"] = _spread(row["speedup"], ".1f")
             results[f"cpu_time_ratio@{T}"] = _spread(row["cpu_speedup"], ".1f")
+            at_T = row["at_T_ms"]
+            results[f"ms_per_token_at_context@{T}"] = f"{at_T['uncached']:.1f}/{at_T['cached']:.1f}"
         results["same_tokens"] = all(row["same_tokens"] for row in result["rows"])
         results["target"] = "speedup@256>=10"
         print(f"\nappended to {append_result('generation', result['settings'], results, args.results)}")

@@ -297,6 +297,20 @@ def test_the_nan_guard_leaves_gradients_unchanged():
     assert math.isfinite(float(fused.abs().sum()))
 
 
+def test_a_top_p_of_one_samples_as_without_it():
+    a = gpt().generate(IDS, 6, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, gpt().generate(IDS, 6, generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_window_of_one_attends_to_itself_only():
+    model = gpt(window=1)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    changed = ids.clone()
+    changed[0, :2] = 5
+    out, out_changed = model(ids)[0], model(changed)[0]
+    assert torch.equal(out[0, 2:], out_changed[0, 2:]) and not torch.equal(out[0, :2], out_changed[0, :2])
+
+
 def qkv4(T_q=6, T_k=6, d=4, dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
     return [torch.randn(2, 2, T, d, generator=g).to(dtype) for T in (T_q, T_k, T_k)]
@@ -340,17 +354,3 @@ LONG_CONTEXT_ERRORS = [
 )
 def test_bad_long_context_input_gives_a_clear_error(call, error, word):
     test_bad_input_gives_a_clear_error(call, error, word)
-
-
-def test_a_top_p_of_one_samples_as_without_it():
-    a = gpt().generate(IDS, 6, top_p=1.0, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(a, gpt().generate(IDS, 6, generator=torch.Generator().manual_seed(0)))
-
-
-def test_a_window_of_one_attends_to_itself_only():
-    model = gpt(window=1)
-    ids = torch.tensor([[1, 2, 3, 4]])
-    changed = ids.clone()
-    changed[0, :2] = 5
-    out, out_changed = model(ids)[0], model(changed)[0]
-    assert torch.equal(out[0, 2:], out_changed[0, 2:]) and not torch.equal(out[0, :2], out_changed[0, :2])

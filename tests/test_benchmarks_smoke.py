@@ -140,6 +140,7 @@ def test_generation_benchmark_times_both_paths_on_the_same_tokens():
         assert row["same_tokens"] and row["new_tokens"] == row["T"] - 1  # a one-token prompt
         assert len(row["speedup"]) == len(row["cpu_speedup"]) == 2
         assert min(row["tok_s"]["cached"] + row["tok_s"]["uncached"]) > 0 and row["step_ms"] > 0
+        assert min(row["at_T_ms"].values()) > 0
     assert "CPU-time ratio" in generation.report(r)
     with pytest.raises(ValueError, match="context_len"):
         generation.run_generation((32,), shape=dict(TINY_GPT), rounds=1, threads=1)

@@ -18,6 +18,7 @@ VARIANTS = {
     "mqa": dict(n_kv_heads=1),
     "window": dict(window=3),
     "gqa+window": dict(n_kv_heads=2, window=4),
+    "dropout (eval mode)": dict(dropout=0.3),
 }
 
 

@@ -116,3 +116,32 @@ def test_flags_override_the_preset_and_decay_follows_max_iters():
     assert preset == "gpu" and shape["d_model"] == 384 and shape["context_len"] == 256
     assert config.max_iters == 500 and config.lr == 0.002 and config.batch_size == 64 and config.progress is False
     assert config.lr_decay_iters is None and tl.lr_at(499, config) == pytest.approx(config.min_lr, rel=1e-3)
+
+
+def _replica_worker(rank, world_size, init_file, out_dir, differ):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(rank if differ else 0)
+        model = torch.nn.Linear(3, 2)
+        line = cli._compare_replicas(model, world_size)
+        with open(f"{out_dir}/rank{rank}.txt", "w") as f:
+            f.write(line)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_data_parallel_run_reports_whether_the_processes_agree(tmp_path, differ):
+    """Under torchrun the command ends by comparing every process's weights (gloo, 2 processes)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_replica_worker, args=(2, str(tmp_path / "init"), str(tmp_path), differ), nprocs=2, join=True)
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert lines[0] == lines[1]  # every rank computes the same verdict
+    if differ:
+        assert lines[0].startswith("warning: the 2 processes hold different weights")
+    else:
+        assert lines[0].startswith("weights identical on all 2 processes (checksum ")

@@ -68,3 +68,13 @@ def test_notebook_opens_with_the_colab_setup_cell(notebook):
     assert first["cell_type"] == "code"
     assert source.startswith("# NBVAL_SKIP") and '"google.colab" in sys.modules' in source
     assert "remove-cell" in first["metadata"].get("tags", [])
+
+
+@pytest.mark.parametrize(
+    "notebook", [*sorted((ROOT / "chapters").glob("*.ipynb")), ROOT / "instructors.ipynb"], ids=lambda p: p.stem
+)
+def test_notebook_carries_no_merge_tool_metadata(notebook):
+    """A notebook merged with nbdime must not keep its conflict records in the saved file."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    leftovers = [i for i, cell in enumerate(cells) if "nbdime-conflicts" in cell.get("metadata", {})]
+    assert not leftovers, f"{notebook.name}: cells {leftovers} still hold nbdime-conflicts metadata"

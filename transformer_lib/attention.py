@@ -303,16 +303,17 @@ def softmax_jacobian(weights: Tensor) -> Tensor:
 
 
 def softmax_with_temperature(scores: Tensor, temperature: float, dim: int = -1) -> Tensor:
-    """``softmax(scores / T)`` along ``dim``, same shape as ``scores (..., n)`` (chapter 3).
+    """``softmax(scores / tau)`` along ``dim``, same shape as ``scores (..., n)`` (chapter 3).
 
-    ``T < 1`` sharpens the weights towards one-hot (the argmax as ``T -> 0``), ``T > 1`` flattens
-    them towards uniform. Scaled dot-product attention is this with ``T = sqrt(d_k)``.
+    The temperature is tau (``T`` is a sequence length in this book): ``tau < 1`` sharpens the
+    weights towards one-hot (the argmax as ``tau -> 0``), ``tau > 1`` flattens them towards uniform.
+    Scaled dot-product attention is this with ``tau = sqrt(d_k)``.
     """
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
-    T = float(temperature)
-    if not (T > 0.0 and math.isfinite(T)):
+    tau = float(temperature)
+    if not (tau > 0.0 and math.isfinite(tau)):
         raise ValueError(
-            f"temperature must be a finite number > 0, got {temperature} (T -> 0 gives the argmax, T -> inf uniform)"
+            f"temperature must be a finite number > 0, got {temperature} (tau -> 0: argmax, tau -> inf: uniform)"
         )
-    return torch.softmax(scores / T, dim=dim)
+    return torch.softmax(scores / tau, dim=dim)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, read_checkpoint, tensor_checksum
 from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
@@ -162,6 +162,19 @@ def _resumable(ckpt: dict, file: Path, data: str | None) -> dict:
     return ckpt
 
 
+def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
+    """One line saying whether every process ends with the same weights (chapter 9).
+
+    Data-parallel training keeps one copy of the model per process and averages their gradients,
+    so the copies must stay bit-identical; each process hashes its own weights and rank 0 compares.
+    """
+    digests = [None] * world_size
+    dist.all_gather_object(digests, tensor_checksum(model.state_dict())[:12])
+    if len(set(digests)) == 1:
+        return f"weights identical on all {world_size} processes (checksum {digests[0]})"
+    return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
@@ -204,6 +217,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False)
+        if world_size > 1:
+            say(_compare_replicas(model, world_size))
     except KeyboardInterrupt:
         say(f"Interrupted. Continue with: python -m transformer_lib train --resume --out-dir {args.out_dir}")
         return 130
