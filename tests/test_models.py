@@ -207,3 +207,24 @@ def test_a_subclass_whose_decode_takes_no_cache_still_greedy_decodes():
     new.load_state_dict(old.state_dict())
     src = torch.randint(3, 13, (2, 5), generator=torch.Generator().manual_seed(0))
     assert torch.equal(old.greedy_decode(src, 6), new.greedy_decode(src, 6))
+
+
+@pytest.mark.parametrize("d_model", [32, 64, 128])
+def test_transformer_token_embeddings_match_the_positional_scale(d_model):
+    # After the sqrt(d_model) factor a token vector must be of the same order as its sinusoidal
+    # position vector (chapter 7): E|sqrt(d) E[id]|^2 = d with std 1/sqrt(d), |PE(t)|^2 = d / 2,
+    # so the ratio is 2 (std 0.02 would give 0.0008 d: 0.05 at d_model = 64).
+    model = tiny_transformer(d_model=d_model, src_vocab_size=500, tgt_vocab_size=400, context_len=64)
+    pe_sq = model.src_pos.pe.double().pow(2).sum(-1).mean().item()
+    assert pe_sq == pytest.approx(d_model / 2)
+    for embed in (model.src_embed, model.tgt_embed):
+        ids = torch.arange(embed.num_embeddings)
+        tok_sq = tl.scaled_embedding(embed, ids).double().pow(2).sum(-1).mean().item()
+        assert 1 / 2.5 < tok_sq / pe_sq < 2.5, (d_model, tok_sq, pe_sq)
+
+
+def test_gpt_keeps_gpt2_embedding_init():
+    # GPT has no sqrt(d_model) factor and learned positions: GPT-2's N(0, 0.02) for both tables.
+    model = tiny_gpt(vocab_size=2000, d_model=64)
+    for table in (model.tok_embed.weight, model.pos_embed.embedding.weight):
+        assert 0.018 < table.std().item() < 0.022

@@ -168,6 +168,10 @@ class Transformer(nn.Module):
         self.decoder = Decoder(c.d_model, c.n_heads, c.n_decoder_layers, c.d_ff, **shape)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
         _init_weights(self)
+        # std 1/sqrt(d_model): after scaled_embedding's sqrt(d_model) factor each
+        # coordinate has unit variance, the scale of the sinusoidal encoding (chapter 7)
+        for embed in (self.src_embed, self.tgt_embed):
+            nn.init.normal_(embed.weight, mean=0.0, std=c.d_model**-0.5)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
         """``src (B, T_src)`` -> ``(memory (B, T_src, d_model), src_keep (B, T_src) bool)``."""

@@ -319,7 +319,7 @@ def _decode_crash_hint(model: Transformer, src: Tensor) -> Callable[[Exception],
                 f"from a column of <bos> (id {BOS}), shape (B, 1)."
             )
         return (
-            f"It happened after calling the model. Check the shapes: logits[:, -1] is (B, V) = "
+            f"It happened after calling the model. Check the shapes: logits[:, -1] is (B, vocab_size) = "
             f"{(src.shape[0], model.config.tgt_vocab_size)}, and the next token is its argmax over the vocabulary "
             "axis (dim=-1), one id per row, shape (B,)."
         )
