@@ -126,7 +126,7 @@ def top_k_tiny_fill(logits, k):
     return logits.masked_fill(logits < kth, -1e-9)
 
 
-@CASES.add(TOP_K, "failed", "k = 10 (> V)", "return the logits unchanged")
+@CASES.add(TOP_K, "failed", "k = 10 (> vocab_size)", "return the logits unchanged")
 def top_k_no_min(logits, k):
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))

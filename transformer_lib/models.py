@@ -254,7 +254,7 @@ class Transformer(nn.Module):
         cached = use_cache and "cache" in inspect.signature(self.decode).parameters
         options = {"cache": self.new_cache()} if cached else {}
         for _ in range(max_new_tokens):
-            logits = self.decode(out, memory, src_keep, **options)[:, -1]  # (B, V)
+            logits = self.decode(out, memory, src_keep, **options)[:, -1]  # (B, vocab_size)
             nxt = logits.argmax(dim=-1)
             nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
             out = torch.cat([out, nxt[:, None]], dim=1)

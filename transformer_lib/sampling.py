@@ -15,7 +15,7 @@ __all__ = ["check_top_p", "generate_text", "sample_next", "top_k_filter", "top_p
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """``logits (..., V)`` with all but the ``k`` largest of each row set to ``-inf`` (chapter 9).
+    """``logits (..., vocab_size)`` with all but the ``k`` largest of each row set to ``-inf`` (chapter 9).
 
     Ties with the ``k``-th largest value are kept. ``k >= V`` keeps every logit. Same shape out.
     ``k`` must be a positive int: ``TypeError`` for a float or a bool, ``ValueError`` below 1.
@@ -35,7 +35,7 @@ def check_top_p(p, name: str = "top_p") -> None:
 
 
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """``logits (..., V)`` with every token outside the nucleus set to ``-inf`` (chapter 10).
+    """``logits (..., vocab_size)`` with every token outside the nucleus set to ``-inf`` (chapter 10).
 
     The nucleus of a row is the smallest set of most likely tokens whose probabilities
     (``softmax(logits)``) add up to at least ``p``; the most likely token is always in it.
@@ -46,9 +46,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     check_top_p(p)
     if p >= 1.0:
         return logits
-    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)  # (..., V)
+    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)  # (..., vocab_size)
     probs = torch.softmax(sorted_logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # (..., V): the mass of the more likely tokens
+    mass_before = probs.cumsum(dim=-1) - probs  # (..., vocab_size): the mass of the more likely tokens
     inside = mass_before < p  # a prefix of each sorted row; the first entry is always True (0 < p)
     last = (inside.sum(dim=-1, keepdim=True) - 1).clamp(min=0)  # (..., 1): the least likely member (NaN rows: 0)
     threshold = sorted_logits.gather(-1, last)  # (..., 1)
@@ -62,7 +62,7 @@ def sample_next(
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> Tensor:
-    """One token id per row of ``logits (B, V)``, drawn from ``softmax(logits / temperature)``
+    """One token id per row of ``logits (B, vocab_size)``, drawn from ``softmax(logits / temperature)``
     after an optional :func:`top_k_filter` (chapter 9); returns ``(B, 1)``.
 
     ``temperature`` is a finite number > 0. One so small that ``logits / temperature``
@@ -75,12 +75,12 @@ def sample_next(
         check_int(top_k, "top_k")
     if top_p is not None:
         check_top_p(top_p)
-    scaled = logits / temperature  # (B, V)
+    scaled = logits / temperature  # (B, vocab_size)
     if top_k is not None:
         scaled = top_k_filter(scaled, top_k)
     if top_p is not None:
         scaled = top_p_filter(scaled, top_p)
-    probs = torch.softmax(scaled, dim=-1)  # (B, V)
+    probs = torch.softmax(scaled, dim=-1)  # (B, vocab_size)
     if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the tau -> 0 limit
         probs = (logits == logits.amax(dim=-1, keepdim=True)).to(logits.dtype)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)

@@ -139,8 +139,8 @@ def _top_k_cases() -> list[tuple[str, Tensor, int]]:
         ("random logits of shape (2, 3, 6) (a batch of sequences), k = 2", torch.randn(2, 3, 6, generator=g), 2),
         ("a 1-D tensor of logits (V = 5), k = 2", torch.randn(5, generator=g), 2),
         ("logits [[3.0, 2.0, 2.0, 1.0]] with a tie at the k-th place, k = 2", torch.tensor([[3.0, 2.0, 2.0, 1.0]]), 2),
-        ("random logits of shape (2, 6), k = 6 (= V)", torch.randn(2, 6, generator=g), 6),
-        ("random logits of shape (2, 6), k = 10 (> V)", torch.randn(2, 6, generator=g), 10),
+        ("random logits of shape (2, 6), k = 6 (= vocab_size)", torch.randn(2, 6, generator=g), 6),
+        ("random logits of shape (2, 6), k = 10 (> vocab_size)", torch.randn(2, 6, generator=g), 10),
     ]  # fmt: skip
 
 
@@ -159,13 +159,14 @@ def _top_k_crash_hint(logits: Tensor, k: int) -> Callable[[Exception], str | Non
             return None
         if k > logits.shape[-1]:
             return (
-                "When k is at least the vocabulary size V there is nothing to remove: return the logits unchanged "
-                "(for example use min(k, V) with torch.topk)."
+                "When k is at least the vocabulary size there is nothing to remove: return the logits unchanged "
+                "(for example use min(k, vocab_size) with torch.topk)."
             )
         if logits.dim() != 2:
             return (
-                "The logits may have any number of leading axes, (..., V), not only (B, V): work on the last axis "
-                "(dim=-1) and index it with `...`, for example values[..., -1:] rather than values[:, [-1]]."
+                "The logits may have any number of leading axes, (..., vocab_size), not only (B, vocab_size): "
+                "work on the last axis (dim=-1) and index it with `...`, for example values[..., -1:] rather than "
+                "values[:, [-1]]."
             )
         return None
 
@@ -176,9 +177,9 @@ def _top_k_crash_hint(logits: Tensor, k: int) -> Callable[[Exception], str | Non
 def check_top_k_filter(fn: Callable[[Tensor, int], Tensor]) -> None:
     """Chapter 9, exercise 9.3: check ``fn(logits, k)``: all but the ``k`` largest logits of each row set to ``-inf``.
 
-    ``fn`` is given ``logits (..., V)`` (1-D, ``(B, V)`` or ``(B, T, V)``; float32 or float64) and
-    an int ``k`` from 1 to more than ``V``, and must return a new tensor of the logits' shape and
-    dtype, keeping ties at the k-th place.
+    ``fn`` is given ``logits (..., vocab_size)`` (1-D, ``(B, vocab_size)`` or ``(B, T, vocab_size)``;
+    float32 or float64) and an int ``k`` from 1 to more than ``vocab_size``, and must return a new
+    tensor of the logits' shape and dtype, keeping ties at the k-th place.
     """
     for desc, logits, k in _top_k_cases():
         where = f"for {desc}"
@@ -215,7 +216,7 @@ def _kept_count_hint(desc: str, k: int, V: int, got: int, want: int) -> str:
 def _diagnose_top_k(desc: str, logits: Tensor, k: int, out: Tensor) -> None:
     """Raise ExerciseFailure naming the first problem of filtered logits ``out`` of the logits' shape."""
     expected = reference_top_k_logits(logits, k)
-    keep = torch.isfinite(expected)  # (..., V)
+    keep = torch.isfinite(expected)  # (..., vocab_size)
     if logits.dim() >= 2 and 1 <= k <= logits.shape[0] and not torch.equal(out, expected):
         wrong_axis = reference_top_k_logits(logits.transpose(0, -1), k).transpose(0, -1)
         if torch.equal(out, wrong_axis):
