@@ -17,7 +17,7 @@ from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
-from .sampling import check_top_p, sample_next
+from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
 
@@ -169,7 +169,7 @@ class GPT(nn.Module):
         if not use_cache:
             for _ in range(max_new_tokens):
                 logits, _ = self(idx[:, -L:])  # (B, T, vocab_size)
-                nxt = sample_next(logits[:, -1, :], temperature, top_k, generator, top_p=top_p)  # (B, 1)
+                nxt = _sample(logits[:, -1, :], temperature, top_k, generator, top_p)  # (B, 1)
                 idx = torch.cat([idx, nxt], dim=1)
             return idx
         cache = self.new_cache()
@@ -180,6 +180,6 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, -1:], cache=cache)  # (B, 1, vocab_size)
             else:
                 logits, _ = self(idx[:, -L:])  # past context_len: the cropped window, uncached
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, generator, top_p=top_p)  # (B, 1)
+            nxt = _sample(logits[:, -1, :], temperature, top_k, generator, top_p)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
