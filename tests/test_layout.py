@@ -100,6 +100,13 @@ def test_the_layering_check_sees_a_bad_import(tmp_path, monkeypatch):
         test_there_are_no_import_cycles()
 
 
+def run_fresh(script: str) -> str:
+    """Run ``script`` in a fresh interpreter from the repository root; its output, or the last line of its error."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    return done.stdout
+
+
 def test_every_module_imports_first_without_a_circular_import():
     # A module imported first pulls in its parent packages and their imports: a cycle through a
     # package's __init__ only shows at run time, so import each module first in a fresh namespace.
@@ -112,8 +119,7 @@ def test_every_module_imports_first_without_a_circular_import():
         "    if not name.endswith('__main__'):\n"
         "        importlib.import_module('transformer_lib.' + name)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    run_fresh(script)
 
 
 def test_flat_namespace_has_every_public_name_of_every_module():
@@ -158,9 +164,8 @@ def test_importing_the_package_loads_no_command_line_trainer_or_plotting():
         "loaded = [m for m in ('transformer_lib.cli', 'transformer_lib.student') if m in sys.modules]\n"
         "print(' '.join(loaded))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
-    assert done.stdout.split() == [], f"import transformer_lib loaded {done.stdout.split()}"
+    loaded = run_fresh(script).split()
+    assert loaded == [], f"import transformer_lib loaded {loaded}"
 
 
 def test_every_public_function_and_class_names_its_chapter():
