@@ -26,7 +26,8 @@ __all__ = [
     "scaled_embedding",
 ]
 
-# Every layer and stack takes d_model first; everything after the first three arguments is keyword-only.
+# Every layer and stack takes d_model first; after its sizes (d_model, n_heads, then n_layers for a
+# stack, then d_ff) every argument is keyword-only.
 
 
 def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
