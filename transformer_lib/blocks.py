@@ -268,7 +268,7 @@ class Decoder(_Stack):
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights,
                       cache=layer_cache)  # fmt: skip
         if cache is not None:
-            cache.position += x.shape[1]
+            cache._advance(x.shape[1])  # a no-op with layers: their KVCaches counted the positions
         return self.norm(x)  # (B, T, d_model)
 
 
