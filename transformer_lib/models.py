@@ -135,6 +135,7 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        *,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,

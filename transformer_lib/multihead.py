@@ -87,9 +87,9 @@ class MultiHeadAttention(nn.Module):
     single matrix product. ``q_proj``, ``k_proj`` and ``v_proj`` are :class:`Projection` views of
     their rows.
 
-    Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, an
-    optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)`` and
-    ``is_causal`` to add a causal mask. It returns ``(output (B, T_q, d_model), weights)``
+    Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, then by
+    keyword an optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)``
+    and ``is_causal`` to add a causal mask. It returns ``(output (B, T_q, d_model), weights)``
     where ``weights`` is ``(B, h, T_q, T_k)`` if ``need_weights`` else ``None``.
 
     Without weights it calls PyTorch's fused kernel
@@ -209,8 +209,8 @@ class MultiHeadAttention(nn.Module):
         return new
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = False, *, window: int | None = None, cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
+        is_causal: bool = False, window: int | None = None, cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
         self._check_inputs(query, key, value, is_causal, window, cache)
         B, T_q, _ = query.shape

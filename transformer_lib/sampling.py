@@ -69,6 +69,7 @@ def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
     top_k: int | None = None,
+    *,
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> Tensor:
