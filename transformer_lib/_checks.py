@@ -3,6 +3,10 @@ type and ``ValueError`` for one out of range, and names the argument and the val
 
 Only Python values and tensor attributes (type, dtype, shape) are read, never a tensor's data,
 so a guard costs nothing on the hot path and never waits for a GPU.
+
+A setting is checked once, where it enters: a config's ``__post_init__`` or the public call a
+reader makes. A layer built by another layer or by a model from values already checked is passed
+the private keyword ``_checked=True`` and does not check ``window`` or ``n_kv_heads`` again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,21 @@ def check_int(value, name: str, minimum: int = 1) -> None:
     if value < minimum:
         rule = "must be positive (an int >= 1)" if minimum == 1 else f"must be an int >= {minimum}"
         raise ValueError(f"{name} {rule}, got {value}")
+
+
+def check_window(window) -> None:
+    """``window`` (sliding-window attention, chapter 10) must be None or a positive int."""
+    if window is not None:
+        check_int(window, "window")
+
+
+def check_kv_heads(n_kv_heads, n_heads) -> None:
+    """``n_kv_heads`` (grouped-query attention, chapter 10) must be None or a positive int
+    dividing ``n_heads``, itself already checked."""
+    if n_kv_heads is not None:
+        check_int(n_kv_heads, "n_kv_heads")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
 
 
 def check_bool(value, name: str) -> None:

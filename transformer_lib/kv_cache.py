@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_window
 
 __all__ = ["DecoderCache", "KVCache", "LayerCache"]
 
@@ -46,9 +46,9 @@ class KVCache:
     and for a window's short cache, it concatenates.
     """
 
-    def __init__(self, *, window: int | None = None, static: bool = False):
-        if window is not None:
-            check_int(window, "window")
+    def __init__(self, *, window: int | None = None, static: bool = False, _checked: bool = False):
+        if not _checked:  # a layer making its cache checked its window where it entered
+            check_window(window)
         check_bool(static, "static")
         if static and window is not None:
             raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
