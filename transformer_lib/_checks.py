@@ -17,9 +17,20 @@ import numbers
 from torch import Tensor
 
 
+def is_int(value) -> bool:
+    """Is ``value`` a whole number of Python's or NumPy's, not a bool (True and False are ints to
+    Python, never a size here)? The one test of the library's checks and the exercise checks."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """Is ``value`` a real number (an int, a float, NumPy's), not a bool?"""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_int(value, name: str, minimum: int = 1) -> None:
     """``value`` must be an int (not a bool) and at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
         rule = "must be positive (an int >= 1)" if minimum == 1 else f"must be an int >= {minimum}"
@@ -48,7 +59,7 @@ def check_bool(value, name: str) -> None:
 
 
 def _check_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
 
