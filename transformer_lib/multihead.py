@@ -13,15 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import (
-    check_bool,
-    check_divisible,
-    check_float_tensors,
-    check_int,
-    check_kv_heads,
-    check_probability,
-    check_window,
-)
+from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_kv_heads, check_probability
 from .attention import check_mask, scaled_dot_product_attention
 from .kv_cache import KVCache
 from .masks import causal_mask, sliding_window_mask
@@ -240,8 +232,7 @@ class MultiHeadAttention(nn.Module):
         self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
         window_checked: bool = False,
     ) -> None:  # fmt: skip
-        """The checks of :meth:`forward`: shapes and dtypes, the window (unless the layer calling
-        checked it where it entered), the cache."""
+        """The checks of :meth:`forward`: shapes and dtypes, the window (unless already checked), the cache."""
         check_float_tensors({"query": query, "key": key, "value": value})
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
@@ -252,7 +243,7 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(key.shape)}, {tuple(value.shape)}"
             )
         if window is not None and not window_checked:
-            check_window(window)
+            check_int(window, "window")
             if not is_causal:
                 raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")
         if cache is None:
