@@ -87,10 +87,9 @@ def per_token_at_context(model: tl.GPT, prompt_row: torch.Tensor, T: int, repeat
         start = time.perf_counter()
         model(idx[:, -1:], cache=cache)
         cached.append(time.perf_counter() - start)
-        for layer in cache.layers:  # back to T - 1 cached positions
+        for layer in cache.layers:  # back to T - 1 cached positions (cache.position reads them)
             c = layer.self_attn
             c.k, c.v, c.position = c.k[:, :, : T - 1], c.v[:, :, : T - 1], T - 1
-        cache.position = T - 1
     return 1000 * median(uncached), 1000 * median(cached)
 
 

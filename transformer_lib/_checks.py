@@ -3,6 +3,10 @@ type and ``ValueError`` for one out of range, and names the argument and the val
 
 Only Python values and tensor attributes (type, dtype, shape) are read, never a tensor's data,
 so a guard costs nothing on the hot path and never waits for a GPU.
+
+A setting is checked once, where it enters: a config's ``__post_init__`` or the public call a
+reader makes. A layer built by another layer or by a model from values already checked is passed
+the private keyword ``_checked=True`` and does not check ``window`` or ``n_kv_heads`` again.
 """
 
 from __future__ import annotations
@@ -13,13 +17,39 @@ import numbers
 from torch import Tensor
 
 
+def is_int(value) -> bool:
+    """Is ``value`` a whole number of Python's or NumPy's, not a bool (True and False are ints to
+    Python, never a size here)? The one test of the library's checks and the exercise checks."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """Is ``value`` a real number (an int, a float, NumPy's), not a bool?"""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_int(value, name: str, minimum: int = 1) -> None:
     """``value`` must be an int (not a bool) and at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
         rule = "must be positive (an int >= 1)" if minimum == 1 else f"must be an int >= {minimum}"
         raise ValueError(f"{name} {rule}, got {value}")
+
+
+def check_window(window) -> None:
+    """``window`` (sliding-window attention, chapter 10) must be None or a positive int."""
+    if window is not None:
+        check_int(window, "window")
+
+
+def check_kv_heads(n_kv_heads, n_heads) -> None:
+    """``n_kv_heads`` (grouped-query attention, chapter 10) must be None or a positive int
+    dividing ``n_heads``, itself already checked."""
+    if n_kv_heads is not None:
+        check_int(n_kv_heads, "n_kv_heads")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
 
 
 def check_bool(value, name: str) -> None:
@@ -29,7 +59,7 @@ def check_bool(value, name: str) -> None:
 
 
 def _check_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
 

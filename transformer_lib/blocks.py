@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_divisible, check_int, check_kv_heads, check_window
 from .kv_cache import DecoderCache, KVCache, LayerCache
 from .multihead import MultiHeadAttention
 
@@ -77,13 +77,23 @@ class _Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))  # post-LN
 
 
+def _check_kv_heads(d_model, n_heads, n_kv_heads) -> None:
+    """``n_kv_heads``, with the sizes it depends on checked first (as the attention does)."""
+    if n_kv_heads is not None:
+        check_divisible(d_model, n_heads)
+        check_kv_heads(n_kv_heads, n_heads)
+
+
 class _LayerParts:
     """The settings every layer shares, and the sublayers made from them (in the order a layer calls)."""
 
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
         norm_first: bool = False, activation: str = "relu", bias: bool = True, n_kv_heads: int | None = None,
+        _checked: bool = False,
     ):  # fmt: skip
+        if not _checked:  # n_kv_heads once per layer, not once per attention (the stack: once)
+            _check_kv_heads(d_model, n_heads, n_kv_heads)
         if d_ff is not None:
             check_int(d_ff, "d_ff")
         check_bool(norm_first, "norm_first")
@@ -93,7 +103,7 @@ class _LayerParts:
 
     def attention(self) -> MultiHeadAttention:
         return MultiHeadAttention(
-            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, dropout=self.dropout, bias=self.bias
+            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, dropout=self.dropout, bias=self.bias, _checked=True
         )
 
     def residual(self) -> _Residual:
@@ -154,12 +164,12 @@ class DecoderLayer(nn.Module):
 
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, cross_attention: bool = True,
-        window: int | None = None, **options,
+        window: int | None = None, _checked: bool = False, **options,
     ):  # fmt: skip
         super().__init__()
-        if window is not None:
-            check_int(window, "window")
-        parts = _LayerParts(d_model, n_heads, d_ff, **options)
+        if not _checked:  # a stack or a model building the layer checked window where it entered
+            check_window(window)
+        parts = _LayerParts(d_model, n_heads, d_ff, _checked=_checked, **options)
         self.window = window
         self.self_attn, self.res_self = parts.attention(), parts.residual()
         self.cross_attn = parts.attention() if cross_attention else None
@@ -170,7 +180,7 @@ class DecoderLayer(nn.Module):
     def new_cache(self) -> LayerCache:
         """An empty :class:`LayerCache` for this layer (chapter 10)."""
         cross = KVCache(static=True) if self.cross_attn is not None else None
-        return LayerCache(KVCache(window=self.window), cross)
+        return LayerCache(KVCache(window=self.window, _checked=True), cross)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
@@ -183,7 +193,7 @@ class DecoderLayer(nn.Module):
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
                 h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True, window=self.window,
-                cache=self_cache,
+                cache=self_cache, _checked=True,
             )  # fmt: skip
             return out
 
@@ -209,13 +219,18 @@ class _Stack(nn.Module):
 
     def __init__(
         self, d_model: int, n_heads: int, n_layers: int, d_ff: int | None = None, *,
-        norm_first: bool = False, bias: bool = True, **options,
+        norm_first: bool = False, bias: bool = True, _checked: bool = False, **options,
     ):  # fmt: skip
         super().__init__()
         check_int(n_layers, "n_layers", minimum=0)
+        if not _checked:  # once for the stack; its layers trust it (a model's config checked them)
+            _check_kv_heads(d_model, n_heads, options.get("n_kv_heads"))
+            if self.layer_class is DecoderLayer:
+                check_window(options.get("window"))
         make = self.layer_class
         self.layers = nn.ModuleList(
-            make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, **options) for _ in range(n_layers)
+            make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **options)
+            for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
 
@@ -268,7 +283,7 @@ class Decoder(_Stack):
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights,
                       cache=layer_cache)  # fmt: skip
         if cache is not None:
-            cache.position += x.shape[1]
+            cache._advance(x.shape[1])  # a no-op with layers: their KVCaches counted the positions
         return self.norm(x)  # (B, T, d_model)
 
 

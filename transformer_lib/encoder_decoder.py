@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_divisible, check_int, check_probability
+from ._checks import check_bool, check_divisible, check_int, check_kv_heads, check_probability
 from .blocks import Decoder, Encoder, scaled_embedding
 from .kv_cache import DecoderCache
 from .multihead import MultiHeadAttention
@@ -127,10 +127,7 @@ def _check_shared(config) -> None:
     """The fields both configs have: ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_ff`` (if any)
     and ``dropout``."""
     check_divisible(config.d_model, config.n_heads)
-    if config.n_kv_heads is not None:
-        check_int(config.n_kv_heads, "n_kv_heads")
-        if config.n_heads % config.n_kv_heads:
-            raise ValueError(f"n_kv_heads ({config.n_kv_heads}) must divide n_heads ({config.n_heads})")
+    check_kv_heads(config.n_kv_heads, config.n_heads)
     if getattr(config, "d_ff", None) is not None:
         check_int(config.d_ff, "d_ff")
     check_probability(config.dropout, "dropout")
@@ -162,7 +159,7 @@ class Transformer(nn.Module):
             return LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
 
         self.src_pos, self.tgt_pos = make_positional(), make_positional()
-        shape = dict(dropout=c.dropout, norm_first=c.norm_first, n_kv_heads=c.n_kv_heads)
+        shape = dict(dropout=c.dropout, norm_first=c.norm_first, n_kv_heads=c.n_kv_heads, _checked=True)
         self.encoder = Encoder(c.d_model, c.n_heads, c.n_encoder_layers, c.d_ff, **shape)
         self.decoder = Decoder(c.d_model, c.n_heads, c.n_decoder_layers, c.d_ff, **shape)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)

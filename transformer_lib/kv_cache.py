@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_window
 
 __all__ = ["DecoderCache", "KVCache", "LayerCache"]
 
@@ -46,9 +46,9 @@ class KVCache:
     and for a window's short cache, it concatenates.
     """
 
-    def __init__(self, *, window: int | None = None, static: bool = False):
-        if window is not None:
-            check_int(window, "window")
+    def __init__(self, *, window: int | None = None, static: bool = False, _checked: bool = False):
+        if not _checked:  # a layer making its cache checked its window where it entered
+            check_window(window)
         check_bool(static, "static")
         if static and window is not None:
             raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
@@ -175,8 +175,10 @@ class DecoderCache:
     """The caches of a whole :class:`~transformer_lib.blocks.Decoder` stack for incremental decoding (chapter 10).
 
     ``layers`` holds one :class:`LayerCache` per layer (``decoder.new_cache()`` makes them);
-    ``position`` counts the target positions the decoder has processed, which is where the next
-    new token sits (the offset its position encoding needs); the decoder's ``forward`` advances it.
+    ``position`` is the number of target positions the decoder has processed, which is where the
+    next new token sits (the offset its position encoding needs). It is not counted twice: every
+    layer sees the same tokens, so it is the first layer's ``self_attn.position``, which its
+    attention advances (a stack of no layers, with no attention, counts its own).
     ``nbytes()`` is the memory all cached keys and values take, cross-attention included.
     """
 
@@ -184,7 +186,18 @@ class DecoderCache:
         if not all(isinstance(c, LayerCache) for c in layers):
             raise TypeError("DecoderCache takes a list of LayerCache, one per layer")
         self.layers = list(layers)
-        self.position = 0
+        self._no_layer_position = 0  # the count of a stack with no layers (and so no KVCache)
+
+    @property
+    def position(self) -> int:
+        """The target positions processed: the first layer's self-attention cache counts them."""
+        return self.layers[0].self_attn.position if self.layers else self._no_layer_position
+
+    def _advance(self, T_new: int) -> None:
+        """Count ``T_new`` new positions in a cache of no layers; with layers, the attention
+        counts them as it appends (:meth:`KVCache.append`), so this does nothing."""
+        if not self.layers:
+            self._no_layer_position += T_new
 
     def nbytes(self, *, cross: bool = True) -> int:
         """Bytes of every cached key and value; ``cross=False`` counts the self-attention only."""

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_temperature
+from ._checks import check_bool, check_int, check_temperature, check_window
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .kv_cache import DecoderCache
@@ -43,8 +43,7 @@ class GPTConfig:
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
         check_bool(self.bias, "bias")
-        if self.window is not None:
-            check_int(self.window, "window")
+        check_window(self.window)
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
 
@@ -84,6 +83,7 @@ class GPT(nn.Module):
             bias=c.bias,
             n_kv_heads=c.n_kv_heads,
             window=c.window,
+            _checked=True,  # GPTConfig checked window and n_kv_heads
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
@@ -135,6 +135,7 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        *,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_probability
+from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_kv_heads, check_probability
 from .attention import check_mask, scaled_dot_product_attention
 from .kv_cache import KVCache
 from .masks import causal_mask, sliding_window_mask
@@ -87,9 +87,9 @@ class MultiHeadAttention(nn.Module):
     single matrix product. ``q_proj``, ``k_proj`` and ``v_proj`` are :class:`Projection` views of
     their rows.
 
-    Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, an
-    optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)`` and
-    ``is_causal`` to add a causal mask. It returns ``(output (B, T_q, d_model), weights)``
+    Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, then by
+    keyword an optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)``
+    and ``is_causal`` to add a causal mask. It returns ``(output (B, T_q, d_model), weights)``
     where ``weights`` is ``(B, h, T_q, T_k)`` if ``need_weights`` else ``None``.
 
     Without weights it calls PyTorch's fused kernel
@@ -114,17 +114,17 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True
-    ):
+        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True,
+        _checked: bool = False,
+    ):  # fmt: skip
         super().__init__()
         check_divisible(d_model, n_heads)
         check_probability(dropout, "dropout")
         check_bool(bias, "bias")
+        if not _checked:  # a layer building its attention checked n_kv_heads already
+            check_kv_heads(n_kv_heads, n_heads)
         if n_kv_heads is None:
             n_kv_heads = n_heads
-        check_int(n_kv_heads, "n_kv_heads")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
         self.n_kv_heads = n_kv_heads
         self.dropout = dropout
@@ -209,10 +209,10 @@ class MultiHeadAttention(nn.Module):
         return new
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = False, *, window: int | None = None, cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
+        is_causal: bool = False, window: int | None = None, cache: KVCache | None = None, _checked: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        self._check_inputs(query, key, value, is_causal, window, cache)
+        self._check_inputs(query, key, value, is_causal, window, cache, _checked)
         B, T_q, _ = query.shape
         T_k = key.shape[1] if cache is None else cache.keys_after(key.shape[1])
         check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
@@ -229,9 +229,10 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
 
     def _check_inputs(
-        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None
-    ) -> None:
-        """The checks of :meth:`forward`: shapes and dtypes, the window, the cache."""
+        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
+        window_checked: bool = False,
+    ) -> None:  # fmt: skip
+        """The checks of :meth:`forward`: shapes and dtypes, the window (unless already checked), the cache."""
         check_float_tensors({"query": query, "key": key, "value": value})
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
@@ -241,7 +242,7 @@ class MultiHeadAttention(nn.Module):
                 f"query, key and value must share B, and key/value must share T_k: got {tuple(query.shape)}, "
                 f"{tuple(key.shape)}, {tuple(value.shape)}"
             )
-        if window is not None:
+        if window is not None and not window_checked:
             check_int(window, "window")
             if not is_causal:
                 raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")

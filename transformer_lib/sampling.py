@@ -4,12 +4,11 @@ generating text from a prompt; nucleus (top-p) sampling is added in chapter 10."
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_temperature
+from ._checks import check_int, check_temperature, is_real
 
 __all__ = ["check_top_p", "generate_text", "sample_next", "top_k_filter", "top_p_filter"]
 
@@ -33,7 +32,7 @@ def _top_k(logits: Tensor, k: int) -> Tensor:
 def check_top_p(p, name: str = "top_p") -> None:
     """Raise unless ``p`` is a number in ``(0, 1]`` (a nucleus-sampling mass, chapter 10):
     ``TypeError`` for a non-number (or a bool), ``ValueError`` for 0, a negative, above 1 or NaN."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+    if not is_real(p):
         raise TypeError(f"{name} must be a number in (0, 1], got {p!r} ({type(p).__name__})")
     if not (0.0 < float(p) <= 1.0) or math.isnan(float(p)):
         raise ValueError(f"{name} must be a probability mass in (0, 1], got {p!r}")
@@ -69,6 +68,7 @@ def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
     top_k: int | None = None,
+    *,
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> Tensor:

@@ -11,12 +11,13 @@ their exercise: the inputs to try and the sentences that name a likely mistake.
 from __future__ import annotations
 
 import functools
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .._checks import is_int
 
 __all__ = [
     "CheckResult",
@@ -31,6 +32,7 @@ __all__ = [
     "require_pair",
     "require_shape",
     "require_tensor",
+    "require_tensors",
 ]
 
 
@@ -224,15 +226,28 @@ def require_tensor(
     return value
 
 
-def require_pair(value, where: str, names: tuple[str, str]) -> tuple[Tensor, Tensor]:
-    """Fail unless ``value`` is a tuple or list of two tensors, named ``names`` in messages; return them."""
-    wanted = f"return a pair ({names[0]}, {names[1]}) of torch tensors."
-    if not isinstance(value, tuple | list) or len(value) != 2:
-        raise ExerciseFailure(f"{where}, your function returned {_a(type(value).__name__)}; {wanted}")
+def require_tensors(value, where: str, names: tuple[str, ...]) -> tuple[Tensor, ...]:
+    """Fail unless ``value`` is a tuple or list of ``len(names)`` tensors, named ``names`` in
+    messages; return them as a tuple."""
+    n, listed = len(names), ", ".join(names)
+    count = {2: "two", 3: "three"}.get(n, str(n))
+    wanted = (
+        f"return a pair ({listed}) of torch tensors."
+        if n == 2
+        else f"return a tuple ({listed}) of {count} torch tensors."
+    )
+    if not isinstance(value, tuple | list) or len(value) != n:
+        got = _a(type(value).__name__) + (f" of length {len(value)}" if isinstance(value, tuple | list) else "")
+        raise ExerciseFailure(f"{where}, your function returned {got}; {wanted}")
     for name, item in zip(names, value, strict=True):
         if not isinstance(item, Tensor):
             raise ExerciseFailure(f"{where}, {name} is {_a(type(item).__name__)}; {wanted}")
-    return value[0], value[1]
+    return tuple(value)
+
+
+def require_pair(value, where: str, names: tuple[str, str]) -> tuple[Tensor, Tensor]:
+    """:func:`require_tensors` for two: fail unless ``value`` is a pair of tensors; return them."""
+    return require_tensors(value, where, names)
 
 
 def require_int(value, call: str, hint: str = "") -> int:
@@ -240,7 +255,7 @@ def require_int(value, call: str, hint: str = "") -> int:
     if isinstance(value, Tensor) and value.numel() == 1 and value.dtype != torch.bool:
         if not (value.is_floating_point() or value.is_complex()):
             return int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise ExerciseFailure(
             _sentence(f"{call} returned {value!r}, {_a(type(value).__name__)}; return a whole number as an int{hint}")
         )

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._core import ExerciseFailure, call_student, check, close, fmt, require_finite, require_tensor
+from ._core import ExerciseFailure, call_student, check, close, fmt, require_finite, require_tensor, require_tensors
 
 __all__ = [
     "check_cached_attention",
@@ -26,18 +26,6 @@ __all__ = [
     "reference_softmax_merge",
     "softmax_block_stats",
 ]
-
-
-def _triple(value, where: str, names: tuple[str, str, str]) -> tuple[Tensor, Tensor, Tensor]:
-    """Fail unless ``value`` is a tuple or list of three tensors, named ``names`` in messages."""
-    wanted = f"return a tuple ({', '.join(names)}) of three torch tensors."
-    if not isinstance(value, tuple | list) or len(value) != 3:
-        got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, tuple | list) else None
-        raise ExerciseFailure(f"{where}, your function returned {got or 'a ' + type(value).__name__}; {wanted}")
-    for name, item in zip(names, value, strict=True):
-        if not isinstance(item, Tensor):
-            raise ExerciseFailure(f"{where}, {name} is a {type(item).__name__}; {wanted}")
-    return value[0], value[1], value[2]
 
 
 # ---------------------------------------------------------------- check_cached_attention
@@ -137,7 +125,7 @@ def check_cached_attention(fn: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> 
             fn, args, where, crash_hint=_cat_hint, inputs="the tensors it was given (the cache)",
             in_place_hint="build the grown cache with torch.cat, which makes a new tensor",
         )  # fmt: skip
-        out, k_all, v_all = _triple(got, where, names)
+        out, k_all, v_all = require_tensors(got, where, names)
         want_out, want_k, want_v = reference_cached_attention(*args)
         for name, value, want in (("k_all", k_all, want_k), ("v_all", v_all, want_v)):
             require_tensor(
@@ -171,7 +159,7 @@ def _check_token_by_token(fn: Callable) -> None:
     where = "decoding 6 tokens one at a time from an empty cache"
     for t in range(6):
         step = slice(t, t + 1)
-        out, k_cache, v_cache = _triple(
+        out, k_cache, v_cache = require_tensors(
             call_student(fn, (q[..., step, :], k[..., step, :], v[..., step, :], k_cache, v_cache), where),
             where,
             ("out", "k_all", "v_all"),
@@ -276,7 +264,9 @@ def check_softmax_merge(fn: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> Non
             *softmax_block_stats(scores[:, :split], values[:split]),
             *softmax_block_stats(scores[:, split:], values[split:]),
         )
-        got = _triple(call_student(fn, stats, where, inputs="the statistics it was given"), where, ("m", "l", "o"))
+        got = require_tensors(
+            call_student(fn, stats, where, inputs="the statistics it was given"), where, ("m", "l", "o")
+        )
         want = reference_softmax_merge(*stats)
         for name, value, w in zip(("m", "l", "o"), got, want, strict=True):
             require_tensor(value, where, w.shape, w.dtype, what=name, layout="(R, 1)" if name != "o" else "(R, d)")
@@ -304,7 +294,7 @@ def _check_many_blocks(fn: Callable) -> None:
     where = "folding 10 blocks of 3 keys, one after another"
     for start in range(3, 30, 3):
         block = softmax_block_stats(scores[:, start : start + 3], values[start : start + 3])
-        m, l, o = _triple(call_student(fn, (m, l, o, *block), where), where, ("m", "l", "o"))  # noqa: E741
+        m, l, o = require_tensors(call_student(fn, (m, l, o, *block), where), where, ("m", "l", "o"))  # noqa: E741
     full = torch.softmax(scores, -1) @ values
     if not close(o.detach(), full, atol=1e-10):
         raise ExerciseFailure(f"{where}, the result is not softmax attention over all 30 keys: {fmt(full)}.")
