@@ -106,12 +106,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it private: give it the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def current_umask() -> int:
+    """The process's umask (the permission bits new files do not get)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_writable(folder: str | os.PathLike) -> Path:
