@@ -27,7 +27,26 @@ SOLUTION_TAG = "solution"
 # student edition and of the course
 WORKED_TAG = "solution-work"
 STUB_LINE = 'raise NotImplementedError("write your answer here")'
-_SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
+# A fence of backticks, tildes or colons (MyST renders a directive in any of them), indented up
+# to three spaces; the closing fence is at least as long as the opening one.
+_FENCE = r"^[ ]{0,3}(?P<fence>(?P<ch>[`~:])(?P=ch){2,})[ \t]*"
+_SOLUTION_DIRECTIVE = re.compile(_FENCE + r"\{solution\}.*?^[ ]{0,3}(?P=fence)(?P=ch)*[ \t]*$\n?", re.DOTALL | re.M)
+_SOLUTION_OPENING = re.compile(_FENCE + r"\{solution(?P<gated>-start|-end)?\}", re.M)
+
+
+def solution_problem(source: str) -> str | None:
+    """Instructors' guide: why the solutions in a markdown cell's ``source`` cannot be removed
+    safely (a ``{solution}`` block never closed, or the gated ``solution-start``/``solution-end``
+    form), or None when every one is a closed ``{solution}`` block."""
+    opening = _SOLUTION_OPENING.search(_SOLUTION_DIRECTIVE.sub("", source))
+    if opening is None:
+        return None
+    if opening.group("gated"):
+        return (
+            f"the gated {{solution{opening.group('gated')}}} form, which CONTRIBUTING forbids: write the "
+            f"solution as one {{solution}} block"
+        )
+    return f"a {{solution}} block opened with {opening.group('fence')} is never closed"
 
 
 class EditionError(ValueError):
@@ -44,8 +63,8 @@ class UnsafeOutputError(EditionError):
     own notebooks, or an existing file without ``--force``)."""
 
 
-def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, str]:
-    """Instructors' guide: where the answer part of a function starts.
+def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> tuple[int, str]:
+    """Instructors' guide: where the answer part of a function (or a class) starts.
 
     Returns the last line (1-based) of the function's header, including its docstring when it
     has one, and the indentation of its body. Needs a function whose body starts on a line of
@@ -64,9 +83,34 @@ def one_line_functions_expanded(source: str) -> str:
     tree = ast.parse(source)
     lines = source.splitlines()
     for node in reversed(tree.body):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body[0].lineno == node.lineno:
+        if isinstance(node, _DEFINITIONS) and _inline(node):
             lines[node.lineno - 1 : node.end_lineno] = ast.unparse(node).splitlines()
     return "\n".join(lines) + "\n"
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _inline(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """The definition, or one inside a class, has its body start on its own header line."""
+    if node.body[0].lineno == node.lineno:
+        return True
+    return isinstance(node, ast.ClassDef) and any(isinstance(n, _DEFINITIONS) and _inline(n) for n in node.body)
+
+
+def _methods(node: ast.ClassDef) -> list:
+    """The functions and classes defined in a class's body."""
+    return [n for n in node.body if isinstance(n, _DEFINITIONS)]
+
+
+def class_header_end(node: ast.ClassDef) -> tuple[int, str]:
+    """Instructors' guide: the last line (1-based) of a class's header and docstring, and the
+    indentation of its body (a decorated first method starts at its decorator)."""
+    header_end, indent = function_body_start(node)
+    first = node.body[0]
+    if isinstance(first, _DEFINITIONS) and first.decorator_list:
+        header_end = first.decorator_list[0].lineno - 1
+    return header_end, indent
 
 
 def stub_source(source: str) -> str:
@@ -83,15 +127,23 @@ def stub_source(source: str) -> str:
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             out.extend(lines[node.lineno - 1 : node.end_lineno])
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            header_end, indent = function_body_start(node)
+        elif isinstance(node, _DEFINITIONS):
             if out:
                 out.extend(["", ""])
-            out.extend(lines[first - 1 : header_end])
-            out.append(f"{indent}# Your code here.")
-            out.append(f"{indent}{STUB_LINE}")
+            out.extend(_stubbed(node, lines))
     return "\n".join(out) + "\n"
+
+
+def _stubbed(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, lines: list[str]) -> list[str]:
+    """The lines of a function, or of a class and its methods, with each body replaced by a stub."""
+    first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    header_end, indent = class_header_end(node) if isinstance(node, ast.ClassDef) else function_body_start(node)
+    out = lines[first - 1 : header_end]
+    if not isinstance(node, ast.ClassDef):
+        return [*out, f"{indent}# Your code here.", f"{indent}{STUB_LINE}"]
+    for k, method in enumerate(_methods(node)):
+        out.extend([""] * bool(k) + _stubbed(method, lines))
+    return out
 
 
 def tags(cell: dict) -> list[str]:
@@ -114,9 +166,9 @@ def strip_notebook(nb: dict) -> tuple[dict, int]:
             continue
         src = cell_source(cell)
         is_solution = SOLUTION_TAG in tags(cell)
+        if cell["cell_type"] != "code" and is_solution:  # markdown or raw: the book shows it as a solution
+            continue
         if cell["cell_type"] == "markdown":
-            if is_solution:
-                continue
             src = _SOLUTION_DIRECTIVE.sub("", src)
         elif cell["cell_type"] == "code":
             if is_solution:
@@ -145,14 +197,22 @@ def _check_cell(path: Path, index: int, cell: object) -> None:
     meta = cell.get("metadata", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tags", []), list):
         raise MalformedNotebookError(f"{where}: metadata must be a mapping with a list of tags, got {meta!r}")
+    if cell["cell_type"] == "markdown" and solution_problem(cell_source(cell)):
+        raise MalformedNotebookError(f"{where}: {solution_problem(cell_source(cell))}")
     if cell["cell_type"] == "code" and SOLUTION_TAG in tags(cell):
         try:
             tree = ast.parse(cell_source(cell))
         except SyntaxError as exc:
             problem = f"the solution code does not parse ({exc.msg}, line {exc.lineno})"
             raise MalformedNotebookError(f"{where}: {problem}") from None
-        if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in tree.body):
-            raise MalformedNotebookError(f"{where}: a solution cell must define a function")
+        if not any(isinstance(n, _DEFINITIONS) for n in tree.body):
+            raise MalformedNotebookError(f"{where}: a solution cell must define a function or a class")
+        bare = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not _methods(n)]
+        if bare:
+            raise MalformedNotebookError(
+                f"{where}: the solution class {bare[0]} has no method, so no stub can keep it and hide the answer: "
+                f"put the answer in a method"
+            )
 
 
 def read_notebook(path: Path) -> dict:
@@ -224,6 +284,9 @@ def _write_atomic(target: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes it private: give it the mode the umask allows
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -237,6 +300,13 @@ def write_files(files: dict[Path, str], out_dir: Path, chapters: Path, force: bo
     that exists; nothing is written when it refuses.
     """
     check_output_dir(out_dir, chapters)
+    book = chapters.resolve()
+    for target in files:  # where each file really lands, through any link on the way
+        real = target.resolve()
+        if real == book or book in real.parents or _is_book_notebook(target):
+            raise UnsafeOutputError(
+                f"refusing to write {target}: it leads to {real}, in the book's chapters folder {chapters}"
+            )
     existing = [p for p in files if p.exists()]
     if any(p.is_dir() for p in existing):
         raise UnsafeOutputError(f"{next(p for p in existing if p.is_dir())} is a folder, not a file")
