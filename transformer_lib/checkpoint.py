@@ -7,10 +7,12 @@ resumed run equals one that never stopped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
+import shutil
 import socket
 import time
 from dataclasses import fields
@@ -100,7 +102,18 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     a damaged or edited one."""
     state = {**state, "checksum_covers": _COVERS}
     state["checksum"] = _full_checksum(state)
-    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+    return atomic_write(path, lambda tmp: _save(state, tmp))
+
+
+def _save(state: dict, tmp: str) -> None:
+    """``torch.save``, whose failed write on a full disk (a bare "unexpected pos" error) becomes
+    the ``OSError`` it is (``ENOSPC``)."""
+    try:
+        torch.save(state, tmp)
+    except RuntimeError:
+        if shutil.disk_usage(Path(tmp).parent).free < 1 << 20:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp) from None
+        raise
 
 
 def prepare_folder(path: str | os.PathLike) -> list[Path]:

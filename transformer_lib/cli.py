@@ -241,6 +241,11 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
+def _check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ValueError(f"--seed must be an int in [0, {2**32 - 1}], got {seed}")
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
@@ -248,6 +253,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     file = Path(args.out_dir) / CHECKPOINT_NAME
     if args.resume and not file.is_file():
         parser.error(f"--resume: no checkpoint at {file}")
+    _check_seed(args.seed)
     if not args.resume:
         _settings(args, None, file)  # a bad setting is refused before the folder is made
     # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
@@ -339,6 +345,9 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
     args = parser.parse_args(argv)
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
+    _check_seed(args.seed)
 
     device = pick_device(args.device)
     try:
@@ -372,6 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = sample_main if argv[:1] == ["sample"] else train_main
     try:
         return command(argv[1:] if argv[:1] in (["sample"], ["train"]) else argv)
+    except KeyboardInterrupt:  # a Ctrl-C outside the training loop (which saves and says how to resume)
+        if debug:
+            raise
+        said = "; no checkpoint was written" if command is train_main else ""
+        print(f"interrupted (Ctrl-C){said}", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as e:
         if debug:
             raise
