@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.course import BEGIN, END, POINTS, make_course, mark_solutions
 from transformer_lib.student import UnsafeOutputError
 from transformer_lib.student.cli import main
 from transformer_lib.student.edition import STUB_LINE, stub_source
+from transformer_lib.student.nbgrader import BEGIN, END, POINTS, make_course, mark_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 NBGRADER = ROOT / ".venv-instructors" / "bin" / "nbgrader"
