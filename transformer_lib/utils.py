@@ -130,7 +130,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
         if e.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             raise
         kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
-        raise OSError(e.errno, f"no space left on the device to write {path}: {kept}") from None
+        full = OSError(f"no space left on the device to write {path}: {kept}")
+        full.errno = e.errno
+        raise full from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
