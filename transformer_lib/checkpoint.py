@@ -280,6 +280,10 @@ def load_checkpoint(
     check_recorded(ckpt, "the checkpoint" if isinstance(path, dict) else checkpoint_file(path))
     model_cls, config_cls = MODELS[ckpt["model_class"]]
     model = model_cls(config_cls(**ckpt["model_config"]))
+    where = "the checkpoint" if isinstance(path, dict) else checkpoint_file(path)
+    bad = next((k for k, t in ckpt["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
+    if bad is not None:
+        raise ValueError(f"{where}: the model's {bad} holds values that are not finite (NaN or inf): a diverged model")
     model.load_state_dict(ckpt["model"])
     tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
     return model.to(device).eval(), tokenizer, ckpt
