@@ -150,10 +150,16 @@ def test_a_solution_class_without_methods_is_refused(mode, tmp_path, capsys):
 # ---- every path actually written ----
 
 
-def test_a_course_folder_linked_into_the_chapters_is_refused_even_with_force(tmp_path, capsys):
+def real_chapter(tmp_path):
+    """A book whose chapters folder holds the real chapter 4."""
     chapters = tmp_path / "book" / "chapters"
     chapters.mkdir(parents=True)
     shutil.copy(ROOT / "chapters" / "04_masking.ipynb", chapters)
+    return chapters
+
+
+def test_a_course_folder_linked_into_the_chapters_is_refused_even_with_force(tmp_path, capsys):
+    chapters = real_chapter(tmp_path)
     before = (chapters / "04_masking.ipynb").read_bytes()
     out = tmp_path / "course"
     (out / "source").mkdir(parents=True)
@@ -167,9 +173,7 @@ def test_a_course_folder_linked_into_the_chapters_is_refused_even_with_force(tmp
 
 
 def test_a_student_notebook_linked_to_a_chapter_is_refused(tmp_path, capsys):
-    chapters = tmp_path / "book" / "chapters"
-    chapters.mkdir(parents=True)
-    shutil.copy(ROOT / "chapters" / "04_masking.ipynb", chapters)
+    chapters = real_chapter(tmp_path)
     before = (chapters / "04_masking.ipynb").read_bytes()
     out = tmp_path / "edition"
     out.mkdir()
