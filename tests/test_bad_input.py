@@ -122,9 +122,8 @@ def test_a_fresh_run_never_replaces_another_runs_checkpoint(small_text, tmp_path
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "2"]) == 0
     before = (out / "ckpt.pt").read_bytes()
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "4"])
-    assert stop.value.code == 2 and "--resume" in capsys.readouterr().err
+    assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "4"]) == 2
+    assert "--resume" in capsys.readouterr().err
     assert (out / "ckpt.pt").read_bytes() == before  # untouched
     assert cli.main(["train", *TINY, "--data", str(small_text), "--out-dir", str(out), "--max-iters", "4",
                      "--force"]) == 0  # fmt: skip
@@ -364,24 +363,28 @@ def library_checkpoint(out_dir, model_class="GPT", tokenizer=True):
     return out_dir / "ckpt.pt"
 
 
-# (model class, saved with its tokenizer, --data given, a word of the error or None: it resumes)
+# (model class, saved with its tokenizer, --data given, --val-fraction given, a word of the error or None: it resumes)
 LIBRARY_RESUME_CASES = [
-    ("GPT", True, True, None),
-    ("GPT", True, False, "--data"),
-    ("GPT", False, True, "tokenizer"),
-    ("Transformer", False, True, "Transformer"),
+    ("GPT", True, True, True, None),
+    ("GPT", True, True, False, "--val-fraction"),  # train() does not know how the text was split
+    ("GPT", True, False, True, "--data"),
+    ("GPT", False, True, True, "tokenizer"),
+    ("Transformer", False, True, True, "Transformer"),
 ]
 
 
-@pytest.mark.parametrize(("model_class", "with_tokenizer", "with_data", "word"), LIBRARY_RESUME_CASES)
-def test_resume_of_a_checkpoint_written_by_train(model_class, with_tokenizer, with_data, word, small_text, tmp_path,
-                                                 capsys):  # fmt: skip
+@pytest.mark.parametrize(("model_class", "with_tokenizer", "with_data", "with_split", "word"), LIBRARY_RESUME_CASES)
+def test_resume_of_a_checkpoint_written_by_train(model_class, with_tokenizer, with_data, with_split, word, small_text,
+                                                 tmp_path, capsys):  # fmt: skip
     file = library_checkpoint(tmp_path / "run", model_class, with_tokenizer)
     before = file.read_bytes()
     data = ["--data", str(small_text)] if with_data else []
+    data += ["--val-fraction", "0.1"] if with_split else []
     code = cli.main(["train", "--resume", "--out-dir", str(file.parent), "--max-iters", "4", "--no-progress", *data])
     if word is None:
-        assert code == 0 and tl.read_checkpoint(file)["step"] == 4
+        ckpt = tl.read_checkpoint(file)
+        assert code == 0 and ckpt["step"] == 4
+        assert ckpt["train_config"]["batch_size"] == 2  # the batch size the run used, not the default 12
     else:
         err = capsys.readouterr().err.strip()
         assert code == 2 and word in err and len(err.splitlines()) == 1

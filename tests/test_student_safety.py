@@ -170,7 +170,7 @@ def test_writes_are_atomic(book, tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", failing_replace)  # the writes of student.notebooks
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match="no space left on the device to write"):
         student.make_student_edition(out, book, force=True)
     assert calls and snapshot(out) == before  # no temporary file left, old files whole
 

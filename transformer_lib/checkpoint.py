@@ -6,9 +6,16 @@ resumed run equals one that never stopped.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import os
 import random
+import shutil
+import socket
+import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +69,52 @@ def tensor_checksum(state) -> str:
     return digest.hexdigest()
 
 
+# What the stored checksum covers; a checkpoint without this key (from an earlier version) has
+# a checksum of its tensors only.
+_COVERS = "tensors and settings"
+
+
+def _settings_digest(obj, digest, name: str = "") -> None:
+    """Add every value that is not a tensor inside ``obj`` to ``digest``, in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return
+    if isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            _settings_digest(obj[key], digest, f"{name}/{key}")
+    elif isinstance(obj, (list, tuple)):
+        digest.update(f"{name}:{type(obj).__name__}{len(obj)};".encode())
+        for i, item in enumerate(obj):
+            _settings_digest(item, digest, f"{name}/{i}")
+    else:
+        digest.update(f"{name}={type(obj).__name__}:{obj!r};".encode())
+
+
+def _full_checksum(state: dict) -> str:
+    """SHA-256 over the tensors and over every setting (model config, tokenizer, step, ...)."""
+    digest = hashlib.sha256(tensor_checksum(state).encode())
+    _settings_digest(state, digest)
+    return digest.hexdigest()
+
+
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
-    """``torch.save(state)`` to ``path`` atomically, with the :func:`tensor_checksum` of its
-    tensors under ``"checksum"`` (chapter 9): a reader, or a crash, never sees a half-written
-    checkpoint, and :func:`read_checkpoint` finds a damaged one."""
-    state = {**state, "checksum": tensor_checksum(state)}
-    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """``torch.save(state)`` to ``path`` atomically, with a SHA-256 of its tensors and of its
+    settings (the model's config, the tokenizer, the step, ...) under ``"checksum"`` (chapter 9):
+    a reader, or a crash, never sees a half-written checkpoint, and :func:`read_checkpoint` finds
+    a damaged or edited one."""
+    state = {**state, "checksum_covers": _COVERS}
+    state["checksum"] = _full_checksum(state)
+    return atomic_write(path, lambda tmp: _save(state, tmp))
+
+
+def _save(state: dict, tmp: str) -> None:
+    """``torch.save``, whose failed write on a full disk (a bare "unexpected pos" error) becomes
+    the ``OSError`` it is (``ENOSPC``)."""
+    try:
+        torch.save(state, tmp)
+    except RuntimeError:
+        if shutil.disk_usage(Path(tmp).parent).free < 1 << 20:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp) from None
+        raise
 
 
 def prepare_folder(path: str | os.PathLike) -> list[Path]:
@@ -79,6 +126,84 @@ def prepare_folder(path: str | os.PathLike) -> list[Path]:
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans
+
+
+LOCK_NAME = CHECKPOINT_NAME + ".lock"
+_OWNED: dict[str, list] = {}  # folders this process owns: resolved path -> [file descriptor, depth]
+
+
+def _lock(fd: int) -> None:
+    """Take an exclusive lock on the open file ``fd`` at once, or raise ``OSError``; the
+    operating system drops it when the process ends, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: lock one byte far past the text, so the holder's line stays readable
+        import msvcrt
+
+        os.lseek(fd, 1 << 20, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock file ``path``, as its holder wrote it (given a second to write it)."""
+    for _ in range(20):
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.05)  # locked a moment ago, not yet written
+    return "a run that does not say which"
+
+
+@contextlib.contextmanager
+def own_folder(folder: str | os.PathLike):
+    """Inside ``with own_folder(folder):`` this process alone writes checkpoints in ``folder``
+    (chapter 9): a second run, fresh or resumed, is refused with an ``OSError`` that says which
+    run holds it (its pid, host and start time). The lock belongs to the process, so the
+    operating system releases it when the run ends, even killed; the same process may enter it
+    again (the command holds it, then :func:`~transformer_lib.train.train` inside)."""
+    folder = check_writable(folder)
+    key = str(folder.resolve())
+    if key in _OWNED:
+        _OWNED[key][1] += 1
+        try:
+            yield folder
+        finally:
+            _OWNED[key][1] -= 1
+        return
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _lock(fd)
+        except OSError:
+            os.close(fd)
+            raise BlockingIOError(
+                f"{folder} is in use by another training run ({_holder(path)}): wait for it to finish, or "
+                f"choose another folder"
+            ) from None
+        try:  # the file may have been removed by a holder that was just ending: lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+    line = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n"
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, line.encode())
+    _OWNED[key] = [fd, 1]
+    try:
+        yield folder
+    finally:
+        del _OWNED[key]
+        with contextlib.suppress(OSError):
+            path.unlink()  # still locked: no other run can be holding this file
+        os.close(fd)
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:
@@ -109,9 +234,37 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         raise ValueError(f"{file} is not a readable checkpoint ({size} bytes; empty, truncated or damaged)") from None
     if not isinstance(ckpt, dict) or "checksum" not in ckpt:
         raise ValueError(f"{file} is not a checkpoint written by this library (it has no tensor checksum)")
-    if tensor_checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != ckpt["checksum"]:
+    rest = {k: v for k, v in ckpt.items() if k != "checksum"}
+    if ckpt.get("checksum_covers") == _COVERS:
+        if _full_checksum(rest) != ckpt["checksum"]:
+            raise ValueError(
+                f"{file} is damaged or was edited: its tensors or its settings do not match the checksum stored "
+                f"with them"
+            )
+    elif tensor_checksum(rest) != ckpt["checksum"]:
         raise ValueError(f"{file} is damaged: its tensors do not match the checksum stored with them")
     return ckpt
+
+
+def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "model_config", "model")) -> None:
+    """Raise a ``ValueError`` naming ``file`` and the setting when ``ckpt`` lacks one of ``keys``
+    or, for a known model class, one of its config's fields (a checkpoint from another version)."""
+    missing = [k for k in keys if k not in ckpt]
+    if not missing and "model_config" in keys:
+        if ckpt["model_class"] not in MODELS:
+            raise ValueError(f"{file} holds a model of class {ckpt['model_class']!r}, not one of {sorted(MODELS)}")
+        config = ckpt["model_config"]
+        if not isinstance(config, dict):
+            raise ValueError(f"{file} does not record the model's settings (model_config is {config!r})")
+        missing = [f"model_config.{f.name}" for f in fields(MODELS[ckpt["model_class"]][1]) if f.name not in config]
+        unknown = sorted(set(config) - {f.name for f in fields(MODELS[ckpt["model_class"]][1])})
+        if unknown and not missing:
+            raise ValueError(f"{file} records the model setting {unknown[0]!r}, which this version does not know")
+    if missing:
+        raise ValueError(
+            f"{file} does not record {missing[0]} (a checkpoint from another version?): it cannot be "
+            f"loaded without guessing"
+        )
 
 
 def load_checkpoint(
@@ -124,8 +277,13 @@ def load_checkpoint(
     on ``device`` in eval mode.
     """
     ckpt = path if isinstance(path, dict) else read_checkpoint(path)
+    check_recorded(ckpt, "the checkpoint" if isinstance(path, dict) else checkpoint_file(path))
     model_cls, config_cls = MODELS[ckpt["model_class"]]
     model = model_cls(config_cls(**ckpt["model_config"]))
+    where = "the checkpoint" if isinstance(path, dict) else checkpoint_file(path)
+    bad = next((k for k, t in ckpt["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
+    if bad is not None:
+        raise ValueError(f"{where}: the model's {bad} holds values that are not finite (NaN or inf): a diverged model")
     model.load_state_dict(ckpt["model"])
     tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
     return model.to(device).eval(), tokenizer, ckpt

@@ -16,28 +16,30 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, read_checkpoint, tensor_checksum
-from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
+from .checkpoint import CHECKPOINT_NAME, check_recorded, load_checkpoint, own_folder, read_checkpoint, tensor_checksum
+from .data import CharTokenizer, LMBatches, load_corpus, sha256_of, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
-from .train import train
+from .train import _PROCESS_SETTINGS, train
 from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
-from .utils import DTYPES, check_fields, check_writable, pick_device, set_seed
+from .utils import DTYPES, check_fields, pick_device, set_seed
 
 __all__ = ["build_parser", "main", "sample_main", "train_main"]
 
 # The model's shape: GPTConfig fields the command line sets (the vocabulary comes from the data).
 # TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
-_RUNTIME = {"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"}
+_RUNTIME = _PROCESS_SETTINGS
 _TYPES = {"int": int, "float": float, "str": str}
 _SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
                 "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
@@ -90,13 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a UTF-8 text file to train on (default: Tiny Shakespeare from $TINY_SHAKESPEARE, "
         "the cache or one download; offline, the Python standard library's source)",
     )
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
+    parser.add_argument(
+        "--val-fraction", type=float, default=None, help="last fraction of the text kept for validation (default: 0.1)"
+    )
     parser.add_argument("--out-dir", default="out", help="folder for ckpt.pt (default: out)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly where it stopped")
     parser.add_argument(
         "--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint (replaced)"
     )
-    parser.add_argument("--seed", type=int, default=1337, help="seed of every random generator (default: 1337)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
     _add_setting_flags(parser)
     return parser
 
@@ -112,8 +116,12 @@ def _init_distributed() -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
-def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
-    """The model's shape and the TrainConfig: the preset's, then the checkpoint's, then the flags'."""
+def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:
+    """The model's shape and the TrainConfig: the preset's, then the checkpoint's, then the flags'.
+
+    On resume the model's shape is the checkpoint's (a different one is refused); a changed
+    training setting takes effect from the next step (see :func:`~transformer_lib.train.train`).
+    """
     preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
     shape_changes, config = PRESETS[preset]
     defaults = GPTConfig(vocab_size=1)
@@ -123,8 +131,18 @@ def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
         shape = {k: ckpt["model_config"][k] for k in MODEL_SETTINGS}
         changed = [k for k, v in given_shape.items() if v != shape[k]]
         if changed:
-            parser.error(f"--resume cannot change the model's shape ({', '.join(changed)})")
-        saved = {k: v for k, v in ckpt["train_config"].items() if k not in _RUNTIME}
+            k = changed[0]
+            raise ValueError(
+                f"--resume cannot change the model's shape: the run in {file} has {_flag(k)} {shape[k]}, "
+                f"not {given_shape[k]}"
+            )
+        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in _RUNTIME}
+        names = {f.name for f in fields(TrainConfig)} - _RUNTIME
+        missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
+        if missing or unknown:
+            what = f"does not record the training setting {_flag(missing[0])}" if missing else (
+                f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
+            raise ValueError(f"{file} {what} (a checkpoint from another version?)")
         config = replace(config, **saved)
     shape.update(given_shape)
     check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
@@ -132,14 +150,62 @@ def _settings(args, parser, ckpt: dict | None) -> tuple[str, dict, TrainConfig]:
     return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
 
 
+# Settings of the command itself (not of TrainConfig), recorded in the checkpoint's meta.
+_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1}
+
+
+def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
+    """``--preset``, ``--seed`` and ``--val-fraction``: the flags' (or the defaults), or on resume
+    the checkpoint's; a flag that differs from the checkpoint is refused, as is a split the
+    checkpoint does not record."""
+    given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction}
+    if ckpt is None:
+        return {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
+    meta, out = ckpt.get("meta") or {}, {}
+    for name, value in given.items():
+        recorded = meta.get(name)
+        if recorded is None:
+            if value is None and name == "val_fraction":
+                raise ValueError(
+                    f"{file} does not record which fraction of the text was kept for validation: give the run's "
+                    f"--val-fraction"
+                )
+            out[name] = _RUN_DEFAULTS.get(name) if value is None else value
+        elif value is not None and value != recorded:
+            raise ValueError(f"--resume cannot change {_flag(name)}: the run in {file} uses {recorded}, not {value}")
+        else:
+            out[name] = recorded
+    return out
+
+
+def _data_path(args, ckpt: dict | None, file: Path) -> str | None:
+    """The text to train on: ``--data``, or on resume the file the checkpoint names."""
+    if args.data is not None or ckpt is None:
+        return args.data
+    meta = ckpt.get("meta") or {}
+    if meta.get("data_from"):
+        raise ValueError(
+            f"the run in {file} read its training text from {meta['data_from']}, which cannot be read again: "
+            f"give the same text with --data FILE"
+        )
+    if meta.get("data") and not Path(meta["data"]).is_file():
+        raise ValueError(
+            f"the run in {file} was trained on {meta['data']}, which is no longer there: give the same text "
+            f"with --data FILE"
+        )
+    return meta.get("data")
+
+
 def _resumable(ckpt: dict, file: Path, data: str | None) -> dict:
     """``ckpt`` if this command can continue it, else a ``ValueError`` that says why."""
+    check_recorded(ckpt, file, ("model_class",))
     if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
         raise ValueError(
             f"{file} holds a {ckpt.get('model_class')} "
             f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
             f"with its tokenizer (train(..., tokenizer=...) or this command)"
         )
+    check_recorded(ckpt, file)
     if data is None and not (ckpt.get("meta") or {}).get("corpus"):
         raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
     return ckpt
@@ -158,45 +224,72 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
+def _check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ValueError(f"--seed must be an int in [0, {2**32 - 1}], got {seed}")
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    ckpt, file = None, Path(args.out_dir) / CHECKPOINT_NAME
+    file = Path(args.out_dir) / CHECKPOINT_NAME
+    if args.resume and not file.is_file():
+        parser.error(f"--resume: no checkpoint at {file}")
+    _check_seed(args.seed)
+    if not args.resume:
+        _settings(args, None, file)  # a bad setting is refused before the folder is made
+    # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
+    owner = own_folder(args.out_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    with owner:
+        return _train_in_folder(args, file)
+
+
+def _train_in_folder(args, file: Path) -> int:
+    """The training run of :func:`train_main`, inside the folder it owns."""
+    ckpt = None
     if args.resume:
-        if not file.is_file():
-            parser.error(f"--resume: no checkpoint at {file}")
         ckpt = _resumable(read_checkpoint(file), file, args.data)  # read once: settings, tokenizer, state
     elif file.exists() and not args.force:
-        parser.error(f"{file} holds another run's checkpoint: continue it with --resume, replace it with --force, "
-                     f"or choose another --out-dir")  # fmt: skip
-    preset, shape, config = _settings(args, parser, ckpt)
-    check_writable(args.out_dir)  # before the data is read and the model built
+        raise ValueError(f"{file} holds another run's checkpoint: continue it with --resume, replace it with "
+                         f"--force, or choose another --out-dir")  # fmt: skip
+    preset, shape, config = _settings(args, ckpt, file)
+    run = _run_settings(args, ckpt, file)
+    data_path = _data_path(args, ckpt, file)
     rank, world_size, local_rank = _init_distributed()
     say = print if rank == 0 else lambda *a, **k: None
 
-    data_path = args.data or (ckpt["meta"].get("data") if ckpt else None)
+    data_from = None
+    if data_path is not None and os.path.exists(data_path) and not stat.S_ISREG(os.stat(data_path).st_mode):
+        data_from = f"a pipe ({data_path})"  # read once: a resumed run cannot read it again
     corpus = load_corpus(data_path)
+    text_sha256 = sha256_of(corpus.text.encode())
+    recorded_sha256 = (ckpt.get("meta") or {}).get("text_sha256") if ckpt else None
+    if recorded_sha256 and recorded_sha256 != text_sha256:
+        raise ValueError(
+            f"{data_path or corpus.name} is not the text the run in {file} was trained on "
+            f"({ckpt['meta'].get('data') or ckpt['meta'].get('corpus')}): give that text with --data"
+        )
     tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt else CharTokenizer.from_text(corpus.text)
-    train_tokens, val_tokens = split_tokens(torch.tensor(tokenizer.encode(corpus.text)), args.val_fraction)
+    train_tokens, val_tokens = split_tokens(torch.tensor(tokenizer.encode(corpus.text)), run["val_fraction"])
 
     wanted = config.device
     if world_size > 1 and torch.cuda.is_available() and wanted == "auto":
         wanted = f"cuda:{local_rank}"
     config = replace(config, device=pick_device(wanted))  # resolved once, kept as a torch.device
-    set_seed(args.seed)
+    set_seed(run["seed"])
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **shape))
     if world_size > 1:
-        torch.manual_seed(args.seed + rank)  # the same initial model, different dropout on each rank
+        torch.manual_seed(run["seed"] + rank)  # the same initial model, different dropout on each rank
     batches = LMBatches(train_tokens, val_tokens, shape["context_len"], config.batch_size, device=config.device,
-                        seed=args.seed, rank=rank, world_size=world_size)  # fmt: skip
+                        seed=run["seed"], rank=rank, world_size=world_size)  # fmt: skip
     say(
         f"{corpus.name}: {len(corpus.text):,} characters, vocabulary {tokenizer.vocab_size}; "
         f"GPT with {model.num_params() / 1e6:.2f}M parameters; preset {preset}; device {config.device}"
         + (f" x {world_size} processes" if world_size > 1 else "")
     )
-    meta = {"data": str(Path(data_path).resolve()) if data_path else None,
-            "corpus": corpus.name, "seed": args.seed, "preset": preset}  # fmt: skip
+    meta = {"data": str(Path(data_path).resolve()) if data_path and not data_from else None, "data_from": data_from,
+            "corpus": corpus.name, "text_sha256": text_sha256, **run, "preset": run["preset"] or preset}  # fmt: skip
     start = time.perf_counter()
     try:
         history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False)
@@ -235,6 +328,9 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
     args = parser.parse_args(argv)
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
+    _check_seed(args.seed)
 
     device = pick_device(args.device)
     try:
@@ -268,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = sample_main if argv[:1] == ["sample"] else train_main
     try:
         return command(argv[1:] if argv[:1] in (["sample"], ["train"]) else argv)
+    except KeyboardInterrupt:  # a Ctrl-C outside the training loop (which saves and says how to resume)
+        if debug:
+            raise
+        said = "; no checkpoint was written" if command is train_main else ""
+        print(f"interrupted (Ctrl-C){said}", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as e:
         if debug:
             raise

@@ -113,6 +113,10 @@ def _build(config: GPTConfig, state: dict[str, Tensor], transposed: bool, origin
             want = tuple(expected[name].shape)
             want = want[::-1] if conv and transposed else want
             raise ValueError(f"{origin}: {key} has shape {tuple(state[key].shape)}, expected {want}")
+        if not bool(torch.isfinite(value).all()):  # read once, at load time
+            raise ValueError(
+                f"{origin}: {key} holds values that are not finite (NaN or inf): a damaged or diverged model"
+            )
         mapped[name] = value.to(dtype)
     mapped["lm_head.weight"] = mapped["tok_embed.weight"]
     model.load_state_dict(mapped, strict=True)
@@ -152,12 +156,42 @@ def _check_hf_config(cfg: Mapping) -> str:
     return _HF_ACTIVATIONS[act]
 
 
+def _broken_download(path: Path) -> str | None:
+    """What is wrong with a weights file that is no weights file at all, in words, or None."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head:
+        return "it is empty (0 bytes): download it again"
+    if head.startswith(b"version https://git-lfs"):
+        return "it is a Git LFS pointer, not the weights: fetch them with `git lfs pull` (or download the file itself)"
+    return None
+
+
 def _load_safetensors(path: Path) -> dict[str, Tensor]:
     try:
         from safetensors.torch import load_file
     except ImportError as e:  # pragma: no cover - safetensors comes with transformers
         raise ImportError("reading .safetensors files needs the safetensors package (pip install safetensors)") from e
-    return load_file(str(path))
+    problem = _broken_download(path)
+    if problem:
+        raise ValueError(f"{path} cannot be read: {problem}")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors' own error classes
+        cause = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"{path} is not a readable .safetensors file ({cause}): truncated or damaged?") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object of settings")
+    return data
 
 
 def _read_hf_path(path: Path) -> tuple[dict | None, dict[str, Tensor]]:
@@ -165,13 +199,16 @@ def _read_hf_path(path: Path) -> tuple[dict | None, dict[str, Tensor]]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json: is it a folder written by save_pretrained?")
-        config = json.loads((path / "config.json").read_text())
+        config = _read_json(path / "config.json")
         index = path / "model.safetensors.index.json"
         if (path / "model.safetensors").is_file():
             return config, _load_safetensors(path / "model.safetensors")
         if index.is_file():  # a checkpoint in shards
             state: dict[str, Tensor] = {}
-            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index} has no weight_map")
+            for shard in sorted(set(weight_map.values())):
                 state.update(_load_safetensors(path / shard))
             return config, state
         raise FileNotFoundError(f"{path} has no model.safetensors (nor a sharded model.safetensors.index.json)")
@@ -180,7 +217,7 @@ def _read_hf_path(path: Path) -> tuple[dict | None, dict[str, Tensor]]:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     beside = path.parent / "config.json"
-    return (json.loads(beside.read_text()) if beside.is_file() else None), _load_safetensors(path)
+    return (_read_json(beside) if beside.is_file() else None), _load_safetensors(path)
 
 
 def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
@@ -217,6 +254,14 @@ def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
     if "wte.weight" not in state or "wpe.weight" not in state:
         raise ValueError(f"{origin}: missing tensors: the embeddings wte.weight and wpe.weight (is this GPT-2?)")
     if config is not None:
+        if "n_head" not in config and n_heads is not None:
+            config = {**config, "n_head": n_heads}
+        absent = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if k not in config]
+        if absent:
+            raise ValueError(
+                f"{origin}: the configuration lacks {absent[0]} (transformers would assume GPT-2's default): "
+                f"add it to config.json{', or pass n_heads' if absent[0] == 'n_head' else ''}"
+            )
         activation = _check_hf_config(config)
         if n_heads is not None and n_heads != config["n_head"]:
             raise ValueError(f"n_heads={n_heads} disagrees with the configuration's n_head={config['n_head']}")
@@ -257,7 +302,18 @@ def gpt_from_nanogpt(source) -> GPT:
         origin = str(source)
         if not Path(source).is_file():
             raise FileNotFoundError(f"no such checkpoint file: {source}")
-        source = torch.load(source, map_location="cpu", weights_only=True)
+        problem = _broken_download(Path(source))
+        if problem:
+            raise ValueError(f"{origin} cannot be read: {problem}")
+        try:
+            source = torch.load(source, map_location="cpu", weights_only=True)
+        except Exception as e:
+            if "GLOBAL" in str(e) or "weights_only" in str(e):
+                raise ValueError(
+                    f"{origin} holds objects other than tensors and plain data: refused, as loading them could run code"
+                ) from None
+            size = Path(origin).stat().st_size
+            raise ValueError(f"{origin} is not a readable checkpoint ({size} bytes; truncated or damaged)") from None
     if not isinstance(source, Mapping) or "model" not in source or "model_args" not in source:
         got = sorted(source) if isinstance(source, Mapping) else type(source).__name__
         raise ValueError(f"{origin}: expected nanoGPT's checkpoint dict with 'model' and 'model_args', got {got}")

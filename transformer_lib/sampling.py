@@ -99,6 +99,11 @@ def _sample(
         scaled = _top_p(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)  # (B, vocab_size)
     if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the tau -> 0 limit
+        if not bool(torch.isfinite(logits).all()):  # read only here: no cost when the model is sound
+            raise FloatingPointError(
+                "the model's outputs (logits) are not finite (NaN or inf), so no token can be sampled: its "
+                "weights hold NaN or inf (a diverged training run, or a damaged file)"
+            )
         probs = (logits == logits.amax(dim=-1, keepdim=True)).to(logits.dtype)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 

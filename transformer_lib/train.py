@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +28,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import CHECKPOINT_NAME, capture_rng, prepare_folder, read_checkpoint, restore_rng, save_checkpoint
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    capture_rng,
+    check_recorded,
+    own_folder,
+    prepare_folder,
+    read_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from .cost import estimate_mfu, gpu_peak_flops
 from .train_config import TrainConfig
 from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, world
@@ -41,6 +51,10 @@ __all__ = [
     "make_scheduler",
     "train",
 ]
+
+
+# TrainConfig fields that describe this process rather than the run: free to differ on resume.
+_PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
 
 
 @dataclass
@@ -144,7 +158,11 @@ class _Run:
     """The state of one training run: what the loop reads and changes, and what a checkpoint holds."""
 
     def __init__(self, model, get_batch, config: TrainConfig, tokenizer, meta: dict | None):
+        sampled = getattr(get_batch, "batch_size", None)  # the truth, whatever config.batch_size says
+        if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 and sampled != config.batch_size:
+            config = replace(config, batch_size=sampled)
         self.model, self.get_batch, self.config, self.tokenizer, self.meta = model, get_batch, config, tokenizer, meta
+        self.changes: list[dict] = []  # settings changed on resume: (step, setting, from, to)
         self.rank, self.world_size = world()
         self.device = pick_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -171,24 +189,76 @@ class _Run:
             if self.ckpt_path is None or not self.ckpt_path.is_file():
                 raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.ckpt_path} (config.out_dir)")
             ckpt = read_checkpoint(self.ckpt_path)
-        for part in ("model", "optimizer", "scheduler", "scaler"):
+        parts = ("model", "optimizer", "scheduler", "scaler")
+        check_recorded(ckpt, self.ckpt_path or "the checkpoint", (*parts, "step", "eval_pending", "history", "rng"))
+        for part in parts:
             getattr(self, part).load_state_dict(ckpt[part])
         self.step, self.eval_pending, self.history = ckpt["step"], ckpt["eval_pending"], History(**ckpt["history"])
         restore_rng(ckpt["rng"], self.get_batch)
+        if self.ckpt_path is not None and self.ckpt_path.is_file():
+            self.saved = (self.step, self.eval_pending)  # this state is the one on disk
+        self.changes = list(ckpt.get("changes") or [])
+        self.apply_changes(ckpt.get("train_config") or {})
+
+    def apply_changes(self, saved: dict) -> None:
+        """Settings that differ from the checkpoint's take effect from the next step: the
+        learning-rate schedule is recomputed from them and AdamW's hyperparameters set; every
+        change is recorded (step, setting, from, to) in the checkpoints that follow."""
+        now = asdict(self.config)
+        kept = [k for k in now if k not in _PROCESS_SETTINGS and k in saved]
+        changed = {k: (saved[k], now[k]) for k in kept if saved[k] != now[k]}
+        if not changed:
+            return
+        config, groups = self.config, self.optimizer.param_groups
+        next_lr = config.lr * (lr_at(self.step, config) / config.lr)  # as the scheduler computes it
+        for group in groups:
+            group.update(betas=(config.beta1, config.beta2), initial_lr=config.lr, lr=next_lr)
+        groups[0]["weight_decay"] = config.weight_decay  # the matrices' group (configure_optimizer)
+        self.scheduler.base_lrs = [config.lr] * len(groups)
+        self.scheduler._last_lr = [next_lr] * len(groups)
+        for name, (old, new) in changed.items():
+            self.changes.append({"step": self.step, "setting": name, "from": old, "to": new})
+        if self.config.verbose and self.rank == 0:
+            said = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changed.items())
+            print(f"resuming at step {self.step} with changed settings, applied from step {self.step + 1}: {said}")
 
     def save(self, rng: dict) -> None:
         """Write the checkpoint (rank 0 only; nothing when this state is already saved)."""
         if self.ckpt_path is None or self.rank != 0 or self.saved == (self.step, self.eval_pending):
             return
+        self.check_finite()
         parts = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
         state = {key: part.state_dict() for key, part in parts.items()}
         state |= {"model_class": type(self.model).__name__, "step": self.step, "eval_pending": self.eval_pending,
                   "model_config": asdict(self.model.config) if hasattr(self.model, "config") else None,
                   "train_config": {**asdict(self.config), "device": str(self.device)}, "rng": rng,
                   "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
-                  "history": asdict(self.history), "meta": self.meta or {}}  # fmt: skip
+                  "history": asdict(self.history), "meta": self.meta or {}, "changes": self.changes}  # fmt: skip
         save_checkpoint(state, self.ckpt_path)
         self.saved = (self.step, self.eval_pending)
+
+    def last_good(self) -> str:
+        """Where the last good state is, in words."""
+        if self.ckpt_path is None or self.rank != 0:
+            return "no checkpoint is written (no out_dir)"
+        if self.saved is not None:
+            return f"the checkpoint in {self.ckpt_path} holds step {self.saved[0]}, the last good state"
+        if self.ckpt_path.is_file():
+            return f"the checkpoint in {self.ckpt_path} is left as it was"
+        return "no checkpoint was written"
+
+    def check_finite(self) -> None:
+        """Raise ``FloatingPointError`` when the model's weights or its last evaluation are not
+        finite, so that a diverged model is never saved (read at checkpoint time only)."""
+        h = self.history
+        val = [x for x in (h.train_loss[-1:] + h.val_loss[-1:]) if not math.isfinite(x)] if h.eval_step else []
+        weights = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if val or weights:
+            what = f"the evaluation loss is {val[0]}" if val else f"the weights of {weights[0]} are not finite"
+            raise FloatingPointError(
+                f"the model diverged by step {self.step} ({what}); stopped without saving it: {self.last_good()}; "
+                f"lower lr, or check the data"
+            )
 
     def read_losses(self) -> None:
         """Move the pending losses to the history: the loop's only host-device synchronisation.
@@ -203,8 +273,8 @@ class _Run:
             if bad is not None:
                 step = self.step - len(losses) + bad + 1
                 raise FloatingPointError(
-                    f"the training loss became {losses[bad]} at step {step}; stopped, the last checkpoint "
-                    f"(if any) is the last good state: lower lr, or check the data"
+                    f"the training loss became {losses[bad]} at step {step}; stopped: {self.last_good()}; "
+                    f"lower lr, or check the data"
                 )
             self.history.step_loss.extend(losses)
 
@@ -338,9 +408,12 @@ def train(
     once. ``until`` stops early after that many steps (of ``config.max_iters``, whose schedule is
     kept), as if interrupted.
     """
-    run = _Run(model, get_batch, config or TrainConfig(), tokenizer, meta)
-    if resume is not False:
-        run.resume(resume if isinstance(resume, dict) else None)
-    with InterruptFlag() as flag:
-        _loop(run, run.config.max_iters if until is None else min(until, run.config.max_iters), flag)
+    config = config or TrainConfig()
+    owned = own_folder(config.out_dir) if config.out_dir and world()[0] == 0 else nullcontext()
+    with owned:  # no other run writes in out_dir while this one lives
+        run = _Run(model, get_batch, config, tokenizer, meta)
+        if resume is not False:
+            run.resume(resume if isinstance(resume, dict) else None)
+        with InterruptFlag() as flag:
+            _loop(run, run.config.max_iters if until is None else min(until, run.config.max_iters), flag)
     return run.history

@@ -3,7 +3,9 @@ resolved in one place; an atomic file write."""
 
 from __future__ import annotations
 
+import errno
 import math
+import numbers
 import os
 import random
 import signal
@@ -32,7 +34,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def set_seed(seed: int = 0) -> None:
-    """Seed Python's, NumPy's and PyTorch's random generators, CPU and every GPU (chapter 1)."""
+    """Seed Python's, NumPy's and PyTorch's random generators, CPU and every GPU (chapter 1).
+
+    ``seed`` is an int in ``[0, 2**32 - 1]`` (NumPy's range); anything else is a clear error.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int in [0, 2**32 - 1], got {seed!r} ({type(seed).__name__})")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2**32 - 1], got {seed}")
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 (seeds the legacy global generator that user code may use)
     torch.manual_seed(seed)
@@ -43,7 +52,15 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     if isinstance(device, torch.device):
         return device
     if device not in (None, "auto"):
-        return torch.device(device)
+        chosen = torch.device(device)
+        if chosen.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} is not available: this PyTorch sees no CUDA GPU (use 'cpu' or 'auto')")
+        if chosen.type == "cuda" and (chosen.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} is not available: there are {torch.cuda.device_count()} CUDA GPUs")
+        mps = getattr(torch.backends, "mps", None)
+        if chosen.type == "mps" and not (mps is not None and mps.is_available()):
+            raise ValueError(f"device {device!r} is not available: this machine has no Apple MPS GPU (use 'cpu')")
+        return chosen
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
@@ -106,12 +123,28 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it private: give it the usual mode
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise
+        kept = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
+        full = OSError(f"no space left on the device to write {path}: {kept}")
+        full.errno = e.errno
+        raise full from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def current_umask() -> int:
+    """The process's umask (the permission bits new files do not get)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_writable(folder: str | os.PathLike) -> Path:

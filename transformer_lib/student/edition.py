@@ -12,6 +12,7 @@ from .notebooks import (
     clear_outputs,
     exercise_tags,
     load_notebooks,
+    methods,
     notebook_text,
     tags,
     teaching_cells,
@@ -25,8 +26,11 @@ __all__ = ["make_student_edition", "strip_notebook", "stub_source"]
 STUB_LINE = 'raise NotImplementedError("write your answer here")'
 
 
-def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, str]:
-    """Instructors' guide: where the answer part of a function starts.
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> tuple[int, str]:
+    """Instructors' guide: where the answer part of a function (or a class) starts.
 
     Returns the last line (1-based) of the function's header, including its docstring when it
     has one, and the indentation of its body. Needs a function whose body starts on a line of
@@ -45,17 +49,35 @@ def one_line_functions_expanded(source: str) -> str:
     tree = ast.parse(source)
     lines = source.splitlines()
     for node in reversed(tree.body):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body[0].lineno == node.lineno:
+        if isinstance(node, _DEFINITIONS) and _inline(node):
             lines[node.lineno - 1 : node.end_lineno] = ast.unparse(node).splitlines()
     return "\n".join(lines) + "\n"
+
+
+def _inline(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """The definition, or one inside a class, has its body start on its own header line."""
+    if node.body[0].lineno == node.lineno:
+        return True
+    return isinstance(node, ast.ClassDef) and any(isinstance(n, _DEFINITIONS) and _inline(n) for n in node.body)
+
+
+def class_header_end(node: ast.ClassDef) -> tuple[int, str]:
+    """Instructors' guide: the last line (1-based) of a class's header and docstring, and the
+    indentation of its body (a decorated first method starts at its decorator)."""
+    header_end, indent = function_body_start(node)
+    first = node.body[0]
+    if isinstance(first, _DEFINITIONS) and first.decorator_list:
+        header_end = first.decorator_list[0].lineno - 1
+    return header_end, indent
 
 
 def stub_source(source: str) -> str:
     """Instructors' guide: replace the body of every function in ``source`` (a solution cell's
     code) with ``raise NotImplementedError``.
 
-    Imports and the functions' signatures, decorators and docstrings are kept; any other
-    top-level statement (which could reveal the answer) is dropped.
+    Imports and the functions' signatures, decorators and docstrings are kept, and each class
+    with its docstring and its methods' stubs; any other top-level statement (which could reveal
+    the answer) is dropped.
     """
     source = one_line_functions_expanded(source)
     tree = ast.parse(source)
@@ -64,15 +86,23 @@ def stub_source(source: str) -> str:
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             out.extend(lines[node.lineno - 1 : node.end_lineno])
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            header_end, indent = function_body_start(node)
+        elif isinstance(node, _DEFINITIONS):
             if out:
                 out.extend(["", ""])
-            out.extend(lines[first - 1 : header_end])
-            out.append(f"{indent}# Your code here.")
-            out.append(f"{indent}{STUB_LINE}")
+            out.extend(_stubbed(node, lines))
     return "\n".join(out) + "\n"
+
+
+def _stubbed(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, lines: list[str]) -> list[str]:
+    """The lines of a function, or of a class and its methods, with each body replaced by a stub."""
+    first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    header_end, indent = class_header_end(node) if isinstance(node, ast.ClassDef) else function_body_start(node)
+    out = lines[first - 1 : header_end]
+    if not isinstance(node, ast.ClassDef):
+        return [*out, f"{indent}# Your code here.", f"{indent}{STUB_LINE}"]
+    for k, method in enumerate(methods(node)):
+        out.extend([""] * bool(k) + _stubbed(method, lines))
+    return out
 
 
 def strip_notebook(nb: dict) -> tuple[dict, int]:
@@ -81,9 +111,9 @@ def strip_notebook(nb: dict) -> tuple[dict, int]:
     for _, cell in teaching_cells(nb):
         src = cell_source(cell)
         is_solution = SOLUTION_TAG in tags(cell)
+        if cell["cell_type"] != "code" and is_solution:  # markdown or raw: the book shows it as a solution
+            continue
         if cell["cell_type"] == "markdown":
-            if is_solution:
-                continue
             src = without_solution_directives(src)
         elif cell["cell_type"] == "code":
             if is_solution:

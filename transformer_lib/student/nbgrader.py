@@ -23,7 +23,7 @@ import ast
 import re
 from pathlib import Path
 
-from .edition import function_body_start, one_line_functions_expanded
+from .edition import class_header_end, function_body_start, one_line_functions_expanded
 from .notebooks import (
     SOLUTION_TAG,
     MalformedNotebookError,
@@ -70,7 +70,10 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 '''
 
 _EXERCISE_LABEL = re.compile(r"\{exercise\}[^\n]*\n(?::[^\n]*\n)*?:label:\s*(ex-\d+-\d+)")
-_SOLUTION_BODY = re.compile(r"^(`{3,}|:{3,})\{solution\}\s*(ex-\d+-\d+)[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.M)
+_SOLUTION_BODY = re.compile(
+    r"^[ ]{0,3}((?P<ch>[`~:])(?P=ch){2,})[ \t]*\{solution\}\s*(ex-\d+-\d+)[^\n]*\n(.*?)^[ ]{0,3}\1(?P=ch)*[ \t]*$",
+    re.DOTALL | re.M,
+)
 
 
 def mark_solutions(source: str) -> str:
@@ -83,15 +86,25 @@ def mark_solutions(source: str) -> str:
     source = one_line_functions_expanded(source)
     lines = source.splitlines()
     for node in reversed(ast.parse(source).body):  # bottom up, so earlier line numbers hold
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            header_end, indent = function_body_start(node)
-        else:
-            header_end, indent = node.lineno - 1, ""
-        lines.insert(node.end_lineno, indent + END)
-        lines.insert(header_end, indent + BEGIN)
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            _mark(node, lines)
     return "\n".join(lines) + "\n"
+
+
+def _mark(node: ast.stmt, lines: list[str]) -> None:
+    """Insert the markers around the answer part of ``node``: a function's body, each method's
+    body of a class (whose header and docstring stay), or a whole other statement."""
+    methods = [n for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    if isinstance(node, ast.ClassDef) and methods:
+        for method in reversed(methods):
+            _mark(method, lines)
+        return
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        header_end, indent = class_header_end(node) if isinstance(node, ast.ClassDef) else function_body_start(node)
+    else:
+        header_end, indent = node.lineno - 1, " " * node.col_offset
+    lines.insert(node.end_lineno, indent + END)
+    lines.insert(header_end, indent + BEGIN)
 
 
 def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
@@ -109,8 +122,9 @@ def _new_cell(kind: str, source: str, meta: dict) -> dict:
     return cell
 
 
-def _test_cells(label: str, source: str, where: str) -> list[dict]:
-    """One locked, autograded test cell per check call in a check cell's ``source``."""
+def _test_cells(label: str, source: str, where: str, first: int = 1) -> list[dict]:
+    """One locked, autograded test cell per check call in a check cell's ``source``, numbered
+    from ``first`` (the points are set once every check of the exercise is known)."""
     checks = []
     for node in ast.parse(source).body:
         call = node.value if isinstance(node, ast.Assign | ast.Expr) else None
@@ -119,12 +133,32 @@ def _test_cells(label: str, source: str, where: str) -> list[dict]:
             checks.append(f"result = {ast.get_source_segment(source, call)}\nassert result, result.message")
     if not checks:
         raise MalformedNotebookError(f"{where}: the cell after the solution of {label} calls no check")
-    points = POINTS[label] / len(checks)
-    points = int(points) if points == int(points) else round(points, 2)
     return [
-        _new_cell("code", text, _nbgrader(f"{label}-check-{k}", grade=True, solution=False, locked=True, points=points))
-        for k, text in enumerate(checks, start=1)
+        _new_cell("code", text, _nbgrader(f"{label}-check-{k}", grade=True, solution=False, locked=True, points=0))
+        for k, text in enumerate(checks, start=first)
     ]
+
+
+def _share_points(cells: list[dict]) -> None:
+    """Give the graded cells of each exercise (its checks, or the parts of a written answer)
+    equal shares of its points, which add up to them."""
+    graded: dict[str, list[dict]] = {}
+    for cell in cells:
+        meta = cell["metadata"].get("nbgrader", {})
+        if meta.get("grade"):
+            graded.setdefault(re.match(r"ex-\d+-\d+", meta["grade_id"]).group(0), []).append(meta)
+    for label, metas in graded.items():
+        share = round(POINTS[label] / len(metas), 2)
+        for meta in metas:
+            meta["points"] = int(share) if share == int(share) else share
+        last = round(POINTS[label] - sum(m["points"] for m in metas[:-1]), 2)  # takes the rounding
+        metas[-1]["points"] = int(last) if last == int(last) else last
+
+
+def _part_id(parts: dict[str, int], grade_id: str) -> str:
+    """``grade_id`` for the first part of an exercise, ``grade_id-2``, ``-3``, ... for the next ones."""
+    parts[grade_id] = parts.get(grade_id, 0) + 1
+    return grade_id if parts[grade_id] == 1 else f"{grade_id}-{parts[grade_id]}"
 
 
 def _written_answer(src: str, where: str) -> tuple[str, dict]:
@@ -132,7 +166,7 @@ def _written_answer(src: str, where: str) -> tuple[str, dict]:
     match = _SOLUTION_BODY.search(src)
     if not match:
         raise MalformedNotebookError(f"{where}: a markdown solution cell without a {{solution}} directive")
-    label, body = match.group(2), match.group(3)
+    label, body = match.group(3), match.group(4)
     body = "\n".join(line for line in body.splitlines() if not line.startswith(":class:")).strip()
     meta = _nbgrader(f"{label}-answer", grade=True, solution=True, locked=False, points=_points(label, where))
     return label, _new_cell("markdown", body + "\n", meta)
@@ -152,15 +186,21 @@ def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict
     Returns it with the points of each graded cell, by nbgrader ``grade_id``.
     """
     cells, label, coded, pending = [], None, set(), None
+    parts: dict[str, int] = {}  # grade ids given so far, by kind: each part of an exercise gets its own
     for index, cell in teaching_cells(nb):
         where, src = f"{path}, cell {index + 1}", cell_source(cell)
         if pending is not None and cell["cell_type"] == "code":
-            cells.extend(_test_cells(pending, src, where))
+            made = _test_cells(pending, src, where, first=parts.get(f"{pending}-check", 0) + 1)
+            parts[f"{pending}-check"] = parts.get(f"{pending}-check", 0) + len(made)
+            cells.extend(made)
             pending = None
             continue
+        if cell["cell_type"] == "raw" and SOLUTION_TAG in tags(cell):
+            continue  # shown as a solution by the book: never in the course
         if cell["cell_type"] == "markdown" and SOLUTION_TAG in tags(cell):
             written, answer = _written_answer(src, where)
             if written not in coded:  # a coding exercise is graded by its checks
+                answer["metadata"]["nbgrader"]["grade_id"] = answer["id"] = _part_id(parts, f"{written}-answer")
                 cells.append(answer)
             continue
         if cell["cell_type"] == "markdown":
@@ -171,12 +211,14 @@ def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict
             coded.add(label)
             pending, src = label, mark_solutions(src)
             cell["metadata"] = {**cell["metadata"], "tags": exercise_tags(cell)}
-            cell["metadata"]["nbgrader"] = _nbgrader(f"{label}-code", grade=False, solution=True, locked=False)
+            grade_id = _part_id(parts, f"{label}-code")
+            cell["metadata"]["nbgrader"] = _nbgrader(grade_id, grade=False, solution=True, locked=False)
         clear_outputs(cell)
         cell["source"] = src
         cells.append(cell)
     if pending is not None:
         raise MalformedNotebookError(f"{path}: the solution of {pending} is not followed by a check cell")
+    _share_points(cells)
     graded = [c["metadata"].get("nbgrader", {}) for c in cells]
     return with_cells(nb, cells), {m["grade_id"]: m["points"] for m in graded if "points" in m}
 
@@ -200,5 +242,5 @@ def make_course(
         summary[target] = (len(auto), sum(auto), len(points) - len(auto), sum(points.values()) - sum(auto))
     write_files(files, out_dir, chapters, force)
     for target, (n_auto, p_auto, n_manual, p_manual) in summary.items():
-        print(f"{target}: {n_auto} autograded cell(s), {p_auto} points; {n_manual} written, {p_manual} points")
+        print(f"{target}: {n_auto} autograded cell(s), {p_auto:g} points; {n_manual} written, {p_manual:g} points")
     return list(files)

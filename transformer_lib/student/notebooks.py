@@ -25,8 +25,13 @@ SOLUTION_TAG = "solution"
 # a code cell that computes numbers a written solution quotes: folded in the book, left out of the
 # student edition and of the course
 WORKED_TAG = "solution-work"
-# a written solution: a {solution} directive in a markdown cell, fenced by backticks or colons
-SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
+# a written solution: a {solution} directive in a markdown cell, fenced by backticks, tildes or
+# colons (MyST renders a directive in any of them), indented up to three spaces; the closing fence
+# is at least as long as the opening one
+_FENCE = r"^[ ]{0,3}(?P<fence>(?P<ch>[`~:])(?P=ch){2,})[ \t]*"
+SOLUTION_DIRECTIVE = re.compile(_FENCE + r"\{solution\}.*?^[ ]{0,3}(?P=fence)(?P=ch)*[ \t]*$\n?", re.DOTALL | re.M)
+_SOLUTION_OPENING = re.compile(_FENCE + r"\{solution(?P<gated>-start|-end)?\}", re.M)
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 class EditionError(ValueError):
@@ -57,6 +62,26 @@ def cell_source(cell: dict) -> str:
 def without_solution_directives(source: str) -> str:
     """Instructors' guide: a markdown cell's ``source`` with every ``{solution}`` directive removed."""
     return SOLUTION_DIRECTIVE.sub("", source)
+
+
+def solution_problem(source: str) -> str | None:
+    """Instructors' guide: why the solutions in a markdown cell's ``source`` cannot be removed
+    safely (a ``{solution}`` block never closed, or the gated ``solution-start``/``solution-end``
+    form), or None when every one is a closed ``{solution}`` block."""
+    opening = _SOLUTION_OPENING.search(without_solution_directives(source))
+    if opening is None:
+        return None
+    if opening.group("gated"):
+        return (
+            f"the gated {{solution{opening.group('gated')}}} form, which CONTRIBUTING forbids: write the "
+            f"solution as one {{solution}} block"
+        )
+    return f"a {{solution}} block opened with {opening.group('fence')} is never closed"
+
+
+def methods(node: ast.ClassDef) -> list:
+    """Instructors' guide: the functions and classes defined in a class's body."""
+    return [n for n in node.body if isinstance(n, _DEFINITIONS)]
 
 
 def exercise_tags(cell: dict) -> list[str]:
@@ -97,14 +122,22 @@ def _check_cell(path: Path, index: int, cell: object) -> None:
     meta = cell.get("metadata", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tags", []), list):
         raise MalformedNotebookError(f"{where}: metadata must be a mapping with a list of tags, got {meta!r}")
+    if cell["cell_type"] == "markdown" and solution_problem(cell_source(cell)):
+        raise MalformedNotebookError(f"{where}: {solution_problem(cell_source(cell))}")
     if cell["cell_type"] == "code" and SOLUTION_TAG in tags(cell):
         try:
             tree = ast.parse(cell_source(cell))
         except SyntaxError as exc:
             problem = f"the solution code does not parse ({exc.msg}, line {exc.lineno})"
             raise MalformedNotebookError(f"{where}: {problem}") from None
-        if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in tree.body):
-            raise MalformedNotebookError(f"{where}: a solution cell must define a function")
+        if not any(isinstance(n, _DEFINITIONS) for n in tree.body):
+            raise MalformedNotebookError(f"{where}: a solution cell must define a function or a class")
+        bare = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not methods(n)]
+        if bare:
+            raise MalformedNotebookError(
+                f"{where}: the solution class {bare[0]} has no method, so no stub can keep it and hide the answer: "
+                f"put the answer in a method"
+            )
 
 
 def read_notebook(path: Path) -> dict:
@@ -174,6 +207,13 @@ def write_files(files: dict[Path, str], out_dir: Path, chapters: Path, force: bo
     that exists; nothing is written when it refuses.
     """
     check_output_dir(out_dir, chapters)
+    book = chapters.resolve()
+    for target in files:  # where each file really lands, through any link on the way
+        real = target.resolve()
+        if real == book or book in real.parents or _is_book_notebook(target):
+            raise UnsafeOutputError(
+                f"refusing to write {target}: it leads to {real}, in the book's chapters folder {chapters}"
+            )
     existing = [p for p in files if p.exists()]
     if any(p.is_dir() for p in existing):
         raise UnsafeOutputError(f"{next(p for p in existing if p.is_dir())} is a folder, not a file")
