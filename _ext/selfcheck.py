@@ -504,3 +504,60 @@ def setup(app):
     )
     app.add_directive("selfcheck", SelfCheckDirective)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the questions of a notebook without Sphinx (for the tests)
+# ---------------------------------------------------------------------------------------------
+
+_BLOCK = re.compile(r"^(`{3,}|:{3,})\{selfcheck\}[ \t]*(.*)\n(.*?)^\1[ \t]*$", re.M | re.S)
+_OPTION = re.compile(r"^:([\w-]+):[ \t]*(.*)$")
+
+
+def questions_in_notebook(notebook: dict, docname: str) -> list[dict]:
+    """Every self-check question of a notebook, with its answer as a reader would type it."""
+    values = read_glue(notebook)
+    found = []
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for m in _BLOCK.finditer(source):
+            lines = m.group(3).split("\n")
+            options = {}
+            while lines and _OPTION.match(lines[0]):
+                key, value = _OPTION.match(lines[0]).groups()
+                options[key] = value.strip()
+                lines = lines[1:]
+            entries, _, _ = split_body(lines)
+            spec = {
+                "kind": options.get("kind", "number"),
+                "answer_glue": options.get("answer-glue"),
+                "sig": int(options["sig"]) if "sig" in options else None,
+                "decimals": int(options["decimals"]) if "decimals" in options else None,
+                "unit": options.get("unit"),
+                "symbols": options.get("symbols"),
+                "entries": entries,
+            }
+            qid = options.get("label") or f"sc-{re.sub(r'[^a-z0-9]+', '-', docname.lower())}-{len(found) + 1}"
+            built = build_question(spec, values, docname, qid)
+            wrong = []
+            for kind, text in entries:
+                if kind == "wrong":
+                    value, _, hint = text.partition("::")
+                    value = value.strip()
+                    if value.startswith("glue:"):
+                        value = str(values[value[5:].strip()])
+                    wrong.append((value, hint.strip()))
+            found.append(
+                {
+                    "id": qid,
+                    "kind": spec["kind"],
+                    "question": m.group(2).strip(),
+                    "type": built["answer_text"],
+                    "right": built["right"],
+                    "wrong": wrong,
+                    "options": built["data"]["options"],
+                }
+            )
+    return found
