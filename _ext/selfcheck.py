@@ -42,7 +42,7 @@ import base64
 import hashlib
 import json
 import re
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from docutils import nodes
@@ -170,25 +170,24 @@ def make_salt(docname: str, qid: str) -> str:
     return hashlib.sha256(f"selfcheck:{docname}:{qid}".encode()).hexdigest()[:16]
 
 
+def _keystream(salt: str, n: int) -> bytes:
+    stream = bytearray()
+    counter = 0
+    while len(stream) < n:
+        stream += hashlib.sha256(f"{salt}:{counter}".encode()).digest()
+        counter += 1
+    return bytes(stream[:n])
+
+
 def encode_solution(salt: str, html: str) -> str:
     """XOR the solution with a SHA-256 key stream of the salt, base64: no spoiler in the page source."""
     data = html.encode()
-    stream = bytearray()
-    counter = 0
-    while len(stream) < len(data):
-        stream += hashlib.sha256(f"{salt}:{counter}".encode()).digest()
-        counter += 1
-    return base64.b64encode(bytes(a ^ b for a, b in zip(data, stream))).decode()
+    return base64.b64encode(bytes(a ^ b for a, b in zip(data, _keystream(salt, len(data)), strict=True))).decode()
 
 
 def decode_solution(salt: str, encoded: str) -> str:
     data = base64.b64decode(encoded)
-    stream = bytearray()
-    counter = 0
-    while len(stream) < len(data):
-        stream += hashlib.sha256(f"{salt}:{counter}".encode()).digest()
-        counter += 1
-    return bytes(a ^ b for a, b in zip(data, stream)).decode()
+    return bytes(a ^ b for a, b in zip(data, _keystream(salt, len(data)), strict=True)).decode()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,14 @@ def test_an_inexact_number_is_not_the_integer():
 
 @pytest.mark.parametrize(
     ("value", "sig", "expected"),
-    [(3.14159, 3, "3.14"), (0.0123456, 3, "0.0123"), (2.5, 1, "3"), (-2.5, 1, "-3"), (99.96, 3, "100"), (123456, 2, "120000")],
+    [
+        (3.14159, 3, "3.14"),
+        (0.0123456, 3, "0.0123"),
+        (2.5, 1, "3"),
+        (-2.5, 1, "-3"),
+        (99.96, 3, "100"),
+        (123456, 2, "120000"),
+    ],
 )
 def test_significant_digits_round_half_up(value, sig, expected):
     assert sc.round_number(value, sig=sig) == expected
@@ -59,7 +66,14 @@ def test_rounding_grid_accepts_every_spelling_of_a_rounded_value():
 def test_shapes_ignore_spacing_brackets_case_and_symbols():
     symbols = sc.parse_symbols("B=2, h=4, T_q=5, T_k=6")
     right = sc.normalise_shape((2, 4, 5, 6))
-    for typed in ["(2, 4, 5, 6)", "[2,4,5,6]", "torch.Size([2, 4, 5, 6])", "(B, h, T_q, T_k)", "(b,H,t_q,T_{k})", "2 x 4 x 5 x 6"]:
+    for typed in [
+        "(2, 4, 5, 6)",
+        "[2,4,5,6]",
+        "torch.Size([2, 4, 5, 6])",
+        "(B, h, T_q, T_k)",
+        "(b,H,t_q,T_{k})",
+        "2 x 4 x 5 x 6",
+    ]:
         assert sc.normalise_shape(typed, symbols) == right, typed
     assert sc.normalise_shape("(B, T_q, T_k)", symbols) != right
     assert sc.normalise_shape("(5,)") == sc.normalise_shape((5,))
@@ -118,14 +132,18 @@ def test_javascript_normalises_and_hashes_like_python():
     rng = random.Random(1)
     cases = []
     for _ in range(300):
-        x = rng.choice([rng.uniform(-1e4, 1e4), rng.randint(-10**7, 10**7), rng.uniform(0, 1e-3)])
+        x = rng.choice([rng.uniform(-1e4, 1e4), rng.randint(-(10**7), 10**7), rng.uniform(0, 1e-3)])
         typed = rng.choice([repr(x), f"{x:.6g}", f"{x:,.4f}", f"{x:.3e}"])
-        rules = rng.choice([{"kind": "number", "sig": rng.randint(1, 5)}, {"kind": "number", "decimals": rng.randint(0, 4)}])
+        rules = rng.choice(
+            [{"kind": "number", "sig": rng.randint(1, 5)}, {"kind": "number", "decimals": rng.randint(0, 4)}]
+        )
         cases.append([rules, typed])
     cases += [[{"kind": "number"}, t] for t in ["4,096", "4096.0", "4.096e3", "1e-3", ".5", "-0.0"]]
     cases += [[{"kind": "number", "unit": "MB", "sig": 2}, "12.34 MB"]]
     symbols = {"b": 2, "h": 4, "tq": 5}
-    cases += [[{"kind": "shape", "symbols": symbols}, t] for t in ["(B, h, T_q, 7)", "torch.Size([2, 4])", "[b,H,tq]", "(5,)"]]
+    cases += [
+        [{"kind": "shape", "symbols": symbols}, t] for t in ["(B, h, T_q, 7)", "torch.Size([2, 4])", "[b,H,tq]", "(5,)"]
+    ]
     cases += [[{"kind": "choice"}, "  Only  the PAST "]]
     script = (
         "global.window = {}; global.document = {readyState: 'complete', querySelectorAll: () => []};\n"
@@ -137,7 +155,7 @@ def test_javascript_normalises_and_hashes_like_python():
     done = subprocess.run([_node(), "-e", script], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
-    for (rules, typed), (js_norm, js_hash) in zip(cases, got):
+    for (rules, typed), (js_norm, js_hash) in zip(cases, got, strict=True):
         text = typed[: -len(rules["unit"])] if rules.get("unit") else typed
         py = sc.normalise(
             rules["kind"], text, sig=rules.get("sig"), decimals=rules.get("decimals"), symbols=rules.get("symbols")

@@ -208,7 +208,9 @@
   }
 
   function howToAnswer(rules) {
-    if (rules.kind === "shape") return "Type a shape such as (2, 3, 4); the chapter's symbols work too.";
+    if (rules.kind === "shape") {
+      return "Type a shape such as (2, 3, 4)" + (rules.symbols ? ", in numbers or in the question's symbols." : ".");
+    }
     if (rules.kind === "choice") return "Choose one.";
     var unit = rules.unit ? " (in " + rules.unit + ")" : "";
     if (rules.sig != null) return "Type a number" + unit + ", rounded to " + rules.sig + " significant digit" + (rules.sig > 1 ? "s" : "") + ".";
