@@ -509,7 +509,7 @@ def setup(app):
 # Reading the questions of a notebook without Sphinx (for the tests)
 # ---------------------------------------------------------------------------------------------
 
-_BLOCK = re.compile(r"^(`{3,}|:{3,})\{selfcheck\}[ \t]*(.*)\n(.*?)^\1[ \t]*$", re.M | re.S)
+_BLOCK = re.compile(r"^(`{3,}|:{3,})\{selfcheck\}[ \t]*([^\n]*)\n(.*?)^\1[ \t]*$", re.M | re.S)
 _OPTION = re.compile(r"^:([\w-]+):[ \t]*(.*)$")
 
 
