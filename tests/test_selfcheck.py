@@ -299,3 +299,42 @@ def test_other_builders_print_the_answer_after_the_question(tmp_path):
     answers = [re.sub(r"\W+", " ", a).strip() for a in re.findall(r"Answer:(.*)", text)]
     assert answers == ["73921", "0 0123", "7 13 29", "yes"]
     assert text.index("How many?") < text.index("Answer:") < text.index("The count is 73921")
+
+
+# ---- the book itself, once built (scripts/build_book.sh) ----------------------------------------
+
+SITE = ROOT / "_build" / "html"
+CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_chapter_asks_three_questions_with_hinted_wrong_answers(chapter):
+    questions = sc.questions_in_notebook(json.loads(chapter.read_text()), f"chapters/{chapter.stem}")
+    assert len(questions) >= 3
+    assert all(q["wrong"] for q in questions), [q["id"] for q in questions if not q["wrong"]]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_built_chapter_keeps_its_answers_out_of_the_questions(chapter):
+    """In the built page, no question's box (its data, its encoded solution) holds its answer in
+    clear, and the hidden cells that glue the answers are not on the page."""
+    page = SITE / "chapters" / f"{chapter.stem}.html"
+    if not page.exists():
+        pytest.skip("the book is not built (scripts/build_book.sh)")
+    html = page.read_text(encoding="utf-8")
+    questions = sc.questions_in_notebook(json.loads(chapter.read_text()), f"chapters/{chapter.stem}")
+    boxes = dict(re.findall(r'<div class="selfcheck" id="([^"]+)" data-selfcheck="([^"]+)"', html))
+    assert sorted(boxes) == sorted(q["id"] for q in questions)
+    for q in questions:
+        start = html.index(f'id="{q["id"]}"')
+        box = html[start : html.index('<div class="selfcheck-solution"', start) + 2000]
+        data = json.loads(boxes[q["id"]].replace("&quot;", '"').replace("&amp;", "&"))
+        assert data["right"] == sc.digest(data["salt"], q["right"])
+        if q["kind"] == "choice":
+            continue  # the options are on the page by design; nothing says which one is right
+        # the box without its hashes and its encoded solution: its question, data and hints
+        visible = re.sub(r'data-encoded="[^"]*"|[0-9a-f]{64}', "", box)
+        for clear in {q["type"], q["right"]}:
+            found = re.search(r"(?<![\w.])" + re.escape(clear) + r"(?![\w.])", visible)
+            assert not found, f"{q['id']}: its answer {clear!r} in clear in its box"
+    assert "glue(" not in html and "from myst_nb import glue" not in html
