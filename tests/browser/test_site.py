@@ -128,6 +128,8 @@ def _open(server, browser, page_path):
             r.abort()
 
     context.route("**/*", route)
+    # a busy machine (a shared CI runner) can take well over 30 s to load a page full of widgets
+    context.set_default_timeout(180_000)
     page = context.new_page()
     page.on("requestfailed", lambda req: failed.append(f"{req.url} ({req.failure})"))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
