@@ -301,6 +301,17 @@ def test_other_builders_print_the_answer_after_the_question(tmp_path):
     assert text.index("How many?") < text.index("Answer:") < text.index("The count is 73921")
 
 
+def test_the_pdf_edition_prints_each_question_with_its_answer(tmp_path):
+    src = _book(tmp_path)
+    done = _sphinx(src, tmp_path / "latex", builder="latex")
+    assert done.returncode == 0, done.stderr
+    tex = next((tmp_path / "latex").glob("*.tex")).read_text()
+    assert tex.count("Check yourself") == 4
+    for answer in ["73921", "0.0123", "(7, 13, 29)", "yes"]:
+        assert re.search(r"Answer:.{0,80}" + re.escape(answer), tex), answer
+    assert tex.index("How many?") < tex.index("73921}") < tex.index("The count is 73921")
+
+
 # ---- the book itself, once built (scripts/build_book.sh) ----------------------------------------
 
 SITE = ROOT / "_build" / "html"
