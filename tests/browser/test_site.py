@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -90,6 +91,9 @@ SUMMARY = {
     "code_and_output_blocks": 0,
     "blocks_scrolling_sideways": 0,
     "widget_screenshots": [],
+    "self_check_pages": 0,
+    "self_checks": 0,
+    "self_check_screenshots": [],
 }
 
 
@@ -124,6 +128,8 @@ def _open(server, browser, page_path):
             r.abort()
 
     context.route("**/*", route)
+    # a busy machine (a shared CI runner) can take well over 30 s to load a page full of widgets
+    context.set_default_timeout(180_000)
     page = context.new_page()
     page.on("requestfailed", lambda req: failed.append(f"{req.url} ({req.failure})"))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
@@ -361,3 +367,106 @@ def test_every_widget_control_moves_its_figure(server, browser, page_path):
     context.close()
     assert roots, f"{page_path}: the page holds widgets but none rendered"
     assert not problems, "\n".join(problems[:10])
+
+
+# ---- self-check questions (_ext/selfcheck.py): a right, a known wrong and an unknown answer --------
+
+sys.path.insert(0, str(ROOT / "_ext"))
+import selfcheck  # noqa: E402
+
+SELF_CHECK_PAGES = [p for p in pages if "data-selfcheck=" in (SITE / p).read_text(encoding="utf-8")]
+
+
+def _questions(page_path):
+    """The page's questions, read from its notebook: ids, answers as a reader types them, wrong ones."""
+    docname = str(Path(page_path).with_suffix(""))
+    notebook = json.loads((ROOT / f"{docname}.ipynb").read_text(encoding="utf-8"))
+    return {q["id"]: q for q in selfcheck.questions_in_notebook(notebook, docname)}
+
+
+def _answer(box, question, text):
+    if question["kind"] == "choice":
+        box.locator("input[type=radio]").nth(question["options"].index(text)).check()
+    else:
+        box.locator(".selfcheck-input").fill(text)
+    box.locator(".selfcheck-check").click()
+    return box.locator(".selfcheck-feedback")
+
+
+def _unknown_answer(question):
+    """An answer that is neither right nor one of the known wrong ones."""
+    rules = {"number": ["987654.321", "-3", "7"], "shape": ["(97, 89, 83)", "(1,)"]}[question["kind"]]
+    known = {question["right"]}
+    for value, _ in question["wrong"]:
+        known.add(
+            selfcheck.normalise(question["kind"], value, **_rules_of(question)),
+        )
+    return next(t for t in rules if selfcheck.normalise(question["kind"], t, **_rules_of(question)) not in known)
+
+
+def _rules_of(question):
+    data = question["_data"]["rules"]
+    symbols = data.get("symbols")
+    return {"sig": data.get("sig"), "decimals": data.get("decimals"), "symbols": symbols}
+
+
+@pytest.mark.parametrize("page_path", SELF_CHECK_PAGES)
+def test_self_checks_give_feedback(server, browser, page_path):
+    """On every page with questions: a known wrong answer shows its hint, an unknown one "not yet", a
+    right one "Right." and the solution; "Show me" opens a solution; progress survives a reload."""
+    questions = _questions(page_path)
+    context, page, blocked, failed, errors = _open(server, browser, page_path)
+    boxes = page.locator(".selfcheck[data-selfcheck]")
+    on_page = [boxes.nth(i).get_attribute("id") for i in range(boxes.count())]
+    assert sorted(on_page) == sorted(questions), "the page's questions differ from the notebook's"
+    for i, qid in enumerate(on_page):
+        questions[qid]["_data"] = json.loads(boxes.nth(i).get_attribute("data-selfcheck"))
+        questions[qid]["_box"] = boxes.nth(i)
+    n = len(on_page)
+    summary = page.locator(".selfcheck-summary .selfcheck-count")
+    assert summary.inner_text() == f"Self-checks on this page: 0 of {n} answered right."
+
+    # 1. a known wrong answer, then the right one, on the first question with known wrong answers
+    first = next(questions[q] for q in on_page if questions[q]["wrong"])
+    box = first["_box"]
+    shots = not SUMMARY["self_check_screenshots"]
+    if shots:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        box.scroll_into_view_if_needed()
+        box.screenshot(path=str(SHOTS / "selfcheck_before.png"))
+    wrong, hint = first["wrong"][0]
+    feedback = _answer(box, first, wrong)
+    assert feedback.inner_text() == f"Not quite: {hint}", f"{first['id']}: typed the known wrong {wrong!r}"
+    assert box.locator(".selfcheck-solution").is_hidden()
+    if shots:
+        box.screenshot(path=str(SHOTS / "selfcheck_wrong.png"))
+    feedback = _answer(box, first, first["type"])
+    assert feedback.inner_text() == "Right.", f"{first['id']}: typed the right {first['type']!r}"
+    solution = box.locator(".selfcheck-solution")
+    assert solution.is_visible() and solution.inner_text().strip(), f"{first['id']}: the solution did not open"
+    if shots:
+        page.wait_for_timeout(300)  # MathJax typesets the opened solution
+        box.screenshot(path=str(SHOTS / "selfcheck_right.png"))
+        SUMMARY["self_check_screenshots"] = ["selfcheck_before.png", "selfcheck_wrong.png", "selfcheck_right.png"]
+
+    # 2. an answer nobody foresaw, on another question that takes typed answers
+    other = next(questions[q] for q in on_page if q != first["id"] and questions[q]["kind"] != "choice")
+    typed = _unknown_answer(other)
+    feedback = _answer(other["_box"], other, typed)
+    assert feedback.inner_text().startswith("Not yet."), f"{other['id']}: typed {typed!r}"
+    assert other["_box"].locator(".selfcheck-solution").is_hidden()
+
+    # 3. "Show me" on a third question opens its solution without counting it as answered
+    third = next(questions[q] for q in on_page if q not in (first["id"], other["id"]))
+    third["_box"].locator(".selfcheck-show").click()
+    assert third["_box"].locator(".selfcheck-solution").is_visible()
+    expected = f"Self-checks on this page: 1 of {n} answered right, 1 solution shown."
+    assert summary.inner_text() == expected
+
+    # progress is kept in the browser: a reload shows the same count
+    page.reload(wait_until="load")
+    assert page.locator(".selfcheck-summary .selfcheck-count").inner_text() == expected
+    assert not blocked and not failed and not errors, (blocked, failed, errors)
+    SUMMARY["self_check_pages"] += 1
+    SUMMARY["self_checks"] += n
+    context.close()
