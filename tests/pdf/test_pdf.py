@@ -70,7 +70,7 @@ def test_page_count_and_size():
 def test_every_chapter_title_is_present():
     body = flat()
     for path in CHAPTERS:
-        title = _title(path)
+        title = re.sub(r"\s*\$[^$]*\$", "", _title(path)).strip()  # math prints as symbols
         assert title in body, f"chapter title {title!r} ({path.name}) is not in the PDF"
     for heading in ("Glossary", "References", "Library reference"):
         assert heading in body
