@@ -26,13 +26,19 @@ def _canonical(target: str) -> str | None:
     except ImportError:
         return None
     for i, part in enumerate(parts[1:], start=1):
-        if hasattr(obj, part):
-            obj = getattr(obj, part)
+        last = i == len(parts) - 1
+        found = getattr(obj, part, None)
+        # ``tl.train`` is the function, as Python reads it; ``transformer_lib.train.x`` goes
+        # through the module of that name, which the flat namespace's function shadows.
+        if found is not None and (last or inspect.ismodule(found)):
+            obj = found
             continue
         try:
             obj = importlib.import_module(".".join(parts[: i + 1]))
         except ImportError:
-            return None
+            if found is None:
+                return None
+            obj = found
     if inspect.ismodule(obj):
         return obj.__name__
     module = getattr(obj, "__module__", None)
