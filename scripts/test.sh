@@ -24,4 +24,4 @@ LINTED=(transformer_lib tests benchmarks scripts _ext)
 .venv/bin/python -m ruff check --select E501 --line-length 76 instructors.ipynb
 .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile \
   --nbval --nbval-current-env --nbval-cell-timeout=600 \
-  --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser tests chapters instructors.ipynb "$@"
+  --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser --ignore=tests/pdf tests chapters instructors.ipynb "$@"

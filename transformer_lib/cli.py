@@ -6,7 +6,7 @@
     python -m transformer_lib train --resume                # continue from out/ckpt.pt
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
 
-Every training setting is written once, as a field of :class:`~transformer_lib.train.TrainConfig`
+Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
 (or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
 from those fields and the presets are values of them. Under ``torchrun`` the command joins the
 process group and each rank trains on its own share of every batch.

@@ -4,7 +4,7 @@
 learning-rate decay, gradient clipping, periodic evaluation, a progress bar, mixed precision and
 TF32 on GPUs, optional ``torch.compile``, and checkpoints that resume exactly. It trains any
 model whose ``forward(*batch)`` returns ``(logits, loss)``: a :class:`~transformer_lib.models.GPT`
-with ``(x, y)`` batches, a :class:`~transformer_lib.models.Transformer` with
+with ``(x, y)`` batches, a :class:`~transformer_lib.encoder_decoder.Transformer` with
 ``(src, tgt_in, tgt_out)`` batches. Inside a step nothing waits for the GPU: the loss stays a
 tensor and is read (``.item()``) only every ``log_interval`` steps.
 
@@ -137,7 +137,7 @@ def estimate_loss(
 def exact_match(model: nn.Module, src: Tensor, tgt: Tensor, batch_size: int = 500) -> float:
     """Fraction of rows that greedy decoding gets exactly right (chapter 8).
 
-    ``model`` is a :class:`~transformer_lib.models.Transformer`; ``src (N, T_src)`` and
+    ``model`` is a :class:`~transformer_lib.encoder_decoder.Transformer`; ``src (N, T_src)`` and
     ``tgt (N, T_tgt)`` laid out as in :mod:`transformer_lib.data`: a row is right when the decoded
     tokens equal ``tgt[:, 1:]`` (the answer, ``eos``, then padding).
     """

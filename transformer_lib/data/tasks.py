@@ -2,7 +2,7 @@
 and sort random sequences, and translate dates written in many human formats to ISO.
 
 Ids ``pad = 0``, ``bos = 1``, ``eos = 2`` (the defaults of
-:class:`~transformer_lib.models.TransformerConfig`): ``src (N, T_src)`` is padded with ``pad``
+:class:`~transformer_lib.encoder_decoder.TransformerConfig`): ``src (N, T_src)`` is padded with ``pad``
 and ``tgt (N, T_tgt)`` is ``[bos] + answer + [eos] + pads``, so ``tgt[:, :-1]`` is the
 decoder's input and ``tgt[:, 1:]`` its target (teacher forcing).
 """

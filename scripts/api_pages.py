@@ -1,0 +1,187 @@
+"""Write the book's API reference pages (``api/*.md``) from one table: a page per module.
+
+Each page lets Sphinx's autodoc render the module's docstrings, so the reference is always the
+library's own text. When a module is added, moved or renamed, edit ``PAGES`` and run
+
+    python scripts/api_pages.py          # rewrite api/*.md and print the toc entries
+    python scripts/api_pages.py --check  # exit 1 if a page is missing or out of date
+
+``tests/test_book_apparatus.py`` runs the check and also fails when a public module of
+``transformer_lib`` has no page.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+API = ROOT / "api"
+
+# (page name, modules documented on the page, chapters, one line on what the page holds),
+# in chapter order; tools after the concept modules.
+PAGES: list[tuple[str, list[str], str, str]] = [
+    (
+        "cost",
+        ["transformer_lib.cost"],
+        "1, 5, 9 and 10",
+        "Every cost formula: receptive fields, attention's parameters and FLOPs, FLOPs per token, model FLOPs "
+        "utilisation, the key-value cache's bytes and peak memory.",
+    ),
+    (
+        "attention",
+        ["transformer_lib.attention"],
+        "2 and 3",
+        "Scaled dot-product and additive attention, masked softmax, the softmax's entropy, Jacobian and temperature.",
+    ),
+    (
+        "masks",
+        ["transformer_lib.masks"],
+        "4 and 10",
+        "Causal, padding, sequence-to-sequence and sliding-window masks (`True` = may attend).",
+    ),
+    (
+        "multihead",
+        ["transformer_lib.multihead"],
+        "5 and 10",
+        "Multi-head and grouped-query attention and the head reshapes.",
+    ),
+    ("positional", ["transformer_lib.positional"], "6", "Sinusoidal, learned and rotary position encodings."),
+    ("blocks", ["transformer_lib.blocks"], "7 and 10", "Feed-forward network, encoder and decoder layers and stacks."),
+    (
+        "encoder_decoder",
+        ["transformer_lib.encoder_decoder"],
+        "8 and 10",
+        "The encoder-decoder `Transformer`, its configuration and the checks of token ids.",
+    ),
+    (
+        "data",
+        [
+            "transformer_lib.data",
+            "transformer_lib.data.tokenizer",
+            "transformer_lib.data.tasks",
+            "transformer_lib.data.corpus",
+            "transformer_lib.data.batches",
+        ],
+        "8 and 9",
+        "The character tokenizer, the synthetic and dates tasks, the text corpus and batches.",
+    ),
+    ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
+    ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
+    ("checkpoint", ["transformer_lib.checkpoint"], "9", "Checkpoints written atomically and checked on loading."),
+    (
+        "sampling",
+        ["transformer_lib.sampling"],
+        "9 and 10",
+        "Temperature, top-k and top-p filtering, and generating text.",
+    ),
+    ("models", ["transformer_lib.models"], "9 and 10", "The decoder-only `GPT` and its configuration."),
+    ("cli", ["transformer_lib.cli"], "9", "The command line, `python -m transformer_lib train` and `sample`."),
+    (
+        "kv_cache",
+        ["transformer_lib.kv_cache"],
+        "10",
+        "The key-value cache of one attention layer and of a decoder stack.",
+    ),
+    ("long_context", ["transformer_lib.long_context"], "10", "The online softmax and tiled attention."),
+    ("pretrained", ["transformer_lib.pretrained"], "10", "GPT-2 and nanoGPT weights loaded into the book's GPT."),
+    ("viz", ["transformer_lib.viz"], "all", "Attention heatmaps and interactive figures that work without a kernel."),
+    ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
+    (
+        "exercises",
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 11)],
+        "all",
+        "The checks the exercises call, one module per chapter.",
+    ),
+    (
+        "student",
+        [
+            "transformer_lib.student",
+            "transformer_lib.student.edition",
+            "transformer_lib.student.notebooks",
+            "transformer_lib.student.nbgrader",
+            "transformer_lib.student.cli",
+        ],
+        "the instructor's guide",
+        "The student edition of the notebooks and the nbgrader course.",
+    ),
+]
+
+
+def page_text(name: str, modules: list[str], chapters: str, summary: str) -> str:
+    head = modules[0]
+    lines = [
+        "<!-- Written by scripts/api_pages.py from its PAGES table; edit the table, not this page. -->",
+        f"# `{head}`",
+        "",
+        f"Chapters {chapters}. {summary}" if chapters[0].isdigit() else f"Used in {chapters}. {summary}",
+        "",
+    ]
+    for i, module in enumerate(modules):
+        if i:
+            lines += [f"## `{module}`", ""]
+        lines += [
+            "```{eval-rst}",
+            f".. automodule:: {module}",
+            "   :members:",
+            "   :member-order: bysource",
+            "```",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def index_text() -> str:
+    lines = [
+        "<!-- Written by scripts/api_pages.py from its PAGES table; edit the table, not this page. -->",
+        "# Library reference",
+        "",
+        "The reference of `transformer_lib`, the library the chapters build, generated from its",
+        "docstrings: one page per module, in the order of the chapters that introduce them. Every",
+        "public name is also in the package's flat namespace (`import transformer_lib as tl`, then",
+        "`tl.name`); the pages list each name under the module that defines it.",
+        "",
+        "| module | chapters | what it holds |",
+        "| --- | --- | --- |",
+    ]
+    for name, modules, chapters, summary in PAGES:
+        lines.append(f"| {{doc}}`{modules[0]} <{name}>` | {chapters} | {summary} |")
+    return "\n".join(lines) + "\n"
+
+
+def expected() -> dict[Path, str]:
+    out = {API / "index.md": index_text()}
+    for name, modules, chapters, summary in PAGES:
+        out[API / f"{name}.md"] = page_text(name, modules, chapters, summary)
+    return out
+
+
+def documented_modules() -> set[str]:
+    return {m for _, modules, _, _ in PAGES for m in modules}
+
+
+def main(argv: list[str]) -> int:
+    pages = expected()
+    if "--check" in argv:
+        stale = [
+            str(p.relative_to(ROOT))
+            for p, text in pages.items()
+            if not p.is_file() or p.read_text(encoding="utf-8") != text
+        ]
+        extra = sorted(str(p.relative_to(ROOT)) for p in API.glob("*.md") if p not in pages)
+        for p in stale:
+            print(f"error: {p} is missing or out of date; run python scripts/api_pages.py", file=sys.stderr)
+        for p in extra:
+            print(f"error: {p} is not in scripts/api_pages.py's PAGES table", file=sys.stderr)
+        return 1 if stale or extra else 0
+    API.mkdir(exist_ok=True)
+    for path, text in pages.items():
+        path.write_text(text, encoding="utf-8")
+    print("      - file: api/index\n        sections:")
+    for name, *_ in PAGES:
+        print(f"          - file: api/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build the whole book as one PDF with XeLaTeX: _build/latex/attention-executed.pdf.
+# Uses the saved notebooks (nothing is re-executed). Needs Debian's TeX packages; as root on a
+# Debian or Ubuntu system the script installs the missing ones (about 1 GB, a few minutes),
+# waiting for another package install to finish if one holds the lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+TEX_PACKAGES=(texlive-xetex texlive-latex-extra texlive-fonts-recommended texlive-fonts-extra
+  latexmk fonts-freefont-otf poppler-utils)
+have_tex() {
+  command -v xelatex >/dev/null && command -v latexmk >/dev/null &&
+    kpsewhich bbm.sty >/dev/null && fc-list 2>/dev/null | grep -q FreeSerif &&
+    command -v pdftotext >/dev/null
+}
+if ! have_tex; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "Installing XeLaTeX and fonts from the system's packages: ${TEX_PACKAGES[*]}"
+    for attempt in 1 2 3 4 5; do
+      if apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null &&
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+          --no-install-recommends "${TEX_PACKAGES[@]}" >/dev/null; then
+        break
+      fi
+      [ "$attempt" = 5 ] && { echo "error: could not install ${TEX_PACKAGES[*]}" >&2; exit 1; }
+      echo "apt-get failed (attempt $attempt of 5); retrying in 30 s" >&2
+      sleep 30
+    done
+  fi
+  if ! have_tex; then
+    echo "error: XeLaTeX not found; install ${TEX_PACKAGES[*]} (Debian/Ubuntu names)" >&2
+    exit 1
+  fi
+fi
+
+.venv/bin/jupyter-book build . --builder pdflatex "$@"
+pdf=_build/latex/attention-executed.pdf
+if [ ! -s "$pdf" ]; then
+  echo "error: the LaTeX build wrote no $pdf; see _build/latex/attention-executed.log" >&2
+  exit 1
+fi
+echo
+echo "The PDF is built: $(pwd)/$pdf"
