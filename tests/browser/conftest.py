@@ -1,0 +1,28 @@
+"""Shared by the browser tests: headless Chromium kept off the network, started through Playwright."""
+
+import os
+import shutil
+
+import pytest
+from _browser import skip_or_fail
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        skip_or_fail("no Chromium found (set CHROMIUM)")
+    args = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, headless=True, args=args)
+        yield b
+        b.close()
