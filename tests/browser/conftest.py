@@ -26,3 +26,11 @@ def browser():
         b = pw.chromium.launch(executable_path=exe, headless=True, args=args)
         yield b
         b.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each test's outcome on it (item.rep_call), for fixtures that act on a failure."""
+    outcome = yield
+    if call.when == "call":
+        item.rep_call = outcome.get_result()

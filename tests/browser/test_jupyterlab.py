@@ -153,6 +153,16 @@ def lab(tmp_path_factory):
         assert source.read_bytes() == book_copy, f"the test changed the book's {source}"
 
 
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request):
+    """The page as it was when a test failed, for the report."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed and "page" in request.fixturenames:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        request.getfixturevalue("page").screenshot(path=str(SHOTS / f"jupyterlab_failed_{request.node.name}.png"))
+
+
 @pytest.fixture(scope="module")
 def page(lab, browser):
     url, token, _ = lab
@@ -202,9 +212,10 @@ _IDLE_JS = """() => {
 }"""
 
 
-def _open_notebook(page, lab, path):
+def _open_notebook(page, lab, path, workspace):
+    """Open one notebook in a workspace of its own (so no other notebook is restored beside it)."""
     url, token, _ = lab
-    page.goto(f"{url}/lab/tree/{path}?token={token}", wait_until="load")
+    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{path}?token={token}", wait_until="load")
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=180_000)
     page.wait_for_function(_IDLE_JS, timeout=180_000, polling=250)
 
@@ -215,15 +226,18 @@ def _run_all(page):
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
     # the saved execution counts are cleared as the cells are queued; then each gets its new one
     page.wait_for_function(f"() => ({_CELLS_JS})().some(c => c.count === null)", timeout=60_000, polling=100)
+    # done when every cell has run, or when one shows an error (Run All stops there)
     page.wait_for_function(
-        f"""() => ({_CELLS_JS})().every(c => c.count !== null) && ({_IDLE_JS})()""",
+        f"""() => {{ const cells = ({_CELLS_JS})();
+                    return (cells.every(c => c.count !== null) || cells.some(c => c.errors.length))
+                           && ({_IDLE_JS})(); }}""",
         timeout=RUN_ALL_TIMEOUT_MS,
         polling=500,
     )
 
 
 def _cell(page, index):
-    return page.locator(".jp-NotebookPanel:visible .jp-Notebook > .jp-Cell").nth(index)
+    return page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)
 
 
 def _rerun(page, index, before):
@@ -261,7 +275,7 @@ def _check_output(page, stub, check):
 
 def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
     with timed("open chapter 4 (kernel ready)"):
-        _open_notebook(page, lab, f"chapters/{CHAPTER}.ipynb")
+        _open_notebook(page, lab, f"chapters/{CHAPTER}.ipynb", "chapter")
     with timed("run all cells of chapter 4"):
         _run_all(page)
     cells = page.evaluate(_CELLS_JS)
@@ -307,7 +321,7 @@ def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
 
 def test_student_edition_in_jupyterlab(lab, page):
     with timed("open the student edition of chapter 4 (kernel ready)"):
-        _open_notebook(page, lab, f"student/{CHAPTER}.ipynb")
+        _open_notebook(page, lab, f"student/{CHAPTER}.ipynb", "student")
     with timed("run all cells of the student edition"):
         _run_all(page)
     cells = page.evaluate(_CELLS_JS)
