@@ -1,5 +1,5 @@
-"""Tests for the nbgrader course (transformer_lib/course.py): solution markers, autograded test
-cells with the points of the table, manually graded written answers; nbgrader itself is not needed
+"""Tests for the nbgrader course (transformer_lib/student/nbgrader.py): solution markers, autograded
+test cells with the points of the table, manually graded written answers; nbgrader itself is not needed
 here (tests/test_nbgrader.py runs it)."""
 
 import ast
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib.course import BEGIN, END, POINTS, course_notebook, make_course, mark_solutions
 from transformer_lib.student.edition import cell_source, stub_source
+from transformer_lib.student.nbgrader import BEGIN, END, POINTS, course_notebook, make_course, mark_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))

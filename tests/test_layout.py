@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
-CONCEPTS = ["_checks", "attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context"]
-TOOLS = ["__main__", "utils", "cost", "data", "train", "checkpoint", "cli", "viz", "exercises", "student", "course",
-         "pretrained"]  # fmt: skip
+CONCEPTS = ["_checks", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
+            "sampling", "models", "long_context"]  # fmt: skip
+TOOLS = ["__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
+         "student", "pretrained"]  # fmt: skip
+# A module a reader can hold in mind: concept modules stay near one chapter's worth of code.
+MAX_CONCEPT_LINES, MAX_MODULE_LINES = 350, 400
 
 
 def module_name(path: Path) -> str:
@@ -97,6 +100,13 @@ def test_the_layering_check_sees_a_bad_import(tmp_path, monkeypatch):
         test_there_are_no_import_cycles()
 
 
+def run_fresh(script: str) -> str:
+    """Run ``script`` in a fresh interpreter from the repository root; its output, or the last line of its error."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    return done.stdout
+
+
 def test_every_module_imports_first_without_a_circular_import():
     # A module imported first pulls in its parent packages and their imports: a cycle through a
     # package's __init__ only shows at run time, so import each module first in a fresh namespace.
@@ -109,18 +119,53 @@ def test_every_module_imports_first_without_a_circular_import():
         "    if not name.endswith('__main__'):\n"
         "        importlib.import_module('transformer_lib.' + name)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    run_fresh(script)
 
 
 def test_flat_namespace_has_every_public_name_of_every_module():
-    for module in ["attention", "masks", "multihead", "positional", "blocks", "sampling", "models", "long_context",
-                   "cost", "data", "pretrained", "train", "checkpoint", "utils", "viz"]:  # fmt: skip
+    for module in ["attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
+                   "sampling", "models", "long_context", "cost", "data", "pretrained", "train_config", "train",
+                   "checkpoint", "utils", "viz"]:  # fmt: skip
         names = __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__
         missing = [n for n in names if n not in tl.__all__]
         assert not missing, f"{module} names missing from transformer_lib.__all__: {missing}"
     assert all(hasattr(tl, n) for n in tl.__all__)
     assert len(tl.__all__) == len(set(tl.__all__))
+
+
+def test_no_two_modules_export_one_name():
+    owner: dict[str, str] = {}
+    for module in tl._MODULES:
+        for name in __import__(f"transformer_lib.{module}", fromlist=["__all__"]).__all__:
+            assert name not in owner, f"{name} is exported by both {owner[name]} and {module}"
+            owner[name] = module
+
+
+def test_modules_stay_short():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        limit = MAX_CONCEPT_LINES if top(module_name(path)) in CONCEPTS else MAX_MODULE_LINES
+        if lines > limit:
+            too_long.append(f"{path.relative_to(PACKAGE)}: {lines} lines (at most {limit})")
+    assert not too_long, "modules to split: " + "; ".join(too_long)
+
+
+def test_importing_the_package_loads_no_command_line_trainer_or_plotting():
+    # PyTorch itself may import argparse and tqdm: import it first, then make those modules
+    # unimportable, so that any import of them by the package fails here
+    script = (
+        "import sys, torch\n"
+        "banned = ['argparse', 'tqdm', 'matplotlib', 'matplotlib.pyplot']\n"
+        "for name in banned:\n"
+        "    sys.modules[name] = None\n"
+        "import transformer_lib as tl\n"
+        "assert callable(tl.viz.frame_widget) and tl.PRESETS and tl.TrainConfig\n"
+        "loaded = [m for m in ('transformer_lib.cli', 'transformer_lib.student') if m in sys.modules]\n"
+        "print(' '.join(loaded))\n"
+    )
+    loaded = run_fresh(script).split()
+    assert loaded == [], f"import transformer_lib loaded {loaded}"
 
 
 def test_every_public_function_and_class_names_its_chapter():

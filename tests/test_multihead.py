@@ -6,7 +6,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_lib as tl
-from transformer_lib.multihead import head_contributions, merge_heads, multihead_cost, split_heads
+from transformer_lib.cost import multihead_cost
+from transformer_lib.multihead import head_contributions, merge_heads, split_heads
 
 
 def make_pair(d_model=16, n_heads=4, bias=True, dtype=torch.float64):

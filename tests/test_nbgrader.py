@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib.course import BEGIN, END, POINTS, make_course
+from transformer_lib.student.nbgrader import BEGIN, END, POINTS, make_course
 
 ROOT = Path(__file__).resolve().parent.parent
 NBGRADER = ROOT / ".venv-instructors" / "bin" / "nbgrader"

@@ -1,5 +1,5 @@
-"""Tests for the student edition (transformer_lib/student.py): solutions out, checks kept, and
-each student notebook runs, with every check reporting "not implemented yet"."""
+"""Tests for the student edition (transformer_lib/student/edition.py and notebooks.py): solutions
+out, checks kept, and each student notebook runs, with every check reporting "not implemented yet"."""
 
 import ast
 import json

@@ -5,6 +5,7 @@ and reports every error in one line on stderr with exit status 2.
 Every refusal also checks that the bytes of every file already there are unchanged."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -168,7 +169,7 @@ def test_writes_are_atomic(book, tmp_path, monkeypatch):
         calls.append(dst)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(student.edition.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)  # the writes of student.notebooks
     with pytest.raises(OSError, match="No space"):
         student.make_student_edition(out, book, force=True)
     assert calls and snapshot(out) == before  # no temporary file left, old files whole

@@ -1,305 +1,40 @@
 """transformer_lib: the library the book "Attention, Executed" builds chapter by chapter.
 
-Concept modules, in chapter order: ``cost`` (chapter 1's receptive fields; also the FLOP and
-memory tools of chapter 9), ``attention`` (chapters 2-3), ``masks`` (4), ``multihead`` (5),
-``positional`` (6), ``blocks`` (7), ``models`` (8-9), ``sampling`` (9) and ``long_context``
-(10: the online softmax and tiled attention). Tools above them:
-``data``, ``train``, ``checkpoint``, ``cli`` (the command line), ``pretrained`` (GPT-2 and
-nanoGPT weights), ``viz`` (figures) and ``utils``.
-Every public name of every module is here, so ``tl.name`` works for all of them.
+Concept modules, in chapter order (each imports only the ones before it): ``attention``
+(chapters 2-3), ``masks`` (4), ``kv_cache`` (10's key-value cache, which ``multihead`` reads),
+``multihead`` (5, with 10's grouped-query and sliding-window attention), ``positional`` (6),
+``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
+``long_context`` (10: the online softmax and tiled attention). Tools above them: ``cost`` (every
+cost formula: receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
+``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
+``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
+command line) and ``student`` (the student edition and nbgrader course of the notebooks).
+
+The flat namespace holds every name in the ``__all__`` of the modules listed in ``_MODULES``, so
+``tl.name`` works for each of them and a new public name is one edit, in its own module's
+``__all__``. ``exercises`` and ``viz`` are reached as ``tl.exercises.chNN`` and ``tl.viz``.
 Mask convention everywhere: boolean, ``True`` means "may attend".
 """
 
-from .attention import (
-    AdditiveAttention,
-    SingleHeadAttention,
-    check_attention_weights,
-    check_mask,
-    dot_product_attention,
-    masked_softmax,
-    scaled_dot_product_attention,
-    simple_self_attention,
-    soft_lookup,
-    softmax_entropy,
-    softmax_jacobian,
-    softmax_with_temperature,
-)
-from .blocks import (
-    Decoder,
-    DecoderCache,
-    DecoderLayer,
-    Encoder,
-    EncoderLayer,
-    FeedForward,
-    LayerCache,
-    layer_grad_norms,
-    scaled_embedding,
-)
-from .checkpoint import (
-    CHECKPOINT_NAME,
-    MODELS,
-    capture_rng,
-    checkpoint_file,
-    load_checkpoint,
-    read_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
-from .cli import (
-    MODEL_SETTINGS,
-    PRESETS,
-)
-from .cost import (
-    PEAK_FLOPS,
-    attention_peak_memory,
-    estimate_mfu,
-    flops_per_token,
-    gpu_peak_flops,
-    layers_to_connect,
-    peak_memory_bytes,
-    receptive_field,
-)
-from .data import (
-    CACHE_ENV,
-    DATE_FIRST,
-    DATE_FORMATS,
-    DATE_LAST,
-    DATE_PIECES,
-    OFFLINE_ENV,
-    PATH_ENV,
-    SPECIALS,
-    TINY_SHAKESPEARE_SHA256,
-    TINY_SHAKESPEARE_URL,
-    CharTokenizer,
-    ChecksumError,
-    Corpus,
-    LMBatches,
-    Seq2SeqBatches,
-    Seq2SeqData,
-    date_field_spans,
-    date_format_of,
-    dates_task,
-    get_batch,
-    load_corpus,
-    pad_sequences,
-    python_stdlib_corpus,
-    render_date,
-    sequence_task,
-    sha256_of,
-    split_tokens,
-)
-from .long_context import (
-    online_softmax,
-    tiled_attention,
-)
-from .masks import (
-    Seq2SeqMasks,
-    additive_mask,
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    seq2seq_masks,
-    sliding_window_mask,
-    to_ignore_mask,
-)
-from .models import (
-    GPT,
-    GPTConfig,
-    Transformer,
-    TransformerConfig,
-    check_token_ids,
-)
-from .multihead import (
-    KVCache,
-    MultiHeadAttention,
-    Projection,
-    head_contributions,
-    kv_cache_bytes,
-    merge_heads,
-    multihead_cost,
-    split_heads,
-)
-from .positional import (
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    apply_rotary,
-    binary_encoding,
-    relative_rotation,
-    sinusoidal_encoding,
-    sinusoidal_frequencies,
-)
-from .pretrained import (
-    gpt_from_hf,
-    gpt_from_nanogpt,
-    load_gpt2,
-)
-from .sampling import (
-    check_top_p,
-    generate_text,
-    sample_next,
-    top_k_filter,
-    top_p_filter,
-)
-from .train import (
-    History,
-    TrainConfig,
-    configure_optimizer,
-    estimate_loss,
-    exact_match,
-    lr_at,
-    make_scheduler,
-    train,
-)
-from .utils import (
-    DTYPES,
-    atomic_write,
-    autocast,
-    check_fields,
-    pick_device,
-    resolve_dtype,
-    set_seed,
-    world,
-)
-from .viz import (
-    figure_png,
-    frame_widget,
-    plot_attention,
-    plot_attention_grid,
-)
+from importlib import import_module as _import_module
+
+# Each module's public names join the flat namespace, in this order (a later module's name would
+# win, and the layout test checks that no two modules export the same name).
+_MODULES = (
+    "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
+    "long_context", "cost", "data", "utils", "train_config", "train", "checkpoint", "pretrained", "viz",
+)  # fmt: skip
+
+__all__ = []
+for _name in _MODULES:
+    _module = _import_module(f".{_name}", __name__)
+    globals().update({name: getattr(_module, name) for name in _module.__all__})
+    __all__ += _module.__all__
+del _name, _module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "MODEL_SETTINGS",
-    "PRESETS",
-    "Projection",
-    "CACHE_ENV",
-    "CHECKPOINT_NAME",
-    "DATE_FIRST",
-    "DATE_FORMATS",
-    "DATE_LAST",
-    "DATE_PIECES",
-    "DTYPES",
-    "GPT",
-    "MODELS",
-    "OFFLINE_ENV",
-    "PATH_ENV",
-    "PEAK_FLOPS",
-    "SPECIALS",
-    "TINY_SHAKESPEARE_SHA256",
-    "TINY_SHAKESPEARE_URL",
-    "AdditiveAttention",
-    "CharTokenizer",
-    "ChecksumError",
-    "Corpus",
-    "Decoder",
-    "DecoderCache",
-    "DecoderLayer",
-    "Encoder",
-    "EncoderLayer",
-    "FeedForward",
-    "GPTConfig",
-    "History",
-    "LMBatches",
-    "LearnedPositionalEmbedding",
-    "KVCache",
-    "LayerCache",
-    "MultiHeadAttention",
-    "RotaryEmbedding",
-    "Seq2SeqBatches",
-    "Seq2SeqData",
-    "Seq2SeqMasks",
-    "SingleHeadAttention",
-    "SinusoidalPositionalEncoding",
-    "TrainConfig",
-    "Transformer",
-    "TransformerConfig",
-    "additive_mask",
-    "apply_rotary",
-    "attention_peak_memory",
-    "atomic_write",
-    "autocast",
-    "binary_encoding",
-    "capture_rng",
-    "causal_mask",
-    "check_fields",
-    "check_attention_weights",
-    "check_mask",
-    "check_token_ids",
-    "checkpoint_file",
-    "combine_masks",
-    "configure_optimizer",
-    "data",
-    "date_field_spans",
-    "date_format_of",
-    "dates_task",
-    "dot_product_attention",
-    "estimate_loss",
-    "estimate_mfu",
-    "exact_match",
-    "exercises",
-    "flops_per_token",
-    "check_top_p",
-    "generate_text",
-    "get_batch",
-    "gpt_from_hf",
-    "gpt_from_nanogpt",
-    "gpu_peak_flops",
-    "head_contributions",
-    "kv_cache_bytes",
-    "layer_grad_norms",
-    "layers_to_connect",
-    "figure_png",
-    "frame_widget",
-    "load_checkpoint",
-    "load_corpus",
-    "load_gpt2",
-    "lr_at",
-    "make_scheduler",
-    "masked_softmax",
-    "merge_heads",
-    "multihead_cost",
-    "online_softmax",
-    "pad_sequences",
-    "padding_mask",
-    "peak_memory_bytes",
-    "pick_device",
-    "plot_attention",
-    "plot_attention_grid",
-    "python_stdlib_corpus",
-    "read_checkpoint",
-    "receptive_field",
-    "relative_rotation",
-    "render_date",
-    "resolve_dtype",
-    "restore_rng",
-    "sample_next",
-    "save_checkpoint",
-    "scaled_dot_product_attention",
-    "scaled_embedding",
-    "seq2seq_masks",
-    "sliding_window_mask",
-    "sequence_task",
-    "set_seed",
-    "sha256_of",
-    "simple_self_attention",
-    "sinusoidal_encoding",
-    "sinusoidal_frequencies",
-    "soft_lookup",
-    "softmax_entropy",
-    "softmax_jacobian",
-    "softmax_with_temperature",
-    "split_heads",
-    "split_tokens",
-    "to_ignore_mask",
-    "top_k_filter",
-    "top_p_filter",
-    "tiled_attention",
-    "train",
-    "viz",
-    "world",
-]
-
 # last: the exercise checks compare against the names above
-from . import exercises, viz  # noqa: E402, I001
+from . import data, exercises, viz  # noqa: E402, I001
+
+__all__ += ["data", "exercises", "viz"]

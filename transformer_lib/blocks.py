@@ -8,27 +8,26 @@ Inputs and outputs are ``(B, T, d_model)``.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_int
-from .multihead import KVCache, MultiHeadAttention
+from .kv_cache import DecoderCache, KVCache, LayerCache
+from .multihead import MultiHeadAttention
 
 __all__ = [
     "Decoder",
-    "DecoderCache",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
-    "LayerCache",
     "layer_grad_norms",
     "scaled_embedding",
 ]
 
-# Every layer and stack takes d_model first; everything after the first three arguments is keyword-only.
+# Every layer and stack takes d_model first; after its sizes (d_model, n_heads, then n_layers for a
+# stack, then d_ff) every argument is keyword-only.
 
 
 def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
@@ -133,18 +132,6 @@ class EncoderLayer(nn.Module):
         return self.res_ff(x, self.ff)  # (B, T, d_model)
 
 
-class LayerCache(NamedTuple):
-    """The caches of one :class:`DecoderLayer` for incremental decoding (chapter 10).
-
-    ``self_attn`` grows by one entry per generated token; ``cross_attn`` (None in a layer without
-    cross-attention) is a static :class:`~transformer_lib.multihead.KVCache` filled once with the
-    encoder output's keys and values. Each holds ``(B, n_kv_heads, T, d_k)`` keys and values.
-    """
-
-    self_attn: KVCache
-    cross_attn: KVCache | None = None
-
-
 class DecoderLayer(nn.Module):
     """Causal self-attention, then cross-attention to the encoder's output, then feed-forward (chapter 7).
 
@@ -247,35 +234,6 @@ class Encoder(_Stack):
         for layer in self.layers:
             x = layer(x, mask=mask, need_weights=need_weights)
         return self.norm(x)  # (B, T, d_model)
-
-
-class DecoderCache:
-    """The caches of a whole :class:`Decoder` stack for incremental decoding (chapter 10).
-
-    ``layers`` holds one :class:`LayerCache` per layer (``decoder.new_cache()`` makes them);
-    ``position`` counts the target positions the decoder has processed, which is where the next
-    new token sits (the offset its position encoding needs). :meth:`Decoder.forward` advances it.
-    ``nbytes()`` is the memory all cached keys and values take, cross-attention included.
-    """
-
-    def __init__(self, layers: list[LayerCache]):
-        if not all(isinstance(c, LayerCache) for c in layers):
-            raise TypeError("DecoderCache takes a list of LayerCache, one per layer")
-        self.layers = list(layers)
-        self.position = 0
-
-    def nbytes(self, *, cross: bool = True) -> int:
-        """Bytes of every cached key and value; ``cross=False`` counts the self-attention only."""
-        total = 0
-        for c in self.layers:
-            total += c.self_attn.nbytes() + (c.cross_attn.nbytes() if cross and c.cross_attn is not None else 0)
-        return total
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def __repr__(self) -> str:
-        return f"DecoderCache({len(self.layers)} layers, position={self.position}, nbytes={self.nbytes()})"
 
 
 class Decoder(_Stack):

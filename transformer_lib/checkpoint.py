@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from .data import CharTokenizer
-from .models import GPT, GPTConfig, Transformer, TransformerConfig
+from .encoder_decoder import Transformer, TransformerConfig
+from .models import GPT, GPTConfig
 from .utils import atomic_write, check_writable
 
 __all__ = [

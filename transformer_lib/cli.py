@@ -29,30 +29,13 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, read_checkpoint, tenso
 from .data import CharTokenizer, LMBatches, load_corpus, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
-from .train import TrainConfig, train
+from .train import train
+from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
 from .utils import DTYPES, check_fields, check_writable, pick_device, set_seed
 
-__all__ = ["MODEL_SETTINGS", "PRESETS", "build_parser", "main", "sample_main", "train_main"]
+__all__ = ["build_parser", "main", "sample_main", "train_main"]
 
 # The model's shape: GPTConfig fields the command line sets (the vocabulary comes from the data).
-MODEL_SETTINGS = {
-    "n_layers": "transformer blocks",
-    "n_heads": "attention heads per block",
-    "d_model": "width of the residual stream",
-    "context_len": "context length T in characters",
-    "dropout": "dropout probability",
-}
-
-# nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig
-# and TrainConfig) and a bigger one for a GPU. Each preset: (GPTConfig changes, TrainConfig).
-PRESETS: dict[str, tuple[dict, TrainConfig]] = {
-    "cpu": ({}, TrainConfig()),
-    "gpu": (
-        dict(n_layers=6, n_heads=6, d_model=384, context_len=256, dropout=0.2),
-        TrainConfig(batch_size=64, max_iters=5000, eval_iters=200),
-    ),
-}
-
 # TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
 _RUNTIME = {"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"}
 _TYPES = {"int": int, "float": float, "str": str}

@@ -1,10 +1,14 @@
-"""What a model costs: receptive fields of convolution stacks (chapter 1), training FLOPs and the
-model-FLOPs utilisation against a GPU's peak (chapter 9), a peak-memory probe built on
-public PyTorch APIs only, and the peak memory of three ways to compute attention (chapter 10).
+"""What a model costs, every formula in one place: receptive fields of convolution stacks
+(chapter 1), the parameters and FLOPs of multi-head attention (chapter 5), training FLOPs and the
+model-FLOPs utilisation against a GPU's peak (chapter 9), a peak-memory probe (chapter 9), and the
+key-value cache's bytes and the peak memory of three ways to compute attention (chapter 10).
 
-This is a tool module. Models are passed in (only their ``config`` and :meth:`num_params` are
-read); the attention functions whose memory :func:`attention_peak_memory` compares are the
-only concept-module imports.
+This is a tool module, not a concept module: it reads the concepts and no concept module reads it.
+Models are passed in (only their ``config`` and :meth:`num_params` are read); the attention
+functions whose memory :func:`attention_peak_memory` compares are its only concept imports. The
+CPU memory probe reads the profiler's allocation records, which PyTorch does not document
+(``prof.profiler.kineto_results``); where they are missing it falls back to the public
+per-operator totals.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_divisible, check_int
 from .attention import scaled_dot_product_attention
 from .long_context import tiled_attention
 from .masks import causal_mask
@@ -25,7 +30,9 @@ __all__ = [
     "estimate_mfu",
     "flops_per_token",
     "gpu_peak_flops",
+    "kv_cache_bytes",
     "layers_to_connect",
+    "multihead_cost",
     "peak_memory_bytes",
     "receptive_field",
 ]
@@ -62,6 +69,35 @@ def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
     while field < n:  # the dilated field is k**layers
         layers, field = layers + 1, field * k
     return layers
+
+
+def multihead_cost(
+    d_model: int, n_heads: int, T_q: int, T_k: int | None = None, batch: int = 1, bias: bool = True
+) -> dict[str, int]:
+    """Parameters and forward FLOPs of one :class:`~transformer_lib.multihead.MultiHeadAttention` call (chapter 5).
+
+    FLOPs count the matrix products only, two per multiply-add (the convention of
+    :class:`torch.utils.flop_counter.FlopCounterMode`); bias additions and the softmax are left
+    out. Returns a dict with ``params``; ``projection_flops`` (Q, K, V and output projections);
+    ``attention_flops`` (the scores ``Q K^T`` and the weighted sum of values, over all heads);
+    ``total_flops``; and ``score_entries``, the number of attention weights, ``B * h * T_q * T_k``,
+    the only term that grows with ``h``. ``T_k`` defaults to ``T_q`` (self-attention).
+    """
+    check_divisible(d_model, n_heads)
+    T_k = T_q if T_k is None else T_k
+    for name, n in (("T_q", T_q), ("T_k", T_k), ("batch", batch)):
+        check_int(n, name, minimum=0)
+    params = 4 * d_model * d_model + (4 * d_model if bias else 0)
+    projection = 2 * batch * d_model * d_model * (2 * T_q + 2 * T_k)  # Q and output on T_q rows, K and V on T_k
+    d_k = d_model // n_heads
+    attention = 2 * (2 * batch * n_heads * T_q * T_k * d_k)  # Q K^T, then weights @ V
+    return {
+        "params": params,
+        "projection_flops": projection,
+        "attention_flops": attention,
+        "total_flops": projection + attention,
+        "score_entries": batch * n_heads * T_q * T_k,
+    }
 
 
 # Dense (no sparsity) 16-bit tensor-core peaks, FLOP/s; bfloat16 where the GPU has it. The first
@@ -144,6 +180,24 @@ def _memory_records(prof) -> list[tuple[int, int]] | None:
         return [(e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"]
     except AttributeError:
         return None
+
+
+def kv_cache_bytes(
+    n_layers: int, n_kv_heads: int, d_k: int, T: int, *, batch: int = 1, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes of the key-value cache of ``n_layers`` attention layers holding ``T`` positions (chapter 10).
+
+    ``2 (K and V) * n_layers * batch * n_kv_heads * T * d_k * bytes per element``: linear in the
+    context and in the number of K/V heads, which grouped-query attention divides by
+    ``n_heads / n_kv_heads``. Compare with ``sum(c.nbytes() ...)`` of a filled cache.
+    """
+    for name, n in (("n_layers", n_layers), ("T", T), ("batch", batch)):
+        check_int(n, name, minimum=0)
+    check_int(n_kv_heads, "n_kv_heads")
+    check_int(d_k, "d_k")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    return 2 * n_layers * batch * n_kv_heads * T * d_k * torch.empty((), dtype=dtype).element_size()
 
 
 _ATTENTION_METHODS = ("naive", "fused", "tiled")

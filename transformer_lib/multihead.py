@@ -6,7 +6,6 @@ heads in one batched matrix product by reshaping ``(B, T, d_model)`` to ``(B, h,
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import NamedTuple
 
@@ -16,16 +15,14 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_probability
 from .attention import check_mask, scaled_dot_product_attention
+from .kv_cache import KVCache
 from .masks import causal_mask, sliding_window_mask
 
 __all__ = [
-    "KVCache",
     "MultiHeadAttention",
     "Projection",
     "head_contributions",
-    "kv_cache_bytes",
     "merge_heads",
-    "multihead_cost",
     "split_heads",
 ]
 
@@ -33,11 +30,7 @@ __all__ = [
 def _sdpa_has_gqa() -> bool:
     """Does this PyTorch's fused kernel share K/V heads between query heads itself (grouped-query
     attention, ``enable_gqa=True``, PyTorch >= 2.5)? Otherwise the K/V heads are repeated first.
-    The kernel is a builtin whose signature ``inspect`` may not read: then one tiny call decides."""
-    try:
-        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
-    except (TypeError, ValueError):
-        pass
+    One tiny call decides (the kernel is a builtin whose signature may not be readable)."""
     q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
     try:
         F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
@@ -85,156 +78,6 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, d_model)
 
 
-class KVCache:
-    """The keys and values one attention layer has already computed, for generation (chapter 10).
-
-    Generating token by token, a causal model recomputes the same keys and values at every step;
-    a cache keeps them. ``k`` and ``v`` are ``(B, n_kv_heads, T_cached, d_k)`` (None while empty).
-    Pass the cache to :meth:`MultiHeadAttention.forward` as ``cache=``; the layer then projects
-    only the new tokens. Two kinds:
-
-    * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
-      returns all of them. With ``window`` (sliding-window attention) only the last
-      ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
-      stays bounded; without it, everything is kept.
-    * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
-      forward call, with the projected keys and values of the encoder's output; every later call
-      reuses them and does not project the memory again.
-
-    ``length`` is the number of cached positions held, ``position`` the number of tokens appended
-    in all (the position of the next one; it differs from ``length`` only once a window has
-    dropped old keys), ``nbytes()`` the memory the held keys and values take.
-
-    Appending by concatenation would copy the whole cache at every step, a cost that grows with
-    the context. So, outside autograd, an unbounded cache writes into a buffer with room to
-    spare (its ``capacity`` doubles when full: at most twice ``length`` positions are allocated)
-    and ``k``, ``v`` are views of its first ``length`` positions. When gradients are recorded,
-    and for a window's short cache, it concatenates.
-    """
-
-    def __init__(self, *, window: int | None = None, static: bool = False):
-        if window is not None:
-            check_int(window, "window")
-        check_bool(static, "static")
-        if static and window is not None:
-            raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
-        self.window, self.static = window, static
-        self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
-        self.v: Tensor | None = None
-        self.position = 0
-        self._buffers: tuple[Tensor, Tensor] | None = None  # (B, n_kv_heads, capacity, d_k) each
-
-    @property
-    def capacity(self) -> int:
-        """Positions allocated: ``length`` plus the spare room of the buffer, if any."""
-        return self.length if self._buffers is None else self._buffers[0].shape[2]
-
-    @property
-    def length(self) -> int:
-        """The number of positions held, ``T_cached``."""
-        return 0 if self.k is None else self.k.shape[2]
-
-    @property
-    def filled(self) -> bool:
-        """True once anything is cached."""
-        return self.k is not None
-
-    def nbytes(self) -> int:
-        """Bytes taken by the cached keys and values."""
-        if self.k is None:
-            return 0
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-    def _check(self, k: Tensor, v: Tensor) -> None:
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, Tensor) or t.dim() != 4:
-                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"KVCache: {name} must have shape (B, n_kv_heads, T, d_k), got {got}")
-        if k.shape != v.shape:
-            raise ValueError(f"KVCache: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-        if self.k is not None:
-            old, new = self.k.shape, k.shape
-            if (old[0], old[1], old[3]) != (new[0], new[1], new[3]) or self.k.dtype != k.dtype:
-                raise ValueError(
-                    f"KVCache holds (B, n_kv_heads, T, d_k) = {tuple(old)} {self.k.dtype}; cannot add "
-                    f"{tuple(new)} {k.dtype} (a different batch, layer or dtype: start a new cache)"
-                )
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the new ``k, v (B, n_kv_heads, T_new, d_k)``; returns every key and value,
-        ``(B, n_kv_heads, T_cached + T_new, d_k)`` each, the new ones last."""
-        if self.static:
-            raise ValueError("this KVCache is static (cross-attention): it is filled once, by set()")
-        self._check(k, v)
-        self.position += k.shape[2]
-        if self.window is None and not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)):
-            return self._write(k, v)
-        self._buffers = None
-        if self.k is not None:
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, n_kv, T_cached + T_new, d_k)
-        keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
-        self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
-        return k, v
-
-    def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
-        n, need = self.length, self.length + k.shape[2]
-        if self._buffers is None or need > self._buffers[0].shape[2]:
-            B, h, _, d_k = k.shape
-            capacity = max(need, 2 * self.capacity)
-            buffers = k.new_empty(B, h, capacity, d_k), v.new_empty(B, h, capacity, d_k)
-            if n:
-                buffers[0][:, :, :n] = self.k
-                buffers[1][:, :, :n] = self.v
-            self._buffers = buffers
-        kb, vb = self._buffers
-        kb[:, :, n:need] = k
-        vb[:, :, n:need] = v
-        self.k, self.v = kb[:, :, :need], vb[:, :, :need]  # views: (B, n_kv, T_cached + T_new, d_k)
-        return self.k, self.v
-
-    def set(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Fill a static cache with ``k, v (B, n_kv_heads, T_src, d_k)`` (once); returns them."""
-        if not self.static:
-            raise ValueError(
-                "set() fills a static cache (KVCache(static=True)); a self-attention cache grows by append()"
-            )
-        if self.k is not None:
-            raise ValueError("this static KVCache is already filled; start a new one for a new source")
-        self._check(k, v)
-        self.k, self.v, self.position = k, v, k.shape[2]
-        return k, v
-
-    def reset(self) -> None:
-        """Empty the cache."""
-        self.k = self.v = None
-        self._buffers = None
-        self.position = 0
-
-    def __repr__(self) -> str:
-        shape = None if self.k is None else tuple(self.k.shape)
-        extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
-        return f"KVCache(shape={shape}, position={self.position}{extra})"
-
-
-def kv_cache_bytes(
-    n_layers: int, n_kv_heads: int, d_k: int, T: int, *, batch: int = 1, dtype: torch.dtype = torch.float32
-) -> int:
-    """Bytes of the key-value cache of ``n_layers`` attention layers holding ``T`` positions (chapter 10).
-
-    ``2 (K and V) * n_layers * batch * n_kv_heads * T * d_k * bytes per element``: linear in the
-    context and in the number of K/V heads, which grouped-query attention divides by
-    ``n_heads / n_kv_heads``. Compare with ``sum(c.nbytes() ...)`` of a filled cache.
-    """
-    for name, n in (("n_layers", n_layers), ("T", T), ("batch", batch)):
-        check_int(n, name, minimum=0)
-    check_int(n_kv_heads, "n_kv_heads")
-    check_int(d_k, "d_k")
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    return 2 * n_layers * batch * n_kv_heads * T * d_k * torch.empty((), dtype=dtype).element_size()
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with Q, K, V and output projections (chapter 5).
 
@@ -265,11 +108,9 @@ class MultiHeadAttention(nn.Module):
       ``n_kv_heads * d_k`` features. With the default it is standard multi-head attention.
     * ``forward(..., window=w)`` (with ``is_causal=True``): sliding-window attention, each query
       sees itself and the ``w - 1`` keys before it (:func:`~transformer_lib.masks.sliding_window_mask`).
-    * ``forward(..., cache=KVCache)``: incremental decoding (see :class:`KVCache`). The new
-      queries are the *last* ``T_q`` positions of everything cached plus themselves, so the
-      causal and window masks are aligned to the end, and ``mask`` and ``weights`` have
-      ``T_k = T_cached + T_new`` keys. A static cache replaces ``key`` and ``value`` by the keys
-      and values it holds.
+    * ``forward(..., cache=KVCache)``: incremental decoding (:mod:`transformer_lib.kv_cache`):
+      the new queries come last, after ``T_cached`` positions, so masks and ``weights`` have
+      ``T_k = T_cached + T_new`` keys; a filled static cache stands in for ``key`` and ``value``.
     """
 
     def __init__(
@@ -361,25 +202,36 @@ class MultiHeadAttention(nn.Module):
         new = new.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
         with torch.no_grad():
             new.in_proj_weight.copy_(m.in_proj_weight)  # the same layout: rows of W_q, W_k, W_v
-            if has_bias:
-                new.in_proj_bias.copy_(m.in_proj_bias)
             new.out_proj.weight.copy_(m.out_proj.weight)
             if has_bias:
+                new.in_proj_bias.copy_(m.in_proj_bias)
                 new.out_proj.bias.copy_(m.out_proj.bias)
         return new
 
     def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-        is_causal: bool = False,
-        *,
-        window: int | None = None,
-        cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = False,
+        is_causal: bool = False, *, window: int | None = None, cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        self._check_inputs(query, key, value, is_causal, window, cache)
+        B, T_q, _ = query.shape
+        T_k = key.shape[1] if cache is None else cache.keys_after(key.shape[1])
+        check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        q, k, v = self._project_cached(query, key, value, cache)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
+        if is_causal:
+            mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = self._attend_by_hand(q, k, v, mask, p)  # (B, h, T_q, d_k), (B, h, T_q, T_k)
+        else:
+            # the pure causal case goes to the fused kernel's causal (flash) path with no mask at all
+            fused_causal = is_causal and mask is None and T_q == T_k
+            out, weights = self._attend_fused(q, k, v, mask, p, fused_causal), None  # (B, h, T_q, d_k)
+        return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+
+    def _check_inputs(
+        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None
+    ) -> None:
+        """The checks of :meth:`forward`: shapes and dtypes, the window, the cache."""
         check_float_tensors({"query": query, "key": key, "value": value})
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
@@ -393,57 +245,62 @@ class MultiHeadAttention(nn.Module):
             check_int(window, "window")
             if not is_causal:
                 raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")
-        if cache is not None and not isinstance(cache, KVCache):
+        if cache is None:
+            return
+        if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-        if cache is not None and cache.window is not None and (window is None or cache.window < window):
+        if cache.window is not None and (window is None or cache.window < window):
             raise ValueError(
                 f"this KVCache keeps only what a window of {cache.window} needs, but the attention's window is "
                 f"{window}: give the cache the attention's window (or none)"
             )
-        B, T_q, _ = query.shape
-        reuse = cache is not None and cache.static and cache.filled  # cross-attention after the first step
-        if reuse and cache.k.shape[0] != B:
-            raise ValueError(f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={B}")
-        T_k = cache.length if reuse else key.shape[1] + (0 if cache is None or cache.static else cache.length)
-        check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
-        if reuse:
-            q, k, v = split_heads(self.q_proj(query), self.n_heads), cache.k, cache.v
-        else:
-            q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice
-            if cache is not None:
-                k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
-        if is_causal:
-            mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
-        # the pure causal case goes to the fused kernel's causal (flash) path with no mask at all
-        fused_causal = is_causal and mask is None and T_q == T_k and not need_weights
-        p = self.dropout if self.training else 0.0
+        if cache.static and cache.filled and cache.k.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={query.shape[0]}"
+            )
+
+    def _project_cached(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, ...]:
+        """:meth:`project`, with the keys and values added to the cache (chapter 10), or read from
+        a filled static one (cross-attention after the first step)."""
+        if cache is not None and cache.static and cache.filled:
+            return split_heads(self.q_proj(query), self.n_heads), cache.k, cache.v
+        q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_new, d_k) twice
+        if cache is not None:
+            k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
+        return q, k, v
+
+    def _shared_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Grouped-query attention (chapter 10): query head i reads K/V head i // group, so each
+        K/V head is repeated ``group`` times, ``(B, h_kv, T_k, d_k)`` -> ``(B, h, T_k, d_k)``."""
         group = self.n_heads // self.n_kv_heads
-        if need_weights:
-            if group > 1:  # query head i reads K/V head i // group
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_k, d_k)
-            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k)
-        else:
-            weights = None
-            gqa = {}
-            if group > 1 and _SDPA_HAS_GQA:
-                gqa = {"enable_gqa": True}
-            elif group > 1:
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_k, d_k)
-            # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
-            # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
-            # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
-            nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
-            if fused_causal:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa) + nan_rows
-            elif mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, **gqa) + nan_rows  # (B, h, T_q, d_k)
-            else:
-                # a query with no key to attend to gets zeros, as in the hand-written path, on every
-                # PyTorch version and kernel: let it attend everywhere, then zero its output
-                any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p, **gqa)
-                out = torch.where(any_key, out + nan_rows, 0.0)  # (B, h, T_q, d_k)
-        return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+        if group == 1:
+            return k, v
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def _attend_by_hand(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> tuple[Tensor, Tensor]:
+        """The library's hand-written attention, which returns the weights ``(B, h, T_q, T_k)``."""
+        k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
+        return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k), weights
+
+    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, causal: bool) -> Tensor:
+        """PyTorch's fused kernel; the same function as :meth:`_attend_by_hand`, NaN and fully
+        masked rows included, without the weights. ``causal``: its own causal path, no mask."""
+        gqa = {"enable_gqa": True} if self.n_kv_heads != self.n_heads and _SDPA_HAS_GQA else {}
+        if not gqa:  # the kernel cannot share K/V heads itself
+            k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
+        # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
+        # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
+        # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
+        nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
+        if causal:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa) + nan_rows
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, **gqa) + nan_rows  # (B, h, T_q, d_k)
+        # a query with no key to attend to gets zeros, as in the hand-written path, on every
+        # PyTorch version and kernel: let it attend everywhere, then zero its output
+        any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p, **gqa)
+        return torch.where(any_key, out + nan_rows, 0.0)  # (B, h, T_q, d_k)
 
     @staticmethod
     def _causal(
@@ -490,32 +347,3 @@ def head_contributions(
     heads = split_heads(merged, mha.n_heads)  # (B, h, T_q, d_k)
     W_o = mha.out_proj.weight.view(mha.d_model, mha.n_heads, mha.d_k)  # (d_model, h, d_k)
     return torch.einsum("bhtk,dhk->bhtd", heads, W_o)  # (B, h, T_q, d_model)
-
-
-def multihead_cost(
-    d_model: int, n_heads: int, T_q: int, T_k: int | None = None, batch: int = 1, bias: bool = True
-) -> dict[str, int]:
-    """Parameters and forward FLOPs of one :class:`MultiHeadAttention` call (chapter 5).
-
-    FLOPs count the matrix products only, two per multiply-add (the convention of
-    :class:`torch.utils.flop_counter.FlopCounterMode`); bias additions and the softmax are left
-    out. Returns a dict with ``params``; ``projection_flops`` (Q, K, V and output projections);
-    ``attention_flops`` (the scores ``Q K^T`` and the weighted sum of values, over all heads);
-    ``total_flops``; and ``score_entries``, the number of attention weights, ``B * h * T_q * T_k``,
-    the only term that grows with ``h``. ``T_k`` defaults to ``T_q`` (self-attention).
-    """
-    check_divisible(d_model, n_heads)
-    T_k = T_q if T_k is None else T_k
-    for name, n in (("T_q", T_q), ("T_k", T_k), ("batch", batch)):
-        check_int(n, name, minimum=0)
-    params = 4 * d_model * d_model + (4 * d_model if bias else 0)
-    projection = 2 * batch * d_model * d_model * (2 * T_q + 2 * T_k)  # Q and output on T_q rows, K and V on T_k
-    d_k = d_model // n_heads
-    attention = 2 * (2 * batch * n_heads * T_q * T_k * d_k)  # Q K^T, then weights @ V
-    return {
-        "params": params,
-        "projection_flops": projection,
-        "attention_flops": attention,
-        "total_flops": projection + attention,
-        "score_entries": batch * n_heads * T_q * T_k,
-    }

@@ -41,17 +41,22 @@ def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0
     return pe.float()
 
 
-def _check_length(x: Tensor, d_model: int, context_len: int) -> None:
+def _check_length(x: Tensor, d_model: int, context_len: int, start: int) -> None:
+    """``x (B, T, d_model)`` placed at positions ``start .. start + T - 1``, all below ``context_len``."""
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"expected input of shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
-    if x.shape[1] > context_len:
-        raise ValueError(f"sequence length {x.shape[1]} is longer than the context length context_len={context_len}")
+    if start:
+        check_int(start, "start", minimum=0)
+    if start + x.shape[1] > context_len:
+        where = f"sequence length {x.shape[1]}" + (f" from position {start}" if start else "")
+        raise ValueError(f"{where} is longer than the context length context_len={context_len}")
 
 
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds the fixed sinusoidal encoding (no parameters) to ``x (B, T, d_model)``, then dropout (chapter 6).
 
-    Returns ``(B, T, d_model)``; ``T`` must be at most ``context_len``.
+    Returns ``(B, T, d_model)``; ``T`` must be at most ``context_len``. ``forward(x, start=s)``
+    places ``x`` at positions ``s, s + 1, ...`` (chapter 10: the new tokens after a cache).
     """
 
     def __init__(self, d_model: int, context_len: int = 5000, *, dropout: float = 0.0):
@@ -61,15 +66,16 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoidal_encoding(d_model, context_len), persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        _check_length(x, self.d_model, self.context_len)
-        return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, T, d_model)
+    def forward(self, x: Tensor, *, start: int = 0) -> Tensor:
+        _check_length(x, self.d_model, self.context_len, start)
+        return self.dropout(x + self.pe[start : start + x.shape[1]].to(x.dtype))  # (B, T, d_model)
 
 
 class LearnedPositionalEmbedding(nn.Module):
     """Adds a learned vector per position (an ``nn.Embedding`` of ``context_len`` rows) to ``x`` (chapter 6).
 
     ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out, then dropout; ``T`` at most ``context_len``.
+    ``forward(x, start=s)`` places ``x`` at positions ``s, s + 1, ...`` (chapter 10: after a cache).
     """
 
     def __init__(self, d_model: int, context_len: int, *, dropout: float = 0.0):
@@ -82,9 +88,9 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        _check_length(x, self.d_model, self.context_len)
-        positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+    def forward(self, x: Tensor, *, start: int = 0) -> Tensor:
+        _check_length(x, self.d_model, self.context_len, start)
+        positions = torch.arange(start, start + x.shape[1], device=x.device)  # (T,)
         return self.dropout(x + self.embedding(positions))  # (B, T, d_model)
 
 

@@ -21,6 +21,11 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     ``k`` must be a positive int: ``TypeError`` for a float or a bool, ``ValueError`` below 1.
     """
     check_int(k, "top_k")
+    return _top_k(logits, k)
+
+
+def _top_k(logits: Tensor, k: int) -> Tensor:
+    """:func:`top_k_filter` for a ``k`` already checked."""
     kth = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -44,6 +49,11 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     ``p`` is a number in ``(0, 1]``. Same shape and dtype out.
     """
     check_top_p(p)
+    return _top_p(logits, p)
+
+
+def _top_p(logits: Tensor, p: float) -> Tensor:
+    """:func:`top_p_filter` for a ``p`` already checked."""
     if p >= 1.0:
         return logits
     sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)  # (..., vocab_size)
@@ -75,11 +85,18 @@ def sample_next(
         check_int(top_k, "top_k")
     if top_p is not None:
         check_top_p(top_p)
+    return _sample(logits, temperature, top_k, generator, top_p)
+
+
+def _sample(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None, top_p: float | None
+) -> Tensor:
+    """:func:`sample_next` for settings already checked (once per generation, not once per token)."""
     scaled = logits / temperature  # (B, vocab_size)
     if top_k is not None:
-        scaled = top_k_filter(scaled, top_k)
+        scaled = _top_k(scaled, top_k)
     if top_p is not None:
-        scaled = top_p_filter(scaled, top_p)
+        scaled = _top_p(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)  # (B, vocab_size)
     if not bool(torch.isfinite(probs).all()):  # the division overflowed: take the tau -> 0 limit
         probs = (logits == logits.amax(dim=-1, keepdim=True)).to(logits.dtype)

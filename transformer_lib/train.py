@@ -26,15 +26,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from .checkpoint import CHECKPOINT_NAME, capture_rng, prepare_folder, read_checkpoint, restore_rng, save_checkpoint
 from .cost import estimate_mfu, gpu_peak_flops
-from .utils import DTYPES, InterruptFlag, autocast, batch_on, check_fields, pick_device, resolve_dtype, world
+from .train_config import TrainConfig
+from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, world
 
 __all__ = [
     "History",
-    "TrainConfig",
     "configure_optimizer",
     "estimate_loss",
     "exact_match",
@@ -42,64 +41,6 @@ __all__ = [
     "make_scheduler",
     "train",
 ]
-
-
-def _setting(default, help: str):  # noqa: A002 (the argparse word)
-    """A :class:`TrainConfig` field whose help text the command line shows."""
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class TrainConfig:
-    """Settings of :func:`train` (chapter 9); the defaults are nanoGPT's CPU-sized run.
-
-    Each setting is written here once: the command line's flags and presets
-    (:mod:`transformer_lib.cli`) are made from these fields. ``batch_size`` is the number of
-    sequences the command line samples per step; :func:`train` itself takes whatever
-    ``get_batch`` returns.
-    """
-
-    batch_size: int = _setting(12, "sequences per step (per process under torchrun)")
-    max_iters: int = _setting(2000, "optimizer steps in all")
-    lr: float = _setting(1e-3, "peak learning rate, reached after the warm-up")
-    min_lr: float = _setting(1e-4, "learning rate at the end of the cosine decay")
-    warmup_iters: int = _setting(100, "steps of linear warm-up")
-    lr_decay_iters: int | None = _setting(None, "step at which the cosine decay reaches min_lr (default: max_iters)")
-    weight_decay: float = _setting(0.1, "AdamW weight decay (matrices only)")
-    beta1: float = _setting(0.9, "AdamW beta1")
-    beta2: float = _setting(0.99, "AdamW beta2")
-    grad_clip: float = _setting(1.0, "clip the global gradient norm to this (0: off)")
-    eval_interval: int = _setting(250, "evaluate and save a checkpoint every this many steps (0: never)")
-    eval_iters: int = _setting(20, "batches per split in each evaluation")
-    log_interval: int = _setting(10, "read the loss from the device every this many steps")
-    device: str | torch.device = _setting("auto", "'auto' (CUDA, then MPS, then CPU), 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = _setting(
-        "auto", "autocast precision: auto (bfloat16 on GPUs that have it), float32, bfloat16, float16"
-    )
-    compile: bool = _setting(False, "torch.compile the model")
-    out_dir: str | None = _setting(None, "folder for ckpt.pt (None: no checkpoints)")
-    progress: bool = _setting(True, "show a progress bar")
-    verbose: bool = _setting(True, "print a line per evaluation")
-    peak_tflops: float | None = _setting(None, "the GPU's dense 16-bit peak for the MFU estimate (default: looked up)")
-
-    def __post_init__(self) -> None:
-        check_fields(self, _TRAIN_RULES)
-        for name in ("compile", "progress", "verbose"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"TrainConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"TrainConfig.dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.min_lr > self.lr:
-            raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
-
-
-_TRAIN_RULES = {
-    "batch_size": (int, "positive"), "max_iters": (int, "count"), "lr": (float, "positive"),
-    "min_lr": (float, "count"), "warmup_iters": (int, "count"), "lr_decay_iters": (int, "count"),
-    "weight_decay": (float, "count"), "beta1": (float, "probability"), "beta2": (float, "probability"),
-    "grad_clip": (float, "count"), "eval_interval": (int, "count"), "eval_iters": (int, "positive"),
-    "log_interval": (int, "positive"), "peak_tflops": (float, "positive"),
-}  # fmt: skip
 
 
 @dataclass
@@ -328,6 +269,8 @@ class _Run:
 
 def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
     """The steps; a Ctrl-C (``flag``) is honoured between two steps, so a checkpoint holds whole steps."""
+    from tqdm import tqdm  # the progress bar, imported when a run starts, not with the package
+
     config, step_model, peak = run.config, run.step_model(), run.peak_flops()
     rng = capture_rng(run.get_batch)  # the random states as of the last completed step or evaluation
     bar = tqdm(

@@ -12,10 +12,13 @@ import html
 import io
 from collections.abc import Callable, Sequence
 from itertools import product
+from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
 import numpy as np
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 __all__ = [
     "figure_png",
@@ -23,6 +26,13 @@ __all__ = [
     "plot_attention",
     "plot_attention_grid",
 ]
+
+
+def _pyplot():
+    """matplotlib's pyplot, imported at the first figure: ``import transformer_lib`` needs no matplotlib."""
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def _to_numpy(w: Tensor | np.ndarray) -> np.ndarray:
@@ -53,7 +63,7 @@ def plot_attention(
         if labels is not None and len(labels) != n:
             raise ValueError(f"{name} has {len(labels)} entries but the matrix has {n} along that axis")
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.45 * T_k + 2, 0.45 * T_q + 1.2))
+        _, ax = _pyplot().subplots(figsize=(0.45 * T_k + 2, 0.45 * T_q + 1.2))
     im = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=max(1e-9, float(w.max())), aspect="auto")
     ax.set_xticks(
         range(T_k),
@@ -99,7 +109,7 @@ def plot_attention_grid(
     if w.ndim != 4:
         raise ValueError(f"plot_attention_grid expects (rows, cols, T_q, T_k), got shape {w.shape}")
     rows, cols = w.shape[:2]
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
     for r in range(rows):
         for c in range(cols):
             plot_attention(
@@ -128,11 +138,11 @@ def figure_png(fig: plt.Figure, dpi: int = 72) -> bytes:
     """
     from PIL import Image  # matplotlib's own dependency
 
-    if not isinstance(fig, plt.Figure):
+    if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
     raw = io.BytesIO()
     fig.savefig(raw, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
+    _pyplot().close(fig)
     raw.seek(0)
     small = io.BytesIO()
     picture = Image.open(raw).convert("RGB").quantize(256, dither=Image.Dither.NONE)
@@ -204,7 +214,7 @@ def _frame(result, dpi: int, title: str):
     import ipywidgets as widgets
 
     fig, caption = result if isinstance(result, tuple) else (result, None)
-    if not isinstance(fig, plt.Figure):
+    if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
     png = base64.b64encode(figure_png(fig, dpi)).decode("ascii")
     text = html.escape(title, quote=True)

@@ -200,8 +200,3 @@ def dates_task(n_train: int = 50_000, n_val: int = 1_000, seed: int = 0) -> Seq2
         src.append(src_tok.encode(render_date(date, names[f])))
         answers.append(tgt_tok.encode(date.isoformat()))
     return Seq2SeqData(*_seq2seq(src, answers, n_train), src_tok, tgt_tok)
-
-
-# ---------------------------------------------------------------------------------------------
-# A text corpus for the language model (chapter 9)
-# ---------------------------------------------------------------------------------------------

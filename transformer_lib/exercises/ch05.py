@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ..attention import scaled_dot_product_attention
-from ..multihead import MultiHeadAttention, head_contributions, merge_heads, multihead_cost, split_heads
+from ..cost import multihead_cost
+from ..multihead import MultiHeadAttention, head_contributions, merge_heads, split_heads
 from ._core import ExerciseFailure, call_student, check, close, fmt, require_int, require_tensor
 
 __all__ = ["check_head_contributions", "check_merge_heads", "check_mha_param_count", "check_split_heads"]

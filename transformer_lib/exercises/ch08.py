@@ -11,7 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..models import Transformer, TransformerConfig, check_token_ids
+from ..encoder_decoder import Transformer, TransformerConfig, check_token_ids
+from ..kv_cache import DecoderCache
 from ._core import ExerciseFailure, call_student, check, fmt, require_dtype, require_pair, require_shape, require_tensor
 
 __all__ = ["check_greedy_decode", "check_teacher_forcing_shift"]
@@ -156,7 +157,16 @@ class _ScriptedSeq2Seq(Transformer):
         check_token_ids(src, c.src_vocab_size, c.context_len, "src")
         return src.float()[..., None], src != c.pad_id  # memory (B, T_src, 1), src_keep (B, T_src)
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False) -> Tensor:
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_keep: Tensor,
+        need_weights: bool = False,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        # every position is recomputed, so the cache is left unused; the last row, the one
+        # greedy_decode reads, is the same with or without it
         c = self.config
         self.calls.append(tgt.detach().clone())
         check_token_ids(tgt, c.tgt_vocab_size, c.context_len, "tgt")

@@ -12,14 +12,20 @@ For every notebook under ``chapters/`` the student edition writes a copy into ``
   ``{solution}`` directive left in other markdown cells;
 - all outputs and execution counts are cleared.
 
-With ``--nbgrader`` it writes an nbgrader course folder instead (see :mod:`transformer_lib.course`).
+With ``--nbgrader`` it writes an nbgrader course folder instead (see :mod:`transformer_lib.student.nbgrader`).
 
 Nothing a user has is lost: every notebook is read and checked before any file is written; the
 command refuses to write into the book's ``chapters/`` (or any folder holding the book's source
 notebooks) and refuses to overwrite an existing file unless ``--force``; each file is written
 atomically. Errors print one line on stderr and exit with status 2 (``--debug`` shows the
 traceback). The instructor's guide in the book explains how to hand the edition out.
+
+Modules: :mod:`.notebooks` (reading, checking and writing notebooks, written once),
+:mod:`.edition` (the student edition), :mod:`.nbgrader` (the course) and :mod:`.cli`.
 """
 
-from .edition import *  # noqa: F403 (the edition's public names are the package's)
-from .edition import __all__  # noqa: F401
+from . import edition, notebooks
+from .edition import *  # noqa: F403 (the public names of the edition and of the notebooks are the package's)
+from .notebooks import *  # noqa: F403
+
+__all__ = [*notebooks.__all__, *edition.__all__]

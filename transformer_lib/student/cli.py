@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..course import make_course
-from .edition import EditionError, make_student_edition
+from .edition import make_student_edition
+from .nbgrader import make_course
+from .notebooks import EditionError
 
 __all__ = ["main"]
 

@@ -1,47 +1,28 @@
-"""The student edition: solution cells stubbed out, written solutions removed, outputs cleared;
-with the safety checks (never the book's own notebooks, never over existing files without force)."""
+"""The student edition: solution cells stubbed out, written solutions removed, outputs cleared
+(instructors' guide). Reading, checking and safely writing the notebooks is :mod:`.notebooks`'s."""
 
 from __future__ import annotations
 
 import ast
-import copy
-import json
-import os
-import re
-import tempfile
 from pathlib import Path
 
-__all__ = [
-    "EditionError",
-    "MalformedNotebookError",
-    "UnsafeOutputError",
-    "load_notebooks",
-    "make_student_edition",
-    "strip_notebook",
-    "stub_source",
-    "write_files",
-]
+from .notebooks import (
+    SOLUTION_TAG,
+    cell_source,
+    clear_outputs,
+    exercise_tags,
+    load_notebooks,
+    notebook_text,
+    tags,
+    teaching_cells,
+    with_cells,
+    without_solution_directives,
+    write_files,
+)
 
-SOLUTION_TAG = "solution"
-# a code cell that computes numbers a written solution quotes: folded in the book, left out of the
-# student edition and of the course
-WORKED_TAG = "solution-work"
+__all__ = ["make_student_edition", "strip_notebook", "stub_source"]
+
 STUB_LINE = 'raise NotImplementedError("write your answer here")'
-_SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
-
-
-class EditionError(ValueError):
-    """Instructors' guide: a student edition or course cannot be written; the message names the
-    problem and the value (and the file)."""
-
-
-class MalformedNotebookError(EditionError):
-    """Instructors' guide: a source notebook is not valid (the message names the file and the cell)."""
-
-
-class UnsafeOutputError(EditionError):
-    """Instructors' guide: writing would destroy something the command did not make (the book's
-    own notebooks, or an existing file without ``--force``)."""
 
 
 def function_body_start(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, str]:
@@ -94,165 +75,25 @@ def stub_source(source: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def tags(cell: dict) -> list[str]:
-    """Instructors' guide: the tags of a notebook cell (JSON data)."""
-    return cell.get("metadata", {}).get("tags", [])
-
-
-def cell_source(cell: dict) -> str:
-    """Instructors' guide: a cell's source as one string (notebooks store a string or a list of lines)."""
-    src = cell["source"]
-    return "".join(src) if isinstance(src, list) else src
-
-
 def strip_notebook(nb: dict) -> tuple[dict, int]:
     """Instructors' guide: the student version of a notebook (JSON data) and the number of stubbed cells."""
-    nb = copy.deepcopy(nb)
     cells, stubs = [], 0
-    for cell in nb["cells"]:
-        if WORKED_TAG in tags(cell):
-            continue
+    for _, cell in teaching_cells(nb):
         src = cell_source(cell)
         is_solution = SOLUTION_TAG in tags(cell)
         if cell["cell_type"] == "markdown":
             if is_solution:
                 continue
-            src = _SOLUTION_DIRECTIVE.sub("", src)
+            src = without_solution_directives(src)
         elif cell["cell_type"] == "code":
             if is_solution:
                 src = stub_source(src)
                 stubs += 1
-                kept = [t for t in tags(cell) if t not in ("hide-input", "remove-input", SOLUTION_TAG)]
-                cell["metadata"]["tags"] = [*kept, "exercise-stub"]
-            cell["outputs"] = []
-            cell["execution_count"] = None
+                cell["metadata"]["tags"] = [*exercise_tags(cell), "exercise-stub"]
+            clear_outputs(cell)
         cell["source"] = src
         cells.append(cell)
-    nb["cells"] = cells
-    nb.get("metadata", {}).pop("widgets", None)
-    return nb, stubs
-
-
-def _check_cell(path: Path, index: int, cell: object) -> None:
-    """Raise MalformedNotebookError unless ``cell`` is a well-formed nbformat 4 cell."""
-    where = f"{path}, cell {index + 1}"
-    if not isinstance(cell, dict) or cell.get("cell_type") not in ("markdown", "code", "raw"):
-        kind = cell.get("cell_type") if isinstance(cell, dict) else type(cell).__name__
-        raise MalformedNotebookError(f"{where}: not a notebook cell (cell_type {kind!r})")
-    src = cell.get("source")
-    if not (isinstance(src, str) or (isinstance(src, list) and all(isinstance(s, str) for s in src))):
-        raise MalformedNotebookError(f"{where}: source must be text, got {type(src).__name__}")
-    meta = cell.get("metadata", {})
-    if not isinstance(meta, dict) or not isinstance(meta.get("tags", []), list):
-        raise MalformedNotebookError(f"{where}: metadata must be a mapping with a list of tags, got {meta!r}")
-    if cell["cell_type"] == "code" and SOLUTION_TAG in tags(cell):
-        try:
-            tree = ast.parse(cell_source(cell))
-        except SyntaxError as exc:
-            problem = f"the solution code does not parse ({exc.msg}, line {exc.lineno})"
-            raise MalformedNotebookError(f"{where}: {problem}") from None
-        if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in tree.body):
-            raise MalformedNotebookError(f"{where}: a solution cell must define a function")
-
-
-def read_notebook(path: Path) -> dict:
-    """Instructors' guide: read and check one source notebook (nbformat 4 JSON data).
-
-    Raises MalformedNotebookError naming the file (and the cell) when it is not valid.
-    """
-    try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise MalformedNotebookError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise MalformedNotebookError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise MalformedNotebookError(f"{path}: not a notebook (no list of cells)")
-    if nb.get("nbformat") != 4:
-        raise MalformedNotebookError(f"{path}: nbformat {nb.get('nbformat')!r}, expected 4")
-    for index, cell in enumerate(nb["cells"]):
-        _check_cell(path, index, cell)
-    return nb
-
-
-def load_notebooks(chapters: str | Path, only: list[str] | None = None) -> list[tuple[Path, dict]]:
-    """Instructors' guide: read and check the book's notebooks in ``chapters`` (all of them, or
-    those whose file name without ``.ipynb`` is in ``only``), before anything is written."""
-    chapters = Path(chapters)
-    if not chapters.is_dir():
-        raise EditionError(f"no chapters folder at {chapters}")
-    paths = sorted(chapters.glob("*.ipynb"))
-    if not paths:
-        raise EditionError(f"no notebooks found in {chapters}")
-    if only:
-        names = {p.stem for p in paths}
-        unknown = [name for name in only if name not in names]
-        if unknown:
-            raise EditionError(f"no chapter {unknown[0]!r} in {chapters} (chapters: {', '.join(sorted(names))})")
-        paths = [p for p in paths if p.stem in only]
-    return [(path, read_notebook(path)) for path in paths]
-
-
-def _is_book_notebook(path: Path) -> bool:
-    """True when ``path`` is one of the book's source notebooks (it still holds solution cells)."""
-    try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        return any(SOLUTION_TAG in tags(c) for c in nb.get("cells", []))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return False
-
-
-def check_output_dir(out_dir: Path, chapters: Path) -> None:
-    """Instructors' guide: refuse an output folder that is (or is inside) the book's chapters
-    folder, or that holds the book's source notebooks, whatever ``--force`` says."""
-    out, src = out_dir.resolve(), chapters.resolve()
-    if out == src or src in out.parents:
-        raise UnsafeOutputError(f"refusing to write into {out_dir}: it is the book's chapters folder or inside it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UnsafeOutputError(f"output {out_dir} exists and is not a folder")
-    for source in chapters.glob("*.ipynb"):
-        if _is_book_notebook(out_dir / source.name):
-            raise UnsafeOutputError(f"refusing to write into {out_dir}: it holds the book's notebook {source.name}")
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` through a temporary file and a rename, so that it is never half-written."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_files(files: dict[Path, str], out_dir: Path, chapters: Path, force: bool = False) -> list[Path]:
-    """Instructors' guide: write ``files`` (path -> text, all under ``out_dir``) safely.
-
-    Refuses an unsafe ``out_dir`` (:func:`check_output_dir`) and, unless ``force``, any target
-    that exists; nothing is written when it refuses.
-    """
-    check_output_dir(out_dir, chapters)
-    existing = [p for p in files if p.exists()]
-    if any(p.is_dir() for p in existing):
-        raise UnsafeOutputError(f"{next(p for p in existing if p.is_dir())} is a folder, not a file")
-    if existing and not force:
-        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-        raise UnsafeOutputError(
-            f"{existing[0]} already exists{more}; use --force to overwrite, or choose another folder"
-        )
-    for target, text in files.items():
-        _write_atomic(target, text)
-    return list(files)
-
-
-def notebook_text(nb: dict) -> str:
-    """Instructors' guide: a notebook (JSON data) as the text of an ``.ipynb`` file."""
-    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    return with_cells(nb, cells), stubs
 
 
 def make_student_edition(

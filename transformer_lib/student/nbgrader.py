@@ -14,26 +14,28 @@ writes an nbgrader course folder:
 
 The points of every exercise are in one table, :data:`POINTS`. nbgrader itself is needed only
 by instructors (``requirements-instructors.txt``); the same safety as the student edition
-applies (see :mod:`transformer_lib.student`).
+applies (see :mod:`transformer_lib.student.notebooks`).
 """
 
 from __future__ import annotations
 
 import ast
-import copy
 import re
 from pathlib import Path
 
-from .student.edition import (
+from .edition import function_body_start, one_line_functions_expanded
+from .notebooks import (
     SOLUTION_TAG,
-    WORKED_TAG,
     MalformedNotebookError,
     cell_source,
-    function_body_start,
+    clear_outputs,
+    exercise_tags,
     load_notebooks,
     notebook_text,
-    one_line_functions_expanded,
     tags,
+    teaching_cells,
+    with_cells,
+    without_solution_directives,
     write_files,
 )
 
@@ -69,7 +71,6 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 _EXERCISE_LABEL = re.compile(r"\{exercise\}[^\n]*\n(?::[^\n]*\n)*?:label:\s*(ex-\d+-\d+)")
 _SOLUTION_BODY = re.compile(r"^(`{3,}|:{3,})\{solution\}\s*(ex-\d+-\d+)[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.M)
-_SOLUTION_DIRECTIVE = re.compile(r"(`{3,}|:{3,})\{solution\}.*?^\1[ \t]*$\n?", re.DOTALL | re.MULTILINE)
 
 
 def mark_solutions(source: str) -> str:
@@ -139,7 +140,9 @@ def _written_answer(src: str, where: str) -> tuple[str, dict]:
 
 def _points(label: str | None, where: str) -> int:
     if label not in POINTS:
-        raise MalformedNotebookError(f"{where}: exercise {label!r} has no points in transformer_lib.course.POINTS")
+        raise MalformedNotebookError(
+            f"{where}: exercise {label!r} has no points in transformer_lib.student.nbgrader.POINTS"
+        )
     return POINTS[label]
 
 
@@ -148,11 +151,8 @@ def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict
 
     Returns it with the points of each graded cell, by nbgrader ``grade_id``.
     """
-    nb = copy.deepcopy(nb)
     cells, label, coded, pending = [], None, set(), None
-    for index, cell in enumerate(nb["cells"]):
-        if WORKED_TAG in tags(cell):  # the numbers of a written solution: not for students
-            continue
+    for index, cell in teaching_cells(nb):
         where, src = f"{path}, cell {index + 1}", cell_source(cell)
         if pending is not None and cell["cell_type"] == "code":
             cells.extend(_test_cells(pending, src, where))
@@ -165,24 +165,20 @@ def course_notebook(nb: dict, path: Path | str = "notebook") -> tuple[dict, dict
             continue
         if cell["cell_type"] == "markdown":
             label = ([label] + _EXERCISE_LABEL.findall(src))[-1]
-            src = _SOLUTION_DIRECTIVE.sub("", src)
+            src = without_solution_directives(src)
         elif SOLUTION_TAG in tags(cell):
             _points(label, where)
             coded.add(label)
             pending, src = label, mark_solutions(src)
-            kept = [t for t in tags(cell) if t not in ("hide-input", "remove-input", SOLUTION_TAG)]
-            cell["metadata"] = {**cell["metadata"], "tags": kept}
+            cell["metadata"] = {**cell["metadata"], "tags": exercise_tags(cell)}
             cell["metadata"]["nbgrader"] = _nbgrader(f"{label}-code", grade=False, solution=True, locked=False)
-        if cell["cell_type"] == "code":
-            cell.update(outputs=[], execution_count=None)
+        clear_outputs(cell)
         cell["source"] = src
         cells.append(cell)
     if pending is not None:
         raise MalformedNotebookError(f"{path}: the solution of {pending} is not followed by a check cell")
-    nb["cells"] = cells
-    nb.get("metadata", {}).pop("widgets", None)
     graded = [c["metadata"].get("nbgrader", {}) for c in cells]
-    return nb, {m["grade_id"]: m["points"] for m in graded if "points" in m}
+    return with_cells(nb, cells), {m["grade_id"]: m["points"] for m in graded if "points" in m}
 
 
 def make_course(
@@ -192,7 +188,7 @@ def make_course(
 
     ``out_dir/nbgrader_config.py`` and ``out_dir/source/<chapter>/<chapter>.ipynb``; every
     notebook is read and converted before any file is written, with the refusals of
-    :func:`transformer_lib.student.write_files`. Returns the paths written.
+    :func:`~transformer_lib.student.notebooks.write_files`. Returns the paths written.
     """
     chapters, out_dir = Path(chapters), Path(out_dir)
     files, summary = {out_dir / "nbgrader_config.py": NBGRADER_CONFIG}, {}

@@ -1,0 +1,200 @@
+"""The key-value cache of incremental decoding (chapter 10, "Attention at scale").
+
+Generating token by token, a causal model would recompute the keys and values of every earlier
+token at every step. A :class:`KVCache` keeps one attention layer's; a :class:`LayerCache` holds a
+decoder layer's two (self- and cross-attention); a :class:`DecoderCache` holds a whole stack's and
+counts the positions it has seen. The attention layers read them
+(:meth:`~transformer_lib.multihead.MultiHeadAttention.forward`), the blocks and models pass them on.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ._checks import check_bool, check_int
+
+__all__ = ["DecoderCache", "KVCache", "LayerCache"]
+
+
+class KVCache:
+    """The keys and values one attention layer has already computed, for generation (chapter 10).
+
+    Generating token by token, a causal model recomputes the same keys and values at every step;
+    a cache keeps them. ``k`` and ``v`` are ``(B, n_kv_heads, T_cached, d_k)`` (None while empty).
+    Pass the cache to :meth:`~transformer_lib.multihead.MultiHeadAttention.forward` as
+    ``cache=``; the layer then projects only the new tokens. Two kinds:
+
+    * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
+      returns all of them. With ``window`` (sliding-window attention) only the last
+      ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
+      stays bounded; without it, everything is kept.
+    * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
+      forward call, with the projected keys and values of the encoder's output; every later call
+      reuses them and does not project the memory again.
+
+    ``length`` is the number of cached positions held, ``position`` the number of tokens appended
+    in all (the position of the next one; it differs from ``length`` only once a window has
+    dropped old keys), ``nbytes()`` the memory the held keys and values take.
+
+    Appending by concatenation would copy the whole cache at every step, a cost that grows with
+    the context. So, outside autograd, an unbounded cache writes into a buffer with room to
+    spare (its ``capacity`` doubles when full: at most twice ``length`` positions are allocated)
+    and ``k``, ``v`` are views of its first ``length`` positions. When gradients are recorded,
+    and for a window's short cache, it concatenates.
+    """
+
+    def __init__(self, *, window: int | None = None, static: bool = False):
+        if window is not None:
+            check_int(window, "window")
+        check_bool(static, "static")
+        if static and window is not None:
+            raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
+        self.window, self.static = window, static
+        self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
+        self.v: Tensor | None = None
+        self.position = 0
+        self._buffers: tuple[Tensor, Tensor] | None = None  # (B, n_kv_heads, capacity, d_k) each
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated: ``length`` plus the spare room of the buffer, if any."""
+        return self.length if self._buffers is None else self._buffers[0].shape[2]
+
+    @property
+    def length(self) -> int:
+        """The number of positions held, ``T_cached``."""
+        return 0 if self.k is None else self.k.shape[2]
+
+    @property
+    def filled(self) -> bool:
+        """True once anything is cached."""
+        return self.k is not None
+
+    def keys_after(self, T_new: int) -> int:
+        """How many keys an attention reads once ``T_new`` new positions pass through the cache:
+        a filled static cache's own, else what is held plus the new ones (a static cache's first
+        fill holds only the new ones)."""
+        if self.static:
+            return self.length if self.filled else T_new
+        return self.length + T_new
+
+    def nbytes(self) -> int:
+        """Bytes taken by the cached keys and values."""
+        if self.k is None:
+            return 0
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def _check(self, k: Tensor, v: Tensor) -> None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"KVCache: {name} must have shape (B, n_kv_heads, T, d_k), got {got}")
+        if k.shape != v.shape:
+            raise ValueError(f"KVCache: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if self.k is not None:
+            old, new = self.k.shape, k.shape
+            if (old[0], old[1], old[3]) != (new[0], new[1], new[3]) or self.k.dtype != k.dtype:
+                raise ValueError(
+                    f"KVCache holds (B, n_kv_heads, T, d_k) = {tuple(old)} {self.k.dtype}; cannot add "
+                    f"{tuple(new)} {k.dtype} (a different batch, layer or dtype: start a new cache)"
+                )
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new ``k, v (B, n_kv_heads, T_new, d_k)``; returns every key and value,
+        ``(B, n_kv_heads, T_cached + T_new, d_k)`` each, the new ones last."""
+        if self.static:
+            raise ValueError("this KVCache is static (cross-attention): it is filled once, by set()")
+        self._check(k, v)
+        self.position += k.shape[2]
+        if self.window is None and not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)):
+            return self._write(k, v)
+        self._buffers = None
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, n_kv, T_cached + T_new, d_k)
+        keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
+        self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
+        return k, v
+
+    def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
+        n, need = self.length, self.length + k.shape[2]
+        if self._buffers is None or need > self._buffers[0].shape[2]:
+            B, h, _, d_k = k.shape
+            capacity = max(need, 2 * self.capacity)
+            buffers = k.new_empty(B, h, capacity, d_k), v.new_empty(B, h, capacity, d_k)
+            if n:
+                buffers[0][:, :, :n] = self.k
+                buffers[1][:, :, :n] = self.v
+            self._buffers = buffers
+        kb, vb = self._buffers
+        kb[:, :, n:need] = k
+        vb[:, :, n:need] = v
+        self.k, self.v = kb[:, :, :need], vb[:, :, :need]  # views: (B, n_kv, T_cached + T_new, d_k)
+        return self.k, self.v
+
+    def set(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Fill a static cache with ``k, v (B, n_kv_heads, T_src, d_k)`` (once); returns them."""
+        if not self.static:
+            raise ValueError(
+                "set() fills a static cache (KVCache(static=True)); a self-attention cache grows by append()"
+            )
+        if self.k is not None:
+            raise ValueError("this static KVCache is already filled; start a new one for a new source")
+        self._check(k, v)
+        self.k, self.v, self.position = k, v, k.shape[2]
+        return k, v
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.k = self.v = None
+        self._buffers = None
+        self.position = 0
+
+    def __repr__(self) -> str:
+        shape = None if self.k is None else tuple(self.k.shape)
+        extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
+        return f"KVCache(shape={shape}, position={self.position}{extra})"
+
+
+class LayerCache(NamedTuple):
+    """The caches of one :class:`~transformer_lib.blocks.DecoderLayer` for incremental decoding (chapter 10).
+
+    ``self_attn`` grows by one entry per generated token; ``cross_attn`` (None in a layer without
+    cross-attention) is a static :class:`KVCache` filled once with the
+    encoder output's keys and values. Each holds ``(B, n_kv_heads, T, d_k)`` keys and values.
+    """
+
+    self_attn: KVCache
+    cross_attn: KVCache | None = None
+
+
+class DecoderCache:
+    """The caches of a whole :class:`~transformer_lib.blocks.Decoder` stack for incremental decoding (chapter 10).
+
+    ``layers`` holds one :class:`LayerCache` per layer (``decoder.new_cache()`` makes them);
+    ``position`` counts the target positions the decoder has processed, which is where the next
+    new token sits (the offset its position encoding needs); the decoder's ``forward`` advances it.
+    ``nbytes()`` is the memory all cached keys and values take, cross-attention included.
+    """
+
+    def __init__(self, layers: list[LayerCache]):
+        if not all(isinstance(c, LayerCache) for c in layers):
+            raise TypeError("DecoderCache takes a list of LayerCache, one per layer")
+        self.layers = list(layers)
+        self.position = 0
+
+    def nbytes(self, *, cross: bool = True) -> int:
+        """Bytes of every cached key and value; ``cross=False`` counts the self-attention only."""
+        total = 0
+        for c in self.layers:
+            total += c.self_attn.nbytes() + (c.cross_attn.nbytes() if cross and c.cross_attn is not None else 0)
+        return total
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"DecoderCache({len(self.layers)} layers, position={self.position}, nbytes={self.nbytes()})"
