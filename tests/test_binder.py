@@ -99,7 +99,10 @@ def binder(tmp_path_factory, request):
     yield repo, venv, run_env
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter and TIMINGS:
-        reporter.write_line("\nBinder's environment:\n" + "\n".join(f"  {s:7.1f} s  {w}" for w, s in TIMINGS.items()))
+        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            reporter.write_line(
+                "\nBinder's environment:\n" + "\n".join(f"  {s:7.1f} s  {w}" for w, s in TIMINGS.items())
+            )
 
 
 def _execute(repo, env, notebook: Path, what: str) -> dict:

@@ -64,7 +64,8 @@ def report_timings(request):
     lines.append(f"  {sum(TIMINGS.values()):7.1f} s  in all")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
-        reporter.write_line("\nJupyterLab, step by step:\n" + "\n".join(lines))
+        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            reporter.write_line("\nJupyterLab, step by step:\n" + "\n".join(lines))
     SHOTS.mkdir(parents=True, exist_ok=True)
     (SHOTS / "jupyterlab_timings.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
 
