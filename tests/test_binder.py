@@ -126,7 +126,8 @@ def test_the_kernel_is_binders_environment(binder):
     cell = {"cell_type": "code", "execution_count": None, "id": "probe", "metadata": {}, "outputs": [], "source": code}
     nb = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     probe.write_text(json.dumps(nb))
-    prefix, library, cuda = _execute(repo, env, probe, "probe")["cells"][0]["outputs"][0]["text"].split()
+    text = _execute(repo, env, probe, "probe")["cells"][0]["outputs"][0]["text"]
+    prefix, library, cuda = "".join(text).split()
     assert Path(prefix) == venv, f"the kernel runs {prefix}, not Binder's environment"
     assert Path(library).is_relative_to(repo), f"transformer_lib imported from {library}, not the repository"
     assert cuda == "None", f"PyTorch was installed with CUDA {cuda}; Binder installs the CPU build"
