@@ -4,6 +4,8 @@
 # widgets rendered, internal links resolve; every widget control, once moved, shows a new
 # figure that matches its value; no code or output block scrolls sideways at a 1280-pixel
 # window. Screenshots and a summary of the counts go to _build/screenshots.
+# Then the student's path in a live JupyterLab (tests/browser/test_jupyterlab.py): chapter 4 run
+# and its widgets moved, the student edition's exercise answered right and wrong through the page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f _build/html/index.html ]; then

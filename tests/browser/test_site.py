@@ -7,15 +7,14 @@ than the local test server are blocked, so a page passes only if it renders with
 import functools
 import http.server
 import json
-import os
 import re
-import shutil
 import sys
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from _browser import STATE_JS, check_frame, exercise_control, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
@@ -39,16 +38,10 @@ pages = (
 )
 
 
-def _skip_or_fail(reason):
-    if os.environ.get("REQUIRE_BROWSER_TEST"):
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def server():
     if not (SITE / "index.html").exists():
-        _skip_or_fail("the book is not built (_build/html/index.html missing)")
+        skip_or_fail("the book is not built (_build/html/index.html missing)")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(SITE))
     http.server.SimpleHTTPRequestHandler.log_message = lambda *a, **k: None
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -56,27 +49,6 @@ def server():
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not exe:
-        _skip_or_fail("no Chromium found (set CHROMIUM)")
-    args = [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-    ]
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=exe, headless=True, args=args)
-        yield b
-        b.close()
 
 
 SUMMARY = {
@@ -252,53 +224,6 @@ def test_no_code_or_output_block_scrolls_sideways(server, browser, page_path):
     assert not wide, f"{page_path}: {len(wide)} code or output blocks scroll sideways at 1280 px: {wide[:8]}"
 
 
-# The visible frame of a widget and each control's caption and shown value, read from the page.
-_STATE_JS = """root => {
-    const visible = Array.from(root.querySelectorAll('img')).filter(i => i.checkVisibility());
-    const row = root.querySelector('.widget-hbox');
-    const controls = Array.from(row ? row.children : []).map(c => {
-            const label = c.querySelector('.widget-label');
-            const select = c.querySelector('select');
-            const readout = c.querySelector('.widget-readout');
-            const active = c.querySelector('button.mod-active');
-            const value = select ? select.options[select.selectedIndex].text
-                : readout ? readout.textContent : active ? active.textContent : null;
-            const clean = t => t && t.replace(/\u00a0/g, ' ').trim();
-            return [clean(label ? label.textContent : ''), clean(value)];
-        });
-    return {frames: visible.map(i => [i.title, i.src.length, i.src.slice(-80)]), controls};
-}"""
-
-
-def _move(control, kind, step):
-    """Move one control to its next option (a slider with the arrow keys; a menu or buttons by choice)."""
-    if kind == "slider":
-        control.locator(".noUi-handle").focus()
-        control.locator(".noUi-handle").press("ArrowRight" if step > 0 else "ArrowLeft")
-    elif kind == "select":
-        select = control.locator("select")
-        n = select.locator("option").count()
-        current = select.evaluate("s => s.selectedIndex")
-        select.select_option(index=(current + step) % n)
-    else:
-        buttons = control.locator("button")
-        current = [buttons.nth(i).get_attribute("class") or "" for i in range(buttons.count())]
-        active = next(i for i, c in enumerate(current) if "mod-active" in c)
-        buttons.nth((active + step) % buttons.count()).click()
-
-
-def _check_frame(state, where):
-    """The one visible frame's title names the value shown by every control."""
-    problems = []
-    if len(state["frames"]) != 1:
-        return [f"{where}: {len(state['frames'])} frames visible, expected 1"]
-    title = state["frames"][0][0]
-    for label, value in state["controls"]:
-        if f"{label} = {value}" not in title:
-            problems.append(f"{where}: control {label!r} shows {value!r} but the figure is {title!r}")
-    return problems
-
-
 def _screenshot_first_widget(page, widget, controls):
     """Screenshots of the book's first widget before and after moving its first control."""
     if SUMMARY["widget_screenshots"] or not controls.count():
@@ -316,26 +241,6 @@ def _screenshot_first_widget(page, widget, controls):
         SUMMARY["widget_screenshots"] = ["widget_before.png", "widget_after.png"]
 
 
-def _exercise_control(page, widget, control, kind, where):
-    """Move a control through its options; the figure must change each time and match the control."""
-    problems, moved = [], 0
-    moves = 3
-    for step in [1] * moves + [-1] * moves:
-        before = widget.evaluate(_STATE_JS)
-        _move(control, kind, step)
-        page.wait_for_timeout(60)
-        after = widget.evaluate(_STATE_JS)
-        if after["controls"] == before["controls"]:
-            continue  # the control was at its end already
-        moved += 1
-        if after["frames"][:1] == before["frames"][:1]:
-            problems.append(f"{where}: moving the control to {after['controls']} left the figure unchanged")
-        problems += _check_frame(after, where)
-    if not moved:
-        problems.append(f"{where}: the control could not be moved")
-    return not problems, problems
-
-
 @pytest.mark.parametrize("page_path", [p for p in pages if WIDGET_VIEW_TYPE in (SITE / p).read_text()])
 def test_every_widget_control_moves_its_figure(server, browser, page_path):
     """Move every control of every widget: the visible figure changes and matches the control."""
@@ -346,7 +251,7 @@ def test_every_widget_control_moves_its_figure(server, browser, page_path):
     roots = [w for w in roots if w.evaluate("el => !el.parentElement.closest('.widget-vbox')")]
     for widget in roots:
         where = f"{page_path}, {widget.evaluate(_WHERE_JS)}"
-        problems += _check_frame(widget.evaluate(_STATE_JS), where)
+        problems += check_frame(widget.evaluate(STATE_JS), where)
         controls = widget.locator(".widget-hbox").first.locator(":scope > *")
         if not controls.count():
             problems.append(f"{where}: a widget with no row of controls")
@@ -360,7 +265,7 @@ def test_every_widget_control_moves_its_figure(server, browser, page_path):
                 if control.locator("select").count()
                 else "buttons"
             )
-            ok, found = _exercise_control(page, widget, control, kind, f"{where}, control {i + 1}")
+            ok, found = exercise_control(page, widget, control, kind, f"{where}, control {i + 1}")
             SUMMARY["widget_controls"] += 1
             SUMMARY["widget_controls_that_change_their_figure"] += ok
             problems += found
