@@ -82,6 +82,13 @@ RULES = [
     Rule(r"bash scripts/test\.sh", "skip", "the test command itself (.ci/run runs it)"),
     Rule(r"bash scripts/build_book\.sh", "skip", "builds the whole book (minutes): .ci/run runs it"),
     Rule(r"bash scripts/browser_test\.sh", "skip", "needs the built book: .ci/run runs it after the build"),
+    Rule(r"bash scripts/test_other_kernels\.sh", "skip", "every notebook a second time (minutes): .ci/run runs it"),
+    Rule(r"bash scripts/build_pdf\.sh", "skip", "installs TeX and builds the PDF (minutes): .ci/run runs it"),
+    Rule(
+        r"python scripts/api_pages\.py",
+        "skip",
+        "tests/test_book_apparatus.py checks that the pages it writes are current",
+    ),
     Rule(r"TORCH_INDEX_URL=https://\S+ bash scripts/test\.sh", "skip", "fetches PyTorch from its own index (network)"),
     Rule(
         r"\.venv/bin/python -m jupyter lab chapters/\w+\.ipynb",
@@ -127,7 +134,7 @@ RULES = [
         r"ROMEO:",
     ),
     Rule(
-        r"\.venv/bin/python -m transformer_lib train --preset gpu --out-dir out/gpu",
+        r"\.venv/bin/python -m transformer_lib train --preset gpu( --out-dir out/gpu)?",
         "help",
         "the flags are accepted (a real run needs a GPU and hours)",
     ),
