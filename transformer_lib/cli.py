@@ -2,8 +2,8 @@
 
 ::
 
-    python -m transformer_lib train --preset cpu            # or: transformer-train --preset cpu
-    python -m transformer_lib train --resume                # continue from out/ckpt.pt
+    python -m transformer_lib train --preset cpu   # or: transformer-train
+    python -m transformer_lib train --resume       # continue out/ckpt.pt
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
 
 Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
