@@ -231,8 +231,8 @@ class Transformer(nn.Module):
         The source is encoded once. With ``use_cache`` (chapter 10) each step runs the decoder on
         the newest token only: its self-attention keys and values are cached, and each layer's
         cross-attention keys and values of the encoder output are computed once. Without it,
-        every step re-decodes the whole prefix; both give the same tokens. A subclass that
-        overrides :meth:`decode` takes its ``cache`` keyword too.
+        every step re-decodes the whole prefix; both give the same tokens. A subclass whose
+        :meth:`decode` takes no ``cache`` keyword is decoded without the cache.
         """
         c = self.config
         max_new_tokens = c.context_len - 1 if max_new_tokens is None else max_new_tokens
@@ -246,9 +246,15 @@ class Transformer(nn.Module):
         B = src.shape[0]
         out = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
-        cache = self.new_cache() if use_cache else None
-        for _ in range(max_new_tokens):
-            logits = self.decode(out, memory, src_keep, cache=cache)[:, -1]  # (B, vocab_size)
+        step_kwargs = {"cache": self.new_cache() if use_cache else None}
+        for step in range(max_new_tokens):
+            try:
+                logits = self.decode(out, memory, src_keep, **step_kwargs)[:, -1]  # (B, vocab_size)
+            except TypeError as err:
+                if step or "'cache'" not in str(err):
+                    raise
+                step_kwargs = {}  # a subclass's decode without ``cache``: re-decode the prefix each step
+                logits = self.decode(out, memory, src_keep)[:, -1]
             nxt = logits.argmax(dim=-1)
             nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
             out = torch.cat([out, nxt[:, None]], dim=1)

@@ -39,16 +39,13 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .cost import estimate_mfu, gpu_peak_flops
-from .train_config import TrainConfig
+from .train_config import TrainConfig, configure_optimizer, lr_at, make_scheduler
 from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, world
 
 __all__ = [
     "History",
-    "configure_optimizer",
     "estimate_loss",
     "exact_match",
-    "lr_at",
-    "make_scheduler",
     "train",
 ]
 
@@ -72,35 +69,6 @@ class History:
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     mfu: float | None = None
-
-
-def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.device | None = None):
-    """AdamW with weight decay on the matrices (embeddings, linear weights) and none on biases and
-    LayerNorm parameters; the fused CUDA kernel on a GPU (chapter 9)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = True if device is not None and torch.device(device).type == "cuda" else None
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)
-
-
-def lr_at(step: int, config: TrainConfig) -> float:
-    """The learning rate of step ``step`` (0-based, chapter 9): linear warm-up to ``lr``, then a
-    cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant."""
-    if step < config.warmup_iters:
-        return config.lr * (step + 1) / config.warmup_iters
-    decay_iters = config.max_iters if config.lr_decay_iters is None else config.lr_decay_iters
-    if step >= decay_iters:
-        return config.min_lr
-    progress = (step - config.warmup_iters) / max(1, decay_iters - config.warmup_iters)  # 0 -> 1
-    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - config.min_lr)
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` that sets every group's learning rate to :func:`lr_at` at each step (chapter 9)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, config) / config.lr)
 
 
 @torch.no_grad()
