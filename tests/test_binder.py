@@ -14,7 +14,7 @@ kernel of that environment (executed by nbconvert; any error fails the test), af
 notebook shows that the kernel is the new environment's Python and imports the library from the
 copy, as postBuild installed it.
 
-It takes minutes, so the README's test command skips it; ``.ci/run`` runs it with
+It takes minutes, so the README's test command and ``.ci/run`` skip it; run it with
 ``BINDER_TEST=1``."""
 
 import json
@@ -35,7 +35,7 @@ TIMINGS: dict[str, float] = {}
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        os.environ.get("BINDER_TEST") != "1", reason="builds Binder's environment (minutes): BINDER_TEST=1 (.ci/run)"
+        os.environ.get("BINDER_TEST") != "1", reason="builds Binder's environment (minutes): set BINDER_TEST=1"
     ),
 ]
 
