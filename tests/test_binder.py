@@ -14,8 +14,8 @@ kernel of that environment (executed by nbconvert; any error fails the test), af
 notebook shows that the kernel is the new environment's Python and imports the library from the
 copy, as postBuild installed it.
 
-It takes minutes, so the README's test command and ``.ci/run`` skip it; run it with
-``BINDER_TEST=1``."""
+It takes minutes, so the README's test command skips it; ``.ci/run`` runs it as its last step,
+with ``BINDER_TEST=1``."""
 
 import json
 import os

@@ -25,7 +25,11 @@ def test_workflows_match_the_github_schema():
 def test_workflow_runs_the_same_steps_as_ci():
     text = (ROOT / ".github" / "workflows" / "book.yml").read_text()
     assert "bash .ci/run" in text
-    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    steps = ["scripts/test.sh", "scripts/test_other_kernels.sh", "scripts/build_book.sh", "scripts/browser_test.sh",
+             "scripts/build_pdf.sh", "tests/pdf", "BINDER_TEST=1"]  # fmt: skip
+    assert [step for step in steps if step not in ci] == []
+    assert ci.index("scripts/test.sh") < ci.index("scripts/test_other_kernels.sh"), "the second pass needs .venv"
 
 
 def test_the_second_pass_runs_every_notebook_with_other_cpu_kernels():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
 from torch import Tensor
 
 
@@ -78,8 +79,9 @@ def check_temperature(value, name: str = "temperature") -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
-def check_float_tensors(named: dict[str, object]) -> None:
-    """Every value must be a floating-point tensor, all of one dtype (as ``q``, ``k``, ``v``)."""
+def check_float_tensors(named: dict[str, object], layer_dtype=None) -> None:
+    """Every value must be a floating-point tensor, all of one dtype (as ``q``, ``k``, ``v``), and
+    that of a layer's weights when ``layer_dtype`` is given (outside autocast, which casts)."""
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -89,6 +91,41 @@ def check_float_tensors(named: dict[str, object]) -> None:
     if len(dtypes) > 1:
         got = ", ".join(f"{name} {t.dtype}" for name, t in named.items())
         raise TypeError(f"{', '.join(named)} must share one dtype, got {got}")
+    if layer_dtype is not None:
+        name, first = next(iter(named.items()))
+        _check_layer_dtype(first, layer_dtype, name)
+
+
+def check_float_tensor(t, name: str) -> None:
+    """``t`` must be a floating-point tensor (scores, logits, vectors to rotate or to encode): an
+    integer tensor would fail deep inside a kernel or be silently truncated."""
+    check_float_tensors({name: t})
+
+
+def check_layer_dtype(x: Tensor, layer, name: str) -> None:
+    """``x`` must be a floating-point tensor of the dtype of ``layer``'s weights (a float64 input to
+    a float32 layer fails inside the matrix product with a message that names neither)."""
+    check_float_tensor(x, name)
+    weight = next(layer.parameters(), None)
+    if weight is not None:
+        _check_layer_dtype(x, weight.dtype, name)
+
+
+def _check_layer_dtype(x: Tensor, layer_dtype, name: str) -> None:
+    """Raise unless ``x`` has the layer's dtype or autocast (which casts per operation) is on."""
+    if x.dtype != layer_dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} is {x.dtype} but the layer's weights are {layer_dtype}: convert one to the other "
+            f"(x.to({layer_dtype}) or layer.to({x.dtype}))"
+        )
+
+
+def check_base(base, name: str = "base") -> None:
+    """A positional encoding's ``base`` must be a finite number > 0 (0 or a negative base gives
+    NaN frequencies)."""
+    value = _check_real(base, name)
+    if not (value > 0.0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {base!r}")
 
 
 def check_divisible(d_model, n_heads) -> None:

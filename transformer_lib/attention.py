@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_float_tensors, check_probability
+from ._checks import check_float_tensor, check_float_tensors, check_probability
 
 __all__ = [
     "AdditiveAttention",
@@ -64,6 +64,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     their weight underflows to exactly 0. A row whose keys are *all* masked would be 0/0 (NaN)
     with ``-inf``; here it returns a row of zeros, and its gradient is zero, never NaN.
     """
+    check_float_tensor(scores, "scores")
     check_mask(mask, scores.shape)
     if mask is None:
         return torch.softmax(scores, dim=-1)
@@ -83,10 +84,19 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"q and k must have the same last dimension d_k, got q {tuple(q.shape)} (d_k={q.shape[-1]}) "
             f"and k {tuple(k.shape)} (d_k={k.shape[-1]})"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k must have a width d_k >= 1, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must have the same number of positions T_k, got k {tuple(k.shape)} and v {tuple(v.shape)}"
         )
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dimensions (...) of q, k and v must match or broadcast, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)} and v {tuple(v.shape)}"
+        ) from None
 
 
 def scaled_dot_product_attention(
@@ -141,6 +151,12 @@ class AdditiveAttention(nn.Module):
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
+        for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+            check_float_tensor(t, name)
+            if t.dim() < 2:
+                raise ValueError(
+                    f"{name} must have shape (..., T, size) with at least 2 dimensions, got {tuple(t.shape)}"
+                )
         if queries.shape[-1] != self.query_size:
             raise ValueError(f"queries must have last dimension {self.query_size}, got shape {tuple(queries.shape)}")
         if keys.shape[-1] != self.key_size:
@@ -268,6 +284,16 @@ def soft_lookup(query: Tensor, keys: Tensor, values: Tensor, temperature: float 
     Returns:
         ``values.shape[1:]``: the weighted average of the values.
     """
+    check_float_tensors({"query": query, "keys": keys, "values": values})
+    if query.dim() != 1 or keys.dim() != 2 or keys.shape[1] != query.shape[0]:
+        raise ValueError(
+            f"soft_lookup takes query (d,) and keys (n, d) of the same d, got query {tuple(query.shape)} "
+            f"and keys {tuple(keys.shape)}"
+        )
+    if values.dim() not in (1, 2) or values.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"values must be (n,) or (n, d_v) with one row per key (n={keys.shape[0]}), got {tuple(values.shape)}"
+        )
     return softmax_with_temperature(keys @ query, temperature) @ values  # (n,) weights times values
 
 

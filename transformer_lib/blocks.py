@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_divisible, check_int, check_kv_heads, check_window
+from ._checks import check_bool, check_divisible, check_int, check_kv_heads, check_layer_dtype, check_window
 from .kv_cache import DecoderCache, KVCache, LayerCache
 from .multihead import MultiHeadAttention
 
@@ -48,6 +48,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
         super().__init__()
+        check_int(d_model, "d_model")
+        check_int(d_ff, "d_ff")
         acts = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh")}
         if activation not in acts:
             raise ValueError(f"activation must be one of {sorted(acts)}, got {activation!r}")
@@ -59,7 +61,11 @@ class FeedForward(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)  # (B, T, d_model)
+        try:
+            return self.net(x)  # (B, T, d_model)
+        except RuntimeError:  # name the usual cause (a tensor of another dtype) instead of the kernel's words
+            check_layer_dtype(x, self, "x")
+            raise
 
 
 class _Residual(nn.Module):
@@ -73,7 +79,12 @@ class _Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))  # pre-LN
+            try:
+                normed = self.norm(x)
+            except RuntimeError:  # name the usual cause (a tensor of another dtype) instead of the kernel's words
+                check_layer_dtype(x, self, "x")
+                raise
+            return x + self.dropout(sublayer(normed))  # pre-LN
         return self.norm(x + self.dropout(sublayer(x)))  # post-LN
 
 

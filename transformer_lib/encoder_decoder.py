@@ -215,6 +215,11 @@ class Transformer(nn.Module):
         loss = None
         if targets is not None:
             targets = _check_targets(targets, tgt, "tgt")
+            if not (targets.is_cuda and torch.is_grad_enabled()) and not (targets != self.config.pad_id).any():
+                raise ValueError(
+                    f"every target is padding (pad_id={self.config.pad_id}): the loss has no token to average "
+                    f"over; give at least one real target, or drop this batch"
+                )
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=self.config.pad_id
             )

@@ -18,13 +18,7 @@ from .attention import check_mask, scaled_dot_product_attention
 from .kv_cache import KVCache
 from .masks import causal_mask, sliding_window_mask
 
-__all__ = [
-    "MultiHeadAttention",
-    "Projection",
-    "head_contributions",
-    "merge_heads",
-    "split_heads",
-]
+__all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_heads", "split_heads"]
 
 
 def _sdpa_has_gqa() -> bool:
@@ -74,6 +68,8 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
 
 def merge_heads(x: Tensor) -> Tensor:
     """``(B, h, T, d_k)`` -> ``(B, T, h * d_k)``, the inverse of :func:`split_heads` (chapter 5)."""
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        raise ValueError(f"merge_heads expects x of shape (B, h, T, d_k), got {getattr(x, 'shape', type(x).__name__)}")
     B, h, T, d_k = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, d_model)
 
@@ -233,7 +229,7 @@ class MultiHeadAttention(nn.Module):
         window_checked: bool = False,
     ) -> None:  # fmt: skip
         """The checks of :meth:`forward`: shapes and dtypes, the window (unless already checked), the cache."""
-        check_float_tensors({"query": query, "key": key, "value": value})
+        check_float_tensors({"query": query, "key": key, "value": value}, layer_dtype=self.in_proj_weight.dtype)
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
                 raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got {tuple(t.shape)}")

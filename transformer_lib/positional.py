@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_probability
+from ._checks import check_base, check_float_tensor, check_int, check_probability
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -32,6 +32,7 @@ def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0
     """
     check_int(d_model, "d_model")
     check_int(context_len, "context_len")
+    check_base(base)
     pos = torch.arange(context_len, dtype=torch.float64)[:, None]  # (context_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
     angles = pos / base ** (two_i / d_model)  # (context_len, ceil(d_model / 2))
@@ -43,6 +44,7 @@ def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0
 
 def _check_length(x: Tensor, d_model: int, context_len: int, start: int) -> None:
     """``x (B, T, d_model)`` placed at positions ``start .. start + T - 1``, all below ``context_len``."""
+    check_float_tensor(x, "x")
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"expected input of shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
     if start:
@@ -113,8 +115,8 @@ def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
     Pair ``i`` of the sinusoidal encoding (dimensions ``2i`` and ``2i+1``) is
     ``(sin(pos * omega_i), cos(pos * omega_i))``.
     """
-    if d_model < 1:
-        raise ValueError(f"d_model must be positive, got {d_model}")
+    check_int(d_model, "d_model")
+    check_base(base)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
     return base ** (-two_i / d_model)
 
@@ -145,6 +147,7 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, *, base: float = 10
     through the offset ``n - m``. ``positions`` is ``(T,)`` (default ``0, 1, ..., T-1``).
     Returns a tensor of the shape and dtype of ``x``; the norms of the pairs are unchanged.
     """
+    check_float_tensor(x, "x")
     if x.dim() < 2:
         raise ValueError(f"apply_rotary expects x of shape (..., T, d), got {tuple(x.shape)}")
     T, d = x.shape[-2], x.shape[-1]
@@ -173,8 +176,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d: int, *, base: float = 10000.0):
         super().__init__()
+        check_int(d, "d")
         if d < 2 or d % 2:
             raise ValueError(f"RotaryEmbedding needs an even width d, got {d}")
+        check_base(base)
         self.d, self.base = d, base
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

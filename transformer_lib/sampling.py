@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_temperature, is_real
+from ._checks import check_float_tensor, check_int, check_temperature, is_real
 
 __all__ = ["check_top_p", "generate_text", "sample_next", "top_k_filter", "top_p_filter"]
 
@@ -19,6 +19,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     Ties with the ``k``-th largest value are kept. ``k >= V`` keeps every logit. Same shape out.
     ``k`` must be a positive int: ``TypeError`` for a float or a bool, ``ValueError`` below 1.
     """
+    check_float_tensor(logits, "logits")
     check_int(k, "top_k")
     return _top_k(logits, k)
 
@@ -47,6 +48,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     so the result never depends on how a sort orders equal logits. ``p = 1`` keeps every token.
     ``p`` is a number in ``(0, 1]``. Same shape and dtype out.
     """
+    check_float_tensor(logits, "logits")
     check_top_p(p)
     return _top_p(logits, p)
 

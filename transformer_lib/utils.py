@@ -39,7 +39,8 @@ def set_seed(seed: int = 0) -> None:
     ``seed`` is an int in ``[0, 2**32 - 1]`` (NumPy's range); anything else is a clear error.
     """
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int in [0, 2**32 - 1], got {seed!r} ({type(seed).__name__})")
+        hint = " (for a seed from the clock, int(time.time()))" if isinstance(seed, float) else ""
+        raise TypeError(f"seed must be an int in [0, 2**32 - 1], got {seed!r} ({type(seed).__name__}){hint}")
     if not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32 - 1], got {seed}")
     random.seed(seed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._checks import check_int
 from .tasks import Seq2SeqData
 
 __all__ = ["LMBatches", "Seq2SeqBatches", "get_batch", "split_tokens"]
@@ -43,6 +44,8 @@ def get_batch(
     Returns ``x (B, T)`` and ``y (B, T)`` on ``device`` with ``T = context_len``; ``y`` is ``x``
     shifted by one position in the stream, so ``y[:, t]`` is the token that follows ``x[:, t]``.
     """
+    check_int(context_len, "context_len")
+    check_int(batch_size, "batch_size")
     if len(data) <= context_len:
         raise ValueError(f"the data has {len(data)} tokens, need more than context_len={context_len}")
     starts = torch.randint(len(data) - context_len, (batch_size,), generator=generator)  # (B,)
@@ -63,6 +66,9 @@ class _Batches:
     def __init__(
         self, batch_size: int, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
     ):
+        check_int(batch_size, "batch_size")
+        check_int(world_size, "world_size")
+        check_int(rank, "rank", minimum=0)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.batch_size, self.device, self.rank, self.world_size = batch_size, torch.device(device), rank, world_size
@@ -95,6 +101,7 @@ class LMBatches(_Batches):
 
     def __init__(self, train: Tensor, val: Tensor, context_len: int, batch_size: int, **sampling):
         super().__init__(batch_size, **sampling)
+        check_int(context_len, "context_len")
         for name, data in (("train", train), ("val", val)):
             if len(data) <= context_len:
                 raise ValueError(f"the {name} split has {len(data)} tokens, need more than context_len={context_len}")

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import is_int
+
 __all__ = ["SPECIALS", "CharTokenizer", "pad_sequences"]
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 when given first to CharTokenizer
@@ -66,7 +68,23 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int] | Tensor, skip_specials: bool = True) -> str:
         """ids -> text; special tokens are dropped (``skip_specials``) or written as ``<pad>`` etc."""
         if isinstance(ids, Tensor):
+            if ids.dim() != 1:
+                raise ValueError(
+                    f"decode takes one sequence of ids (T,), got a tensor of shape {tuple(ids.shape)}: "
+                    f"decode one row, for example tokenizer.decode(ids[0])"
+                )
             ids = ids.tolist()
+        ids = list(ids)
+        V = self.vocab_size
+        for i in ids:
+            if isinstance(i, (list, tuple)):
+                raise ValueError(
+                    "decode takes one sequence of ids, got a nested list: decode one row, for example ids[0]"
+                )
+            if not is_int(i):
+                raise TypeError(f"token ids must be ints, got {i!r} ({type(i).__name__})")
+            if not 0 <= i < V:
+                raise ValueError(f"token id {i} is outside the vocabulary [0, vocab_size={V})")
         n = len(self.specials)
         return "".join(self.itos[i] for i in ids if not (skip_specials and i < n))
 
