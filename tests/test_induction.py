@@ -181,26 +181,32 @@ def test_train_on_repeats_history_and_determinism(one_thread):
 
 
 def induction_run(n_layers, steps, seed):
-    """The brief's setting: width 64, 4 heads, vocabulary and context 48, batch 64, AdamW 3e-3."""
+    """The chapter's setting: width 64, 4 heads, vocabulary and context 48, batch 64, AdamW 3e-3.
+    Returns the model, the best last-layer head's induction score and the held-out loss on the repeat."""
     torch.manual_seed(seed)
     model = tl.AttentionOnly(48, 48, n_layers, 4, 64)
     history = tl.train_on_repeats(model, steps, batch_size=64, lr=3e-3, seed=seed, log_every=steps, eval_size=128)
     last = history[-1]
-    return max(last["induction"][f"layers.{n_layers - 1}"]), last["loss"]
+    return model, max(last["induction"][f"layers.{n_layers - 1}"]), last["loss"]
 
 
 def test_two_layers_form_induction_heads_and_one_layer_cannot(one_thread):
     # measured (float32, seeds 0-2, repeat_len 8): the best layer-2 head scores 0.03-0.04 at step
     # 100, 0.3-0.4 at step 200 and 0.63-0.65 at step 300; a one-layer model stays near 0.05
-    two, two_loss = induction_run(2, 300, seed=0)
-    one, one_loss = induction_run(1, 300, seed=0)
+    model, two, two_loss = induction_run(2, 300, seed=0)
+    _, one, one_loss = induction_run(1, 300, seed=0)
     assert two > 0.3 > 0.15 > one, (two, one)
     assert two_loss < one_loss - 1.0, (two_loss, one_loss)  # the repeat becomes predictable
+    # zeroing layer 2's heads breaks the in-context copying: the loss on the repeat rises again
+    idx, targets, mask = tl.repeat_batch(128, 48, 48, 8, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad(), tl.intervene_heads(model, {"layers.1": range(4)}):
+        ablated = model(idx, targets, mask)[1].item()
+    assert ablated > two_loss + 1.0, (ablated, two_loss)
 
 
 @pytest.mark.slow
 def test_induction_heads_over_three_seeds(one_thread):
-    two = [induction_run(2, 500, seed) for seed in range(3)]
-    one = [induction_run(1, 500, seed) for seed in range(3)]
+    two = [induction_run(2, 500, seed)[1:] for seed in range(3)]
+    one = [induction_run(1, 500, seed)[1:] for seed in range(3)]
     assert min(s for s, _ in two) > 0.4 and max(s for s, _ in one) < 0.15, (two, one)
     assert statistics.median(loss for _, loss in two) < math.log(48) / 2 < statistics.median(loss for _, loss in one)

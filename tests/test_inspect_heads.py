@@ -98,6 +98,9 @@ def test_captured_weights_equal_what_need_weights_returns(gen, make):
     for name, (a, kw) in layer_inputs(model, args).items():
         _, expected = layers[name](*a, **{**kw, "need_weights": True})
         assert torch.equal(weights[name], expected), name
+    if make is gpt:  # the first layer sees the same input in both runs: bitwise equal
+        model(*args, need_weights=True)
+        assert torch.equal(weights["decoder.layers.0.self_attn"], model.decoder.layers[0].self_attn_weights)
     if make is transformer:
         # and, up to rounding, the weights the whole model keeps with need_weights=True
         model(*args, need_weights=True)
@@ -256,6 +259,9 @@ def test_intervention_errors_name_the_value_and_leave_no_hooks(gen):
             pass
     with pytest.raises(ValueError, match="head 4 is out of range for layer 'layers.0', which has n_heads=4"):
         with tl.intervene_heads(model, {"layers.0": [4]}):
+            pass
+    with pytest.raises(ValueError, match="head 'a'"):
+        with tl.intervene_heads(model, {"layers.1": "a"}):
             pass
     with pytest.raises(ValueError, match="head -1"):
         with tl.intervene_heads(model, {"layers.0": -1}):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_divisible, check_int, is_real
+from ._checks import check_bool, check_divisible, check_int, is_int, is_real
 from .data.repeats import repeat_batch
 from .encoder_decoder import _check_targets, _init_weights, check_token_ids
 from .inspect_heads import _choose, capture_attention, induction_score, previous_token_score
@@ -100,10 +100,10 @@ def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
     if not isinstance(model, AttentionOnly):
         raise TypeError(f"ov_circuit reads an AttentionOnly model, got {type(model).__name__}")
     n_layers = len(model.layers)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+    if not is_int(layer) or not 0 <= layer < n_layers:
         raise ValueError(f"layer {layer!r} is out of range for a model with n_layers={n_layers}")
     attn = model.layers[layer]
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < attn.n_heads:
+    if not is_int(head) or not 0 <= head < attn.n_heads:
         raise ValueError(f"head {head!r} is out of range for layer {layer}, which has n_heads={attn.n_heads}")
     cols = slice(head * attn.d_k, (head + 1) * attn.d_k)
     W_V = attn.v_proj.weight[cols]  # (d_k, d_model)
@@ -114,13 +114,14 @@ def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
 
 @torch.no_grad()
 def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tensor) -> dict[str, dict[str, list]]:
-    """Every head's induction and previous-token scores on a batch of :func:`repeat_batch` (chapter 11).
+    """Every head's induction and previous-token scores on a batch of repeated sequences (chapter 11).
 
     ``idx (B, T)``, ``loss_mask (B, T)`` and ``distance (B,)`` as ``repeat_batch(...,
-    return_distance=True)`` returns them. Returns ``{"induction": {layer name: [h scores]},
-    "previous_token": {...}}``: per head, :func:`~transformer_lib.inspect_heads.induction_score`
-    over the masked queries and :func:`~transformer_lib.inspect_heads.previous_token_score`,
-    each averaged over the batch. The model runs once, in eval mode (its mode is restored).
+    return_distance=True)`` (:func:`~transformer_lib.data.repeats.repeat_batch`) returns them.
+    Returns ``{"induction": {layer name: [h scores]}, "previous_token": {...}}``: per head,
+    :func:`~transformer_lib.inspect_heads.induction_score` over the masked queries and
+    :func:`~transformer_lib.inspect_heads.previous_token_score`, each averaged over the batch.
+    The model runs once, in eval mode (its mode is restored).
     """
     was_training = model.training
     model.eval()
@@ -141,14 +142,16 @@ def train_on_repeats(
     model: nn.Module, steps: int, *, batch_size: int = 64, repeat_len: int = 8, lr: float = 3e-3,
     weight_decay: float = 0.01, seed: int = 0, log_every: int = 50, eval_size: int = 256,
 ) -> list[dict]:  # fmt: skip
-    """Train ``model`` with AdamW on :func:`repeat_batch` sequences, the loss taken on the repeat (chapter 11).
+    """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter 11).
 
     ``model`` is an :class:`AttentionOnly` (or any model with ``vocab_size``, ``context_len`` and
-    that ``forward``); sequences fill its context. A ``torch.Generator`` seeded with ``seed``
-    draws first a held-out batch of ``eval_size`` sequences, then ``steps`` training batches of
-    ``batch_size``. Returns the history, one dict at step 0, every ``log_every`` steps and at the
-    last step: ``{"step": int, "loss": the loss on the repeat of the held-out batch, "train_loss":
-    the last training batch's (None at step 0), "induction": {layer name: [score of each head]},
+    that ``forward``); the sequences, from :func:`~transformer_lib.data.repeats.repeat_batch` with
+    ``repeat_len``, fill its context. A ``torch.Generator`` seeded with ``seed`` draws first a
+    held-out batch of ``eval_size`` sequences, then ``steps`` training batches of ``batch_size``.
+
+    Returns the history, one dict at step 0, every ``log_every`` steps and at the last step:
+    ``{"step": int, "loss": the loss on the repeat of the held-out batch, "train_loss": the last
+    training batch's (None at step 0), "induction": {layer name: [score of each head]},
     "previous_token": {...}}`` (see :func:`head_scores`). The model is left in train mode.
     """
     check_int(steps, "steps", minimum=0)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from ._checks import is_int
 from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, split_heads
 
@@ -35,9 +36,9 @@ MODES = ("zero", "mean", "patch")
 
 
 def attention_layers(model: nn.Module) -> dict[str, MultiHeadAttention]:
-    """Every :class:`MultiHeadAttention` in ``model``, by its name in ``model.named_modules()``
-    (chapter 11), in the order the modules were registered. ``model`` itself, if it is one, is
-    named ``""``."""
+    """Every :class:`~transformer_lib.multihead.MultiHeadAttention` in ``model``, by its name in
+    ``model.named_modules()`` (chapter 11), in the order the modules were registered. ``model``
+    itself, if it is one, is named ``""``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
@@ -157,12 +158,12 @@ def _check_heads(chosen: dict[str, MultiHeadAttention], heads: Mapping) -> dict[
     """``{layer name: [head indices]}``, each index an int in ``[0, n_heads)``."""
     result = {}
     for name, picked in heads.items():
-        picked = [picked] if isinstance(picked, int) else list(picked)
+        picked = [picked] if is_int(picked) else list(picked)
         n = chosen[name].n_heads
         for i in picked:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            if not is_int(i) or not 0 <= i < n:
                 raise ValueError(f"head {i!r} is out of range for layer {name!r}, which has n_heads={n}")
-        result[name] = sorted(set(picked))
+        result[name] = sorted({int(i) for i in picked})
     return result
 
 
