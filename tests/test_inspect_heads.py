@@ -136,6 +136,12 @@ def test_capture_removes_its_hooks_when_the_forward_raises():
         with tl.capture_attention(model):
             model(torch.tensor([[99]]))  # a token id out of range
     assert no_hooks_left(model)
+    with pytest.raises(ValueError, match="idx"):
+        tl.head_activations(model, torch.tensor([[99]]))
+    with pytest.raises(ValueError, match="idx"):
+        with tl.intervene_heads(model, {"decoder.layers.0.self_attn": [1]}):
+            model(torch.tensor([[99]]))
+    assert no_hooks_left(model)
     with pytest.raises(ValueError, match="KVCache"):
         with tl.capture_attention(model):
             model(torch.tensor([[1, 2]]), cache=model.new_cache())
