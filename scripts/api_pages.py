@@ -62,9 +62,11 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.tasks",
             "transformer_lib.data.corpus",
             "transformer_lib.data.batches",
+            "transformer_lib.data.repeats",
         ],
-        "8 and 9",
-        "The character tokenizer, the synthetic and dates tasks, the text corpus and batches.",
+        "8, 9 and 11",
+        "The character tokenizer, the synthetic and dates tasks, the text corpus, batches and the sequences "
+        "with a repeated segment.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
@@ -85,6 +87,19 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ),
     ("long_context", ["transformer_lib.long_context"], "10", "The online softmax and tiled attention."),
     ("pretrained", ["transformer_lib.pretrained"], "10", "GPT-2 and nanoGPT weights loaded into the book's GPT."),
+    (
+        "inspect_heads",
+        ["transformer_lib.inspect_heads"],
+        "11",
+        "Capturing every head's attention weights, interventions on heads (zero, mean, patch) and the "
+        "previous-token, induction and copying scores.",
+    ),
+    (
+        "induction",
+        ["transformer_lib.induction"],
+        "11",
+        "The attention-only transformer, its heads' OV circuits and the training run on repeated sequences.",
+    ),
     ("viz", ["transformer_lib.viz"], "all", "Attention heatmaps and interactive figures that work without a kernel."),
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (

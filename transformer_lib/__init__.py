@@ -4,7 +4,9 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 (chapters 2-3), ``masks`` (4), ``kv_cache`` (10's key-value cache, which ``multihead`` reads),
 ``multihead`` (5, with 10's grouped-query and sliding-window attention), ``positional`` (6),
 ``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
-``long_context`` (10: the online softmax and tiled attention). Tools above them: ``cost`` (every
+``long_context`` (10: the online softmax and tiled attention) and ``inspect_heads`` (11: capturing
+attention weights, intervening on heads, scoring patterns). Tools above them: ``induction`` (11:
+the attention-only model and its training on repeats), ``cost`` (every
 cost formula: receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
 ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
@@ -22,7 +24,8 @@ from importlib import import_module as _import_module
 # win, and the layout test checks that no two modules export the same name).
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
-    "long_context", "cost", "data", "utils", "train_config", "train", "checkpoint", "pretrained", "viz",
+    "long_context", "inspect_heads", "cost", "data", "induction", "utils", "train_config", "train", "checkpoint",
+    "pretrained", "viz",
 )  # fmt: skip
 
 __all__ = []

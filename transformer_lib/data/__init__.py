@@ -18,6 +18,7 @@ from .corpus import (
     python_stdlib_corpus,
     sha256_of,
 )
+from .repeats import repeat_batch
 from .tasks import (
     DATE_FIRST,
     DATE_FORMATS,
@@ -57,6 +58,7 @@ __all__ = [
     "pad_sequences",
     "python_stdlib_corpus",
     "render_date",
+    "repeat_batch",
     "sequence_task",
     "sha256_of",
     "split_tokens",

@@ -1,0 +1,67 @@
+"""Random sequences with a repeated segment (chapter 11), the probe for induction heads.
+
+A segment of ``repeat_len`` random tokens appears twice, the second time ``distance`` positions
+after the first; the distance is drawn anew for every sequence, since with one fixed distance a
+single attention layer predicts the repeat by position alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._checks import check_int
+
+__all__ = ["repeat_batch"]
+
+
+def repeat_batch(
+    batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    repeat_len: int,
+    *,
+    min_distance: int | None = None,
+    max_distance: int | None = None,
+    generator: torch.Generator | None = None,
+    return_distance: bool = False,
+) -> tuple[Tensor, ...]:
+    """A batch of random token sequences in which a segment reappears (chapter 11).
+
+    Each of the ``batch_size`` sequences of ``seq_len + 1`` tokens is drawn uniformly from
+    ``0 .. vocab_size - 1``; then a distance ``D`` (uniform in ``[min_distance, max_distance]``,
+    defaults ``repeat_len`` and ``seq_len - repeat_len``) and a start ``s`` (uniform, such that
+    ``s + D + repeat_len <= seq_len``) are drawn, and positions ``s + D .. s + D + repeat_len - 1``
+    are overwritten by a copy of ``s .. s + repeat_len - 1``. Both occurrences lie within ``idx``.
+
+    Returns ``(idx, targets, loss_mask)``, each ``(B, T)`` with ``B = batch_size``, ``T = seq_len``:
+    ``idx`` the tokens (int64), ``targets`` the next tokens (``targets[:, t] = token t + 1``) and
+    ``loss_mask`` (bool) True exactly at the ``repeat_len - 1`` positions ``t = s + D .. s + D +
+    repeat_len - 2`` whose target is predictable from the earlier occurrence (the first token of
+    the repeat is not). With ``return_distance`` a fourth tensor, ``distance (B,)`` int64, follows.
+    Everything is drawn from ``generator`` (the global generator if None), in a fixed order.
+    """
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        check_int(value, name)
+    check_int(repeat_len, "repeat_len", minimum=2)
+    lo = repeat_len if min_distance is None else min_distance
+    hi = seq_len - repeat_len if max_distance is None else max_distance
+    check_int(lo, "min_distance", minimum=repeat_len)
+    check_int(hi, "max_distance", minimum=lo)
+    if hi + repeat_len > seq_len:
+        raise ValueError(
+            f"max_distance={hi} plus repeat_len={repeat_len} is longer than seq_len={seq_len}: "
+            "the second occurrence would not fit"
+        )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    seq = torch.randint(vocab_size, (batch_size, seq_len + 1), generator=generator)  # (B, T + 1)
+    distance = torch.randint(lo, hi + 1, (batch_size,), generator=generator)  # (B,)
+    loss_mask = torch.zeros(batch_size, seq_len, dtype=torch.bool)  # (B, T)
+    for b in range(batch_size):
+        d = int(distance[b])
+        s = int(torch.randint(seq_len - d - repeat_len + 1, (1,), generator=generator))
+        seq[b, s + d : s + d + repeat_len] = seq[b, s : s + repeat_len]
+        loss_mask[b, s + d : s + d + repeat_len - 1] = True
+    idx, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # (B, T) each
+    return (idx, targets, loss_mask, distance) if return_distance else (idx, targets, loss_mask)
