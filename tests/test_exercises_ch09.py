@@ -16,51 +16,51 @@ CASES = Table()  # the rows of the answers below that are written as functions
 
 
 @CASES.add(LM, "passed")
-def lm_model_answer(data, starts, block_size):
-    offsets = starts[:, None] + torch.arange(block_size)  # (B, T)
+def lm_model_answer(data, starts, context_len):
+    offsets = starts[:, None] + torch.arange(context_len)  # (B, T)
     return data[offsets], data[offsets + 1]
 
 
 @CASES.add(LM, "passed")
-def lm_loop_answer(data, starts, block_size):
-    xs = [data[s : s + block_size] for s in starts.tolist()]
-    ys = [data[s + 1 : s + block_size + 1] for s in starts.tolist()]
+def lm_loop_answer(data, starts, context_len):
+    xs = [data[s : s + context_len] for s in starts.tolist()]
+    ys = [data[s + 1 : s + context_len + 1] for s in starts.tolist()]
     return torch.stack(xs), torch.stack(ys)
 
 
 @CASES.add(LM, "failed", "your targets equal the inputs (no shift)")
-def lm_no_shift(data, starts, block_size):
-    x, _ = lm_model_answer(data, starts, block_size)
+def lm_no_shift(data, starts, context_len):
+    x, _ = lm_model_answer(data, starts, context_len)
     return x, x.clone()
 
 
 @CASES.add(LM, "failed", "shifted the wrong way")
-def lm_wrong_way(data, starts, block_size):
-    offsets = starts[:, None] + torch.arange(block_size)
+def lm_wrong_way(data, starts, context_len):
+    offsets = starts[:, None] + torch.arange(context_len)
     return data[offsets], data[offsets - 1]
 
 
 @CASES.add(LM, "failed", "x and y are swapped")
-def lm_swapped(data, starts, block_size):
-    x, y = lm_model_answer(data, starts, block_size)
+def lm_swapped(data, starts, context_len):
+    x, y = lm_model_answer(data, starts, context_len)
     return y, x
 
 
 @CASES.add(LM, "failed", "y has shape (2, 5); expected (B, T) = (2, 4)")
-def lm_one_too_long(data, starts, block_size):
-    offsets = starts[:, None] + torch.arange(block_size + 1)
+def lm_one_too_long(data, starts, context_len):
+    offsets = starts[:, None] + torch.arange(context_len + 1)
     return data[offsets[:, :-1]], data[offsets]
 
 
 @CASES.add(LM, "failed", "y[b, t] should be data[starts[b] + t + 1]")
-def lm_shift_by_two(data, starts, block_size):
-    offsets = starts[:, None] + torch.arange(block_size)
+def lm_shift_by_two(data, starts, context_len):
+    offsets = starts[:, None] + torch.arange(context_len)
     return data[offsets], data[(offsets + 2).clamp_max(len(data) - 1)]
 
 
 @CASES.add(LM, "failed", "dtype torch.float32", "integer ids")
-def lm_float(data, starts, block_size):
-    x, y = lm_model_answer(data, starts, block_size)
+def lm_float(data, starts, context_len):
+    x, y = lm_model_answer(data, starts, context_len)
     return x.float(), y.float()
 
 

@@ -26,18 +26,18 @@ def _windows(data: Tensor, starts: Tensor, T: int, shift: int) -> Tensor:
 
 
 def _lm_cases() -> list[tuple[str, Tensor, Tensor, int]]:
-    """(description, data (N,), starts (B,), block_size) from simple to edge cases."""
+    """(description, data (N,), starts (B,), context_len) from simple to edge cases."""
     g = torch.Generator().manual_seed(9)
     cases = []
     data = torch.arange(100, 120)  # distinct ids, so every slip shows
-    cases.append(("data = torch.arange(100, 120), starts = [2, 9], block_size = 4", data, torch.tensor([2, 9]), 4))
+    cases.append(("data = torch.arange(100, 120), starts = [2, 9], context_len = 4", data, torch.tensor([2, 9]), 4))
     data = torch.randint(0, 50, (64,), generator=g)
-    cases.append(("64 random ids, starts = [3, 17, 40], block_size = 8", data, torch.tensor([3, 17, 40]), 8))
-    cases.append(("block_size = 1, a single start", torch.arange(10, 15), torch.tensor([2]), 1))
+    cases.append(("64 random ids, starts = [3, 17, 40], context_len = 8", data, torch.tensor([3, 17, 40]), 8))
+    cases.append(("context_len = 1, a single start", torch.arange(10, 15), torch.tensor([2]), 1))
     data = torch.arange(200, 210)
     cases.append(
         (
-            "the last possible start: data of 10 ids, block_size = 6, starts = [0, 3]",
+            "the last possible start: data of 10 ids, context_len = 6, starts = [0, 3]",
             data,
             torch.tensor([0, 3]),
             6,
@@ -48,10 +48,10 @@ def _lm_cases() -> list[tuple[str, Tensor, Tensor, int]]:
 
 @check("check_lm_targets")
 def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]) -> None:
-    """Chapter 9, exercise 9.1: check ``fn(data, starts, block_size) -> (x (B, T), y (B, T))``, ``y`` the next tokens.
+    """Chapter 9, exercise 9.1: check ``fn(data, starts, context_len) -> (x (B, T), y (B, T))``, ``y`` the next tokens.
 
     ``fn`` is given ``data (N,)`` long token ids, ``starts (B,)`` long offsets and the int
-    ``block_size = T``. ``x[b] = data[starts[b] : starts[b] + T]`` and
+    ``context_len = T``. ``x[b] = data[starts[b] : starts[b] + T]`` and
     ``y[b] = data[starts[b] + 1 : starts[b] + T + 1]``; the last case draws the starts as
     :func:`transformer_lib.data.get_batch` does and compares with it.
     """
@@ -66,8 +66,8 @@ def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]])
                 data.dtype,
                 what=name,
                 layout="(B, T)",
-                shape_hint=": one row per start, block_size tokens per row (x and y both have exactly "
-                "block_size tokens)",
+                shape_hint=": one row per start, context_len tokens per row (x and y both have exactly "
+                "context_len tokens)",
                 dtype_hint=" (an embedding layer and the cross-entropy loss need integer ids)",
             )
         expected_x, expected_y = _windows(data, starts, T, 0), _windows(data, starts, T, 1)
@@ -78,8 +78,8 @@ def check_lm_targets(fn: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]])
             )
         if not torch.equal(x, expected_x):
             raise ExerciseFailure(
-                f"for {desc}, x should be the block_size tokens starting at each start, data[start : start + "
-                f"block_size]. Expected {fmt(expected_x)}, got {fmt(x)}."
+                f"for {desc}, x should be the context_len tokens starting at each start, data[start : start + "
+                f"context_len]. Expected {fmt(expected_x)}, got {fmt(x)}."
             )
         if torch.equal(y, x):
             raise ExerciseFailure(
