@@ -15,23 +15,23 @@ CASES = Table()  # the rows of the answers below that are written as functions
 # --- answers to ex-06-2 (the sinusoidal encoding) ---------------------------------------------
 
 
-def model_sinusoidal(max_len, d_model):
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+def model_sinusoidal(d_model, context_len):
+    pos = torch.arange(context_len, dtype=torch.float64)[:, None]
     angles = pos / 10000 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe = torch.zeros(context_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return pe
 
 
-def _angles(max_len, d_model, base=10000.0, exponent=lambda i, d: 2 * i / d):
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+def _angles(context_len, d_model, base=10000.0, exponent=lambda i, d: 2 * i / d):
+    pos = torch.arange(context_len, dtype=torch.float64)[:, None]
     i = torch.arange((d_model + 1) // 2, dtype=torch.float64)
     return pos / base ** exponent(i, d_model)
 
 
 def _interleave(even, odd, d_model):
-    """A float32 ``(max_len, d_model)`` encoding: ``even`` on dimensions 0, 2, ..., ``odd`` on 1, 3, ...."""
+    """A float32 ``(context_len, d_model)`` encoding: ``even`` on dimensions 0, 2, ..., ``odd`` on 1, 3, ...."""
     pe = torch.zeros(even.shape[0], d_model)
     pe[:, 0::2] = even
     pe[:, 1::2] = odd  # a shape mismatch when the widths do not fit
@@ -39,20 +39,20 @@ def _interleave(even, odd, d_model):
 
 
 @CASES.add(SINUSOIDAL, "failed", "sine and cosine are swapped")
-def swapped(max_len, d_model):
-    a = _angles(max_len, d_model)
+def swapped(d_model, context_len):
+    a = _angles(context_len, d_model)
     return _interleave(torch.cos(a), torch.sin(a[:, : d_model // 2]), d_model)
 
 
 @CASES.add(SINUSOIDAL, "failed", "10000^(i/d_model)")
-def half_exponent(max_len, d_model):
-    a = _angles(max_len, d_model, exponent=lambda i, d: i / d)
+def half_exponent(d_model, context_len):
+    a = _angles(context_len, d_model, exponent=lambda i, d: i / d)
     return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
 @CASES.add(SINUSOIDAL, "failed", "must share one angle")
-def dim_exponent(max_len, d_model):
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+def dim_exponent(d_model, context_len):
+    pos = torch.arange(context_len, dtype=torch.float64)[:, None]
     dims = torch.arange(d_model, dtype=torch.float64)
     a = pos / 10000 ** (dims / d_model)
     pe = torch.where(dims.long() % 2 == 0, torch.sin(a), torch.cos(a))
@@ -60,51 +60,64 @@ def dim_exponent(max_len, d_model):
 
 
 @CASES.add(SINUSOIDAL, "failed", "all the sines first")
-def blocked(max_len, d_model):
-    a = _angles(max_len, d_model)
+def blocked(d_model, context_len):
+    a = _angles(context_len, d_model)
     return torch.cat([torch.sin(a), torch.cos(a[:, : d_model // 2])], dim=1)
 
 
 @CASES.add(SINUSOIDAL, "failed", "base of the geometric progression is 10000, not 1000")
-def base_1000(max_len, d_model):
-    a = _angles(max_len, d_model, base=1000.0)
+def base_1000(d_model, context_len):
+    a = _angles(context_len, d_model, base=1000.0)
     return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
 # the crash on odd widths is named, with the smallest input that shows it
-@CASES.add(SINUSOIDAL, "failed", "With an odd d_model the last dimension", "max_len=5, d_model=3")
-def odd_crash(max_len, d_model):
-    a = _angles(max_len, d_model)
+@CASES.add(SINUSOIDAL, "failed", "With an odd d_model the last dimension", "d_model=3, context_len=5")
+def odd_crash(d_model, context_len):
+    a = _angles(context_len, d_model)
     return _interleave(torch.sin(a), torch.cos(a), d_model)  # shape mismatch when d_model is odd
 
 
 @CASES.add(SINUSOIDAL, "failed", "positions start at 0")
-def from_one(max_len, d_model):
-    return model_sinusoidal(max_len + 1, d_model)[1:]
+def from_one(d_model, context_len):
+    return model_sinusoidal(d_model, context_len + 1)[1:]
 
 
-@CASES.add(SINUSOIDAL, "failed", "transpose it")
-def transposed(max_len, d_model):
-    return model_sinusoidal(max_len, d_model).T
+@CASES.add(SINUSOIDAL, "failed", "your table is transposed", "(d_model, context_len) = (2, 1)")
+def transposed(d_model, context_len):
+    return model_sinusoidal(d_model, context_len).T
 
 
-def float32_formula(max_len, d_model):
+# the old order of this exercise, (context_len, d_model): a table of the wrong width
+@CASES.add(SINUSOIDAL, "failed", "arguments in the other order", "d_model=2, context_len=1")
+def arguments_swapped(d_model, context_len):
+    return model_sinusoidal(context_len, d_model)
+
+
+# transposed on a square case too, where the shape alone cannot tell
+@CASES.add(SINUSOIDAL, "failed", "your table is transposed")
+def transposed_square_only(d_model, context_len):
+    pe = model_sinusoidal(d_model, context_len)
+    return pe.T.contiguous() if d_model == context_len else pe
+
+
+def float32_formula(d_model, context_len):
     # computing the angles in float32 is accurate enough for the check's tolerance
-    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    pos = torch.arange(context_len, dtype=torch.float32)[:, None]
     a = pos * torch.exp(-torch.arange(0, d_model, 2, dtype=torch.float32) * (9.210340371976184 / d_model))
     return _interleave(torch.sin(a), torch.cos(a[:, : d_model // 2]), d_model)
 
 
 # an unknown mistake: the first wrong entry
 @CASES.add(SINUSOIDAL, "failed", "first wrong entry PE[pos=0, dim=1]: expected 1.0000, got 1.1000")
-def off_by_a_bit(max_len, d_model):
-    pe = model_sinusoidal(max_len, d_model)
+def off_by_a_bit(d_model, context_len):
+    pe = model_sinusoidal(d_model, context_len)
     pe[-1, -1] += 0.1
     return pe
 
 
-def library_sinusoidal(max_len, d_model):
-    return tl.sinusoidal_encoding(d_model, max_len)  # the library takes d_model first
+def library_sinusoidal(d_model, context_len):
+    return tl.sinusoidal_encoding(d_model, context_len)  # the same order as the exercise
 
 
 @pytest.mark.parametrize("fn", [model_sinusoidal, library_sinusoidal, float32_formula])

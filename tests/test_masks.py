@@ -82,13 +82,93 @@ def test_ignore_mask_makes_torch_mha_agree_with_the_library():
     torch.testing.assert_close(w_ours, w_torch)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+ALL_FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# the largest |score| whose sum with the default fill rounds back to the fill
+ABSORBED = {
+    torch.float16: 8.0,
+    torch.bfloat16: 2.0**118,
+    torch.float32: 2.0**102,
+    torch.float64: 2.0**969,
+}
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
 def test_additive_mask_values(dtype):
     mask = tl.causal_mask(3)
     add = additive_mask(mask, dtype=dtype)
     assert add.dtype == dtype and add.shape == (3, 3)
     assert torch.all(add[mask] == 0)
-    assert torch.all(add[~mask] == torch.finfo(dtype).min)
+    assert torch.all(add[~mask] == torch.finfo(dtype).min / 2)
+
+
+def _random_scores(dtype, shape, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
+@pytest.mark.parametrize("seed", range(5))
+def test_additive_mask_never_overflows(dtype, seed):
+    # any score up to half the dtype's largest value, plus the mask, stays finite,
+    # and so does the softmax, also on rows whose keys are all masked
+    info = torch.finfo(dtype)
+    g = torch.Generator().manual_seed(100 + seed)
+    mask = torch.rand(4, 6, 6, generator=g) < 0.5
+    mask[0] = False  # a batch entry with every key masked
+    for scale in (1.0, 20.0, 1e3, info.max / 2):
+        scores = _random_scores(dtype, (4, 6, 6), scale, seed)
+        scores[..., 0] = -info.max / 2  # the extremes themselves
+        scores[..., 1] = info.max / 2
+        summed = scores + additive_mask(mask, dtype=dtype)
+        assert torch.isfinite(summed).all(), (dtype, scale)
+        weights = torch.softmax(summed, -1)
+        assert torch.isfinite(weights).all(), (dtype, scale)
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
+def test_additive_mask_float16_regression_scores_minus_20_and_minus_30(dtype):
+    # finfo.min + (-20) overflows to -inf in float16 and the softmax of the
+    # fully masked row is NaN; the default fill must not
+    scores = torch.tensor([[-20.0, -30.0]], dtype=dtype)
+    mask = torch.zeros(1, 2, dtype=torch.bool)
+    weights = torch.softmax(scores + additive_mask(mask, dtype=dtype), -1)
+    assert torch.equal(weights, torch.full_like(weights, 0.5))
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
+@pytest.mark.parametrize("seed", range(5))
+def test_additive_mask_fully_masked_row_is_uniform_within_the_stated_bound(dtype, seed):
+    bound = ABSORBED[dtype]
+    scores = _random_scores(dtype, (3, 5, 7), bound * 0.99, seed)
+    mask = torch.zeros(3, 5, 7, dtype=torch.bool)
+    summed = scores + additive_mask(mask, dtype=dtype)
+    assert torch.all(summed == torch.finfo(dtype).min / 2)
+    weights = torch.softmax(summed, -1)
+    assert torch.equal(weights, torch.full_like(weights, 1 / 7))
+
+
+@pytest.mark.parametrize("dtype", ALL_FLOATS)
+@pytest.mark.parametrize("seed", range(5))
+def test_additive_mask_masked_weight_is_exactly_zero_and_matches_the_bool_path(dtype, seed):
+    # scores spread far less than |fill| - 750: masked weights are exactly 0
+    # and the weights equal tl.masked_softmax's, computed in the same dtype
+    g = torch.Generator().manual_seed(200 + seed)
+    scale = 1e4 if dtype == torch.float16 else 1e30
+    scores = _random_scores(dtype, (2, 3, 5, 5), scale, seed)
+    mask = tl.combine_masks(tl.padding_mask([5, 1 + seed % 4], 5), causal=True)
+    mask = mask & (torch.rand(2, 1, 5, 5, generator=g) < 0.7)
+    mask[..., 0] = True  # every row keeps a key
+    weights = torch.softmax(scores + additive_mask(mask, dtype=dtype), -1)
+    assert torch.all(weights.masked_select(~mask) == 0)
+    expected = tl.masked_softmax(scores, mask)
+    torch.testing.assert_close(weights, expected, rtol=0, atol=0)
+
+
+def test_additive_mask_finfo_min_would_overflow_in_float16():
+    # the reason for the half-min default, kept as a test so that it is not undone
+    scores = torch.tensor([[-20.0, -30.0]], dtype=torch.float16)
+    naive = scores + torch.finfo(torch.float16).min
+    assert torch.isinf(naive).all() and torch.isnan(torch.softmax(naive, -1)).all()
 
 
 def test_additive_mask_matches_torch_square_subsequent_mask():

@@ -121,16 +121,32 @@ def to_ignore_mask(mask: Tensor) -> Tensor:
 def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32, fill: float | None = None) -> Tensor:
     """The book's bool mask as a float mask to *add* to the scores before softmax (chapter 4).
 
-    0 where ``mask`` is True (may attend) and ``fill`` where it is False; ``fill`` defaults to
-    ``torch.finfo(dtype).min``, the dtype's most negative finite value (pass ``float("-inf")`` for
-    the form of ``torch.nn.Transformer.generate_square_subsequent_mask``). Same shape as ``mask``.
-    A row with no True entry stays uniform (or NaN with ``-inf``) after softmax: see
-    :func:`~transformer_lib.attention.masked_softmax` for a version that returns zeros there.
+    0 where ``mask`` is True (may attend) and ``fill`` where it is False; same shape as ``mask``.
+    ``fill`` defaults to *half* the dtype's most negative finite value, ``torch.finfo(dtype).min / 2``
+    (exact in every dtype), not to ``finfo.min`` itself: a score added to ``finfo.min`` overflows to
+    ``-inf`` as soon as it is negative enough to round past it (in float16, any score below about
+    -16), and a row whose keys are all ``-inf`` is NaN after softmax.
+
+    With the default ``fill``, for every score ``s`` with ``|s| <= torch.finfo(dtype).max / 2``:
+
+    * ``s + fill`` is finite (it lies in ``[finfo.min, 0]``), so ``scores + mask`` holds
+      no ``inf`` and its softmax no NaN, also on a row whose keys are all masked;
+    * on a row with an allowed key, a masked key's weight is exactly 0 whenever the largest allowed
+      score exceeds the masked key's score minus ``|fill| - 750`` (``|fill|`` is 32752 in float16
+      and far larger in the other dtypes; ``exp`` of anything below -750 is 0 in every dtype),
+      so the weights equal those of :func:`~transformer_lib.attention.masked_softmax`;
+    * a row whose keys are all masked is uniform when its scores are absorbed by the rounding of
+      ``s + fill`` to ``fill``, that is ``|s| < 8`` in float16, ``2**118`` in bfloat16, ``2**102`` in
+      float32, ``2**969`` in float64; beyond that (float16 in practice) it stays finite and sums to 1
+      but is not exactly uniform. :func:`~transformer_lib.attention.masked_softmax` returns zeros there.
+
+    An explicit ``fill`` is used as given: ``float("-inf")`` gives the form of
+    ``torch.nn.Transformer.generate_square_subsequent_mask`` (NaN on a row with no allowed key).
     """
     _check_bool_mask(mask)
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating point dtype, got {dtype}")
-    fill = torch.finfo(dtype).min if fill is None else fill
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating point torch dtype, got {dtype}")
+    fill = torch.finfo(dtype).min / 2 if fill is None else fill
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return out.masked_fill(~mask, fill)
 

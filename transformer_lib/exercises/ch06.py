@@ -2,7 +2,8 @@
 
 Two coding exercises:
 
-- ``my_sinusoidal(max_len, d_model)``: the paper's sinusoidal encoding, graded by
+- ``my_sinusoidal(d_model, context_len)``: the paper's sinusoidal encoding, ``(context_len, d_model)``,
+  in the argument order of :func:`transformer_lib.sinusoidal_encoding`, graded by
   :func:`check_sinusoidal` against :func:`transformer_lib.sinusoidal_encoding`;
 - ``my_relative_rotation(k, d_model)``: the matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)``,
   graded by :func:`check_rotation` against :func:`transformer_lib.positional.relative_rotation`.
@@ -26,14 +27,14 @@ __all__ = ["check_rotation", "check_sinusoidal"]
 
 # --- check_sinusoidal -------------------------------------------------------------------------
 
-# (max_len, d_model), roughly smallest first; odd widths come after the even ones so that a
+# (context_len, d_model), roughly smallest first; odd widths come after the even ones so that a
 # wrong formula is reported before a crash on odd widths.
 _SINUSOIDAL_CASES = [(1, 2), (3, 2), (4, 4), (6, 6), (8, 8), (1, 1), (5, 3), (9, 7), (50, 16), (100, 64), (40, 33)]
 
 
-def _variant(max_len: int, d_model: int, kind: str) -> Tensor:
+def _variant(context_len: int, d_model: int, kind: str) -> Tensor:
     """A plausible wrong encoding, float64, used to name the student's mistake."""
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    pos = torch.arange(context_len, dtype=torch.float64)[:, None]  # (context_len, 1)
     n_pairs = (d_model + 1) // 2
     pair = torch.arange(n_pairs, dtype=torch.float64)  # (n_pairs,)
     base, exponent = 10000.0, 2 * pair / d_model
@@ -41,18 +42,18 @@ def _variant(max_len: int, d_model: int, kind: str) -> Tensor:
         base = 1000.0
     if kind == "half_exponent":
         exponent = pair / d_model
-    angles = pos / base**exponent  # (max_len, n_pairs)
-    pe = torch.empty(max_len, d_model, dtype=torch.float64)
+    angles = pos / base**exponent  # (context_len, n_pairs)
+    pe = torch.empty(context_len, d_model, dtype=torch.float64)
     if kind == "dim_exponent":  # every dimension j uses j / d_model in the exponent
         dims = torch.arange(d_model, dtype=torch.float64)
-        a = pos / 10000.0 ** (dims / d_model)  # (max_len, d_model)
+        a = pos / 10000.0 ** (dims / d_model)  # (context_len, d_model)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(a[:, 0::2]), torch.cos(a[:, 1::2])
     elif kind == "swapped":
         pe[:, 0::2], pe[:, 1::2] = torch.cos(angles), torch.sin(angles[:, : d_model // 2])
     elif kind == "blocked":
         pe[:, :n_pairs], pe[:, n_pairs:] = torch.sin(angles), torch.cos(angles[:, : d_model // 2])
     elif kind == "from_one":
-        return _variant(max_len + 1, d_model, "correct")[1:]
+        return _variant(context_len + 1, d_model, "correct")[1:]
     else:  # "correct", "base", "half_exponent"
         pe[:, 0::2], pe[:, 1::2] = torch.sin(angles), torch.cos(angles[:, : d_model // 2])
     return pe
@@ -90,7 +91,7 @@ def _first_difference(actual: Tensor, expected: Tensor) -> str:
     )
 
 
-def _odd_hint(max_len: int, d_model: int) -> str:
+def _odd_hint(d_model: int) -> str:
     """What goes wrong with an odd ``d_model``: the last sine has no cosine partner."""
     if d_model % 2 == 0:
         return ""
@@ -101,27 +102,65 @@ def _odd_hint(max_len: int, d_model: int) -> str:
     )
 
 
+def _matches(actual: object, expected: Tensor) -> bool:
+    """True when ``actual`` is a floating tensor of ``expected``'s shape and values (to 1e-5)."""
+    return (
+        isinstance(actual, Tensor)
+        and actual.is_floating_point()
+        and actual.shape == expected.shape
+        and torch.allclose(actual.double(), expected, atol=1e-5, rtol=0)
+    )
+
+
+def _layout_mistake(actual: object, d_model: int, context_len: int, expected: Tensor) -> str:
+    """Name a table returned with its axes swapped or built from swapped arguments, else ``""``."""
+    if not isinstance(actual, Tensor) or not actual.is_floating_point() or actual.dim() != 2:
+        return ""
+    if _matches(actual, expected.T):
+        if d_model == context_len:
+            return (
+                "your table is transposed: row pos must hold PE(pos), so rows are positions and columns "
+                "are dimensions; return it as (context_len, d_model)"
+            )
+        return (
+            f"your table is transposed: it is (d_model, context_len) = {tuple(actual.shape)}, but rows "
+            f"must be positions and columns dimensions, ({context_len}, {d_model})"
+        )
+    swapped_args = sinusoidal_encoding(context_len, d_model).double()  # a width of context_len
+    if _matches(actual, swapped_args):
+        return (
+            "you read the arguments in the other order: the first is d_model and the second context_len, "
+            "as in tl.sinusoidal_encoding(d_model, context_len)"
+        )
+    return ""
+
+
 @check("sinusoidal")
 def check_sinusoidal(fn: Callable[[int, int], Tensor]) -> None:
-    """Chapter 6, exercise 6.2: grade ``fn(max_len, d_model) -> (max_len, d_model)``, the sinusoidal encoding.
+    """Chapter 6, exercise 6.2: grade ``fn(d_model, context_len) -> (context_len, d_model)``, the encoding.
 
-    ``fn`` is given ints, from ``(1, 2)`` up to ``(100, 64)``, odd widths last, and must return a
-    floating-point tensor with one row per position.
+    The arguments come in the order of :func:`transformer_lib.sinusoidal_encoding`. ``fn`` is given
+    ints, from ``d_model=2, context_len=1`` up to ``d_model=64, context_len=100``, odd widths last, and
+    must return a floating-point tensor with one row per position. A transposed table, or one built
+    from the two arguments in the other order, is named as such.
     """
-    for max_len, d_model in _SINUSOIDAL_CASES:
-        where = f"for max_len={max_len}, d_model={d_model}"
-        actual = call_student(fn, (max_len, d_model), where, crash_hint=_odd_hint(max_len, d_model))
-        transposed = isinstance(actual, Tensor) and actual.shape == (d_model, max_len)
-        hint = " (rows are positions, columns are dimensions: transpose it)" if transposed else ""
-        shape = (max_len, d_model)
-        require_tensor(
-            actual, where, shape, "floating", what="the encoding", layout="(max_len, d_model)", shape_hint=hint
-        )
-        expected = sinusoidal_encoding(d_model, max_len).double()
-        if torch.allclose(actual.double(), expected, atol=1e-5, rtol=0):
+    for context_len, d_model in _SINUSOIDAL_CASES:
+        where = f"for d_model={d_model}, context_len={context_len}"
+        actual = call_student(fn, (d_model, context_len), where, crash_hint=_odd_hint(d_model))
+        expected = sinusoidal_encoding(d_model, context_len).double()
+        if _matches(actual, expected):
             continue
+        layout = _layout_mistake(actual, d_model, context_len, expected)
+        if layout:
+            raise ExerciseFailure(f"{where}, {layout}.")
+        shape = (context_len, d_model)
+        flipped = isinstance(actual, Tensor) and actual.shape == (d_model, context_len)
+        hint = " (rows are positions, columns are dimensions: transpose it)" if flipped else ""
+        require_tensor(
+            actual, where, shape, "floating", what="the encoding", layout="(context_len, d_model)", shape_hint=hint
+        )
         for kind, hint in _SINUSOIDAL_HINTS.items():
-            if torch.allclose(actual.double(), _variant(max_len, d_model, kind), atol=1e-5, rtol=0):
+            if torch.allclose(actual.double(), _variant(context_len, d_model, kind), atol=1e-5, rtol=0):
                 raise ExerciseFailure(f"{where}, {hint}")
         raise ExerciseFailure(f"{where}, wrong values: {_first_difference(actual, expected)}.")
 
