@@ -10,8 +10,9 @@ bash scripts/setup.sh
 TEX_PACKAGES=(texlive-xetex texlive-latex-extra texlive-fonts-recommended texlive-fonts-extra
   latexmk fonts-freefont-otf poppler-utils)
 have_tex() {
+  # grep reads all of fc-list (no -q): with pipefail, an early exit would fail the pipe (SIGPIPE)
   command -v xelatex >/dev/null && command -v latexmk >/dev/null &&
-    kpsewhich bbm.sty >/dev/null && fc-list 2>/dev/null | grep -q FreeSerif &&
+    kpsewhich bbm.sty >/dev/null && fc-list 2>/dev/null | grep FreeSerif >/dev/null &&
     command -v pdftotext >/dev/null
 }
 if ! have_tex; then
