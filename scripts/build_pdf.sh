@@ -35,11 +35,16 @@ if ! have_tex; then
   fi
 fi
 
-.venv/bin/jupyter-book build . --builder pdflatex "$@"
-pdf=_build/latex/attention-executed.pdf
-if [ ! -s "$pdf" ]; then
-  echo "error: the LaTeX build wrote no $pdf; see _build/latex/attention-executed.log" >&2
+# Its own build folder: the HTML build's cached pages (widgets as live views) must not be reused
+# here, where every widget is replaced by its default frame, nor the other way round.
+.venv/bin/jupyter-book build . --builder pdflatex --path-output _build/pdf "$@"
+built=_build/pdf/_build/latex
+if [ ! -s "$built/attention-executed.pdf" ]; then
+  echo "error: the LaTeX build wrote no PDF; see $built/attention-executed.log" >&2
   exit 1
 fi
+mkdir -p _build/latex
+cp "$built/attention-executed.pdf" "$built/attention-executed.log" _build/latex/
+pdf=_build/latex/attention-executed.pdf
 echo
 echo "The PDF is built: $(pwd)/$pdf"
