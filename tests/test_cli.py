@@ -13,6 +13,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib import cli
 from transformer_lib import data as D
+from transformer_lib.data import corpus as C
 
 TINY = (
     "--preset cpu --n-layers 1 --n-heads 2 --d-model 16 --context-len 8 --batch-size 4 "
@@ -75,7 +76,8 @@ def test_train_then_sample_then_resume(tmp_path, text_file, capsys):
         cli.main(["--resume", "--out-dir", str(tmp_path / "nothing")])
 
 
-def test_offline_fallback_corpus_run(tmp_path, capsys):
+def test_offline_fallback_corpus_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(C, "SHIPPED_PATH", tmp_path / "not-shipped.txt")  # an install without the text
     with pytest.warns(UserWarning, match="offline fallback"):
         assert cli.main([*TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "run")]) == 0
     assert capsys.readouterr().out.startswith("python_stdlib:")

@@ -196,6 +196,25 @@ def test_local_path_and_environment_variable(tmp_path, monkeypatch):
 LOCAL_COPY = os.environ.get(D.PATH_ENV)  # read before the fixture hides it; CI sets it
 
 
+def test_tiny_shakespeare_ships_with_the_package_and_is_verified(monkeypatch, tmp_path):
+    """No network and no environment variable: the shipped copy, byte for byte the published one."""
+    assert D.SHIPPED_PATH.is_file() and D.sha256_of(D.SHIPPED_PATH) == D.TINY_SHAKESPEARE_SHA256
+    c = D.load_corpus()
+    assert (c.name, c.source) == ("tiny_shakespeare", str(D.SHIPPED_PATH))
+    assert len(c.text) == 1_115_394 and c.text.startswith("First Citizen:")
+    changed = tmp_path / "tinyshakespeare.txt"  # an edited copy is never used silently
+    changed.write_text(c.text.replace("Citizen", "Senator", 1), encoding="utf-8")
+    monkeypatch.setattr(C, "SHIPPED_PATH", changed)
+    with pytest.warns(UserWarning, match="has been changed"), pytest.warns(UserWarning, match="offline fallback"):
+        assert D.load_corpus().name == "python_stdlib"
+
+
+@pytest.fixture
+def no_shipped_copy(monkeypatch, tmp_path):
+    """An install without the shipped text: the cache, the download and the fallback."""
+    monkeypatch.setattr(C, "SHIPPED_PATH", tmp_path / "not-shipped.txt")
+
+
 @pytest.mark.skipif(not LOCAL_COPY or not Path(LOCAL_COPY).is_file(), reason="TINY_SHAKESPEARE is not set")
 def test_real_tiny_shakespeare_from_environment(monkeypatch):
     monkeypatch.setenv(D.PATH_ENV, LOCAL_COPY)
@@ -203,7 +222,7 @@ def test_real_tiny_shakespeare_from_environment(monkeypatch):
     assert len(c.text) == 1_115_394 and c.text.startswith("First Citizen:")
 
 
-def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, monkeypatch):
+def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, monkeypatch, no_shipped_copy):
     monkeypatch.setattr(C, "_fetch", lambda url, timeout: b"not shakespeare")
     cache = tmp_path / "c"
     with pytest.raises(D.ChecksumError, match="was not kept"):
@@ -211,7 +230,7 @@ def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, monkeypatch):
     assert not cache.exists() or not any(cache.iterdir())
 
 
-def test_download_is_cached_and_verified(tmp_path, monkeypatch):
+def test_download_is_cached_and_verified(tmp_path, monkeypatch, no_shipped_copy):
     content = b"Good morrow, cousin.\n" * 100
     monkeypatch.setattr(C, "TINY_SHAKESPEARE_SHA256", hashlib.sha256(content).hexdigest())
     calls = []
@@ -226,14 +245,14 @@ def test_download_is_cached_and_verified(tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
-def test_offline_fallback_warns_and_is_large_enough(tmp_path):
+def test_offline_fallback_warns_and_is_large_enough(tmp_path, no_shipped_copy):
     with pytest.warns(UserWarning, match="offline fallback corpus"):
         c = D.load_corpus(cache_dir=tmp_path / "empty")  # ATTENTION_EXECUTED_OFFLINE=1 (fixture)
     assert c.name == "python_stdlib" and len(c.text) >= 100_000 and c.text.isascii()
     assert c.text == D.python_stdlib_corpus()  # deterministic
 
 
-def test_network_failure_falls_back(tmp_path, monkeypatch):
+def test_network_failure_falls_back(tmp_path, monkeypatch, no_shipped_copy):
     def fail(url, timeout):
         raise urllib.error.URLError("no route to host")
 
