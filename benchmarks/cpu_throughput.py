@@ -1,10 +1,14 @@
-"""CPU training throughput: ``tl.GPT`` against two peers of the same size that compute the same function.
+"""CPU training throughput: ``tl.GPT`` against three peers of the same size that compute the same function.
 
+- ``nano``: a plain PyTorch GPT written the way nanoGPT's ``model.py`` is (one ``c_attn`` linear
+  layer for Q, K and V, ``F.scaled_dot_product_attention(is_causal=True)``, a GELU MLP, pre-LN
+  blocks, a tied head, no checks): the code a reader would otherwise train.
 - ``torch``: a GPT built from PyTorch's own layers: token and learned position embeddings, a stack
   of ``torch.nn.TransformerEncoderLayer(batch_first=True, norm_first=True, activation="gelu")``
   with a causal mask, a final LayerNorm and a head tied to the token embedding.
 - ``hf``: Hugging Face ``transformers``' ``GPT2LMHeadModel`` with exact GELU and no dropout
-  (skipped, and said so, when ``transformers`` is not installed).
+  (skipped, and said so, when ``transformers`` is not installed, or when ``--no-bias``: GPT-2
+  always has biases).
 
 All train at the CPU preset's shape (the defaults of ``tl.GPTConfig`` and ``tl.TrainConfig``: 4
 layers, 4 heads, d_model 128, context 64, batch 12, dropout 0) with the trainer's AdamW and
@@ -13,7 +17,7 @@ warm-up they take turns, ``steps`` training steps each per round, in an order th
 round; the table shows each round's tokens per second, the medians, and for each peer the median
 of the per-round ratios with their spread (lowest to highest).
 
-Target: ours / peer >= 1.10 against both peers.
+Target: ours / peer >= 1.10 against every peer.
 
     python -m benchmarks.cpu_throughput                # the real run; appends a row to RESULTS.md
     python -m benchmarks.cpu_throughput --threads 1 --rounds 7 --steps 100
@@ -34,8 +38,13 @@ import transformer_lib as tl
 
 from .common import add_record_flags, append_result, default_threads, format_table, median, set_threads
 
-PEERS = ("torch", "hf")
-LABELS = {"ours": "tl.GPT", "torch": "torch.nn peer", "hf": "transformers GPT2LMHeadModel"}
+PEERS = ("nano", "torch", "hf")
+LABELS = {
+    "ours": "tl.GPT",
+    "nano": "nanoGPT-style peer",
+    "torch": "torch.nn peer",
+    "hf": "transformers GPT2LMHeadModel",
+}
 VOCAB_SIZE = 65  # Tiny Shakespeare's characters
 
 
@@ -70,6 +79,49 @@ class TorchPeerGPT(nn.Module):
         x = self.tok_embed(idx) + self.pos_embed(positions)  # (B, T, d_model)
         x = self.blocks(x, mask=self.causal[:T, :T], is_causal=True)  # (B, T, d_model)
         return _logits_and_loss(self.lm_head(x), targets)
+
+
+class _NanoBlock(nn.Module):
+    """One pre-LN block of :class:`NanoPeerGPT`."""
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d_model, bias=bias), nn.LayerNorm(d_model, bias=bias)
+        self.c_attn = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: W_q, W_k, W_v
+        self.attn_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.c_fc = nn.Linear(d_model, 4 * d_model, bias=bias)
+        self.mlp_proj = nn.Linear(4 * d_model, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, d_k)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoPeerGPT(nn.Module):
+    """A GPT in the plain style of nanoGPT's ``model.py`` (written for this benchmark, not copied):
+    embeddings, pre-LN blocks with fused QKV and PyTorch's fused causal attention, a final
+    LayerNorm and a tied head; nothing checked, nothing cached."""
+
+    def __init__(self, config: tl.GPTConfig):
+        super().__init__()
+        c = self.config = config
+        self.wte, self.wpe = nn.Embedding(c.vocab_size, c.d_model), nn.Embedding(c.context_len, c.d_model)
+        self.h = nn.ModuleList(_NanoBlock(c.d_model, c.n_heads, c.bias) for _ in range(c.n_layers))
+        self.ln_f = nn.LayerNorm(c.d_model, bias=c.bias)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        positions = torch.arange(idx.shape[1], device=idx.device)  # (T,)
+        x = self.wte(idx) + self.wpe(positions)  # (B, T, d_model)
+        for block in self.h:
+            x = block(x)
+        return _logits_and_loss(self.lm_head(self.ln_f(x)), targets)
 
 
 class HFPeerGPT(nn.Module):
@@ -112,18 +164,41 @@ def copy_weights(ours: tl.GPT, peer: nn.Module) -> None:
     if isinstance(peer, HFPeerGPT):
         _copy_to_hf(ours, peer.gpt2.transformer)
         return
+    if isinstance(peer, NanoPeerGPT):
+        _copy_to_nano(ours, peer)
+        return
     peer.tok_embed.weight.copy_(ours.tok_embed.weight)
     peer.pos_embed.weight.copy_(ours.pos_embed.embedding.weight)
     for mine, theirs in zip(ours.decoder.layers, peer.blocks.layers, strict=True):
         attn = mine.self_attn
         theirs.self_attn.in_proj_weight.copy_(attn.in_proj_weight)  # the same layout: rows of W_q, W_k, W_v
-        theirs.self_attn.in_proj_bias.copy_(attn.in_proj_bias)
+        if attn.in_proj_bias is not None:
+            theirs.self_attn.in_proj_bias.copy_(attn.in_proj_bias)
         theirs.self_attn.out_proj.load_state_dict(attn.out_proj.state_dict())
         theirs.norm1.load_state_dict(mine.res_self.norm.state_dict())
         theirs.linear1.load_state_dict(mine.ff.net[0].state_dict())
         theirs.linear2.load_state_dict(mine.ff.net[2].state_dict())
         theirs.norm2.load_state_dict(mine.res_ff.norm.state_dict())
     peer.blocks.norm.load_state_dict(ours.decoder.norm.state_dict())
+
+
+def _copy_to_nano(ours: tl.GPT, peer: NanoPeerGPT) -> None:
+    peer.wte.weight.copy_(ours.tok_embed.weight)
+    peer.wpe.weight.copy_(ours.pos_embed.embedding.weight)
+    for mine, block in zip(ours.decoder.layers, peer.h, strict=True):
+        block.c_attn.weight.copy_(mine.self_attn.in_proj_weight)  # the same layout: rows of W_q, W_k, W_v
+        if mine.self_attn.in_proj_bias is not None:
+            block.c_attn.bias.copy_(mine.self_attn.in_proj_bias)
+        pairs = [
+            (block.attn_proj, mine.self_attn.out_proj),
+            (block.c_fc, mine.ff.net[0]),
+            (block.mlp_proj, mine.ff.net[2]),
+            (block.ln_1, mine.res_self.norm),
+            (block.ln_2, mine.res_ff.norm),
+        ]
+        for theirs, module in pairs:
+            theirs.load_state_dict(module.state_dict())
+    peer.ln_f.load_state_dict(ours.decoder.norm.state_dict())
 
 
 def _copy_to_hf(ours: tl.GPT, gpt2: nn.Module) -> None:
@@ -188,7 +263,7 @@ def build_models(config: tl.GPTConfig, seed: int, peers: tuple[str, ...]) -> dic
     torch.manual_seed(seed)
     models = {"ours": tl.GPT(config)}
     for name in peers:
-        models[name] = TorchPeerGPT(config) if name == "torch" else HFPeerGPT(config)
+        models[name] = {"nano": NanoPeerGPT, "torch": TorchPeerGPT, "hf": HFPeerGPT}[name](config)
         copy_weights(models["ours"], models[name])
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     if len(set(params.values())) != 1:
@@ -239,6 +314,7 @@ def run_throughput(
     seed: int = 1337,
     data: str | Path | None = None,
     peers: tuple[str, ...] | None = None,
+    bias: bool = True,
 ) -> dict:
     """Train ``tl.GPT`` and the peers in turns; returns the settings and tokens/s of every round.
 
@@ -247,16 +323,19 @@ def run_throughput(
     per-round ratios ``ratio_<peer>`` (ours / peer), their median ``ratio_<peer>_median`` and
     spread; ``params``; ``max_logit_diff`` (the largest difference of a peer's logits from ours
     with equal weights, about 1e-6 when they compute the same function); and ``final_loss`` of
-    each (close, as all see the same batches from the same weights). ``peers``: both by default,
-    without ``hf`` when ``transformers`` is missing.
+    each (close, as all see the same batches from the same weights). ``peers``: all by default,
+    without ``hf`` when ``transformers`` is missing or ``bias`` is False (GPT-2 has biases).
     """
     threads = set_threads(threads)
     shape, batch_size = preset_shape(n_layers=n_layers, n_heads=n_heads, d_model=d_model, context_len=context_len,
                                      batch_size=batch_size)  # fmt: skip
     context_len = shape["context_len"]
-    peers = peers if peers is not None else tuple(p for p in PEERS if p != "hf" or hf_available())
+    if peers is None:
+        peers = tuple(p for p in PEERS if p != "hf" or (hf_available() and bias))
+    if "hf" in peers and not bias:
+        raise ValueError("the hf peer (GPT-2) always has biases: leave it out, or keep bias=True")
     batches, vocab_size, source = make_batches(64, batch_size, context_len, seed, data)
-    models = build_models(tl.GPTConfig(vocab_size=vocab_size, dropout=0.0, **shape), seed, peers)
+    models = build_models(tl.GPTConfig(vocab_size=vocab_size, dropout=0.0, bias=bias, **shape), seed, peers)
     max_logit_diff = logit_difference(models, batches[0][0])
 
     train_config = tl.TrainConfig(batch_size=batch_size)
@@ -278,6 +357,7 @@ def run_throughput(
             grad_clip=train_config.grad_clip,
             optimizer="AdamW",
             peers="+".join(peers),
+            bias=bias,
         ),  # fmt: skip
         "peers": list(peers),
         "params": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
@@ -342,22 +422,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each model once per round")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--data", default=None, metavar="PATH", help="a text file (default: random tokens, 65 ids)")
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers: torch, hf")
+    parser.add_argument("--peers", default=None, help=f"comma-separated peers from {', '.join(PEERS)} (default: all)")
+    parser.add_argument("--no-bias", action="store_true", help="no biases in any layer (nanoGPT's default); no hf peer")
     for name in ("n_layers", "n_heads", "d_model", "context_len"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--batch-size", type=int, default=train_defaults.batch_size)
     add_record_flags(parser)
     args = parser.parse_args(argv)
 
+    if args.peers is None:
+        args.peers = ",".join(p for p in PEERS if p != "hf" or (hf_available() and not args.no_bias))
     peers = tuple(p for p in args.peers.split(",") if p)
     unknown = set(peers) - set(PEERS)
     if unknown:
         parser.error(f"--peers: unknown peer(s) {sorted(unknown)}; choose from {list(PEERS)}")
     if "hf" in peers and not hf_available():
         parser.error("--peers hf needs Hugging Face transformers (pip install transformers)")
+    if "hf" in peers and args.no_bias:
+        parser.error("--peers hf cannot run with --no-bias: GPT-2 always has biases")
     result = run_throughput(
         args.n_layers, args.n_heads, args.d_model, args.context_len, args.batch_size, warmup=args.warmup,
         steps=args.steps, rounds=args.rounds, threads=args.threads, seed=args.seed, data=args.data, peers=peers,
+        bias=not args.no_bias,
     )  # fmt: skip
     print(report(result))
     if not args.no_record:

@@ -17,8 +17,19 @@ tends to their ratio, while generating from one token up to ``T`` averages over 
 
 Target: cached / uncached >= 10 at context 256 on a 2-core CPU.
 
+``--peer hf`` measures something else: cached greedy generation against Hugging Face
+``transformers``' ``GPT2LMHeadModel.generate(use_cache=True)`` with the same shape and the same
+weights, a ``--prompt-len``-token prompt (64) and ``--new-tokens`` (128) new tokens, at each of
+``--batch-sizes`` (1 and 8), the two taking turns in an order that alternates every round. Beside
+our cached step time it prints the least a step can take on this machine: a step reads every
+weight once (and the cached keys and values), so it cannot beat those bytes divided by the
+memory bandwidth, which is measured on the spot (the best of a few reads of a buffer much larger
+than the caches). Targets: ours / transformers >= 1.20 at both batch sizes; the cached step at
+batch 1 within 2x of that limit.
+
     python -m benchmarks.generation                     # the real run; appends a row to RESULTS.md
     python -m benchmarks.generation --threads 1 --rounds 5 --contexts 32,64
+    python -m benchmarks.generation --peer hf --rounds 5
 """
 
 from __future__ import annotations
@@ -167,6 +178,114 @@ def report(result: dict) -> str:
     return format_table(headers, rows) + f"\nmedians over {n} rounds (lowest..highest); target: speed-up >= 10 at T=256"
 
 
+def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second this process reads from memory: the best of ``repeats`` sums of a float32
+    buffer of ``n_bytes`` (far larger than the CPU's caches), with the thread count in use."""
+    x = torch.ones(n_bytes // 4)
+    x.sum()  # touch every page first
+    best = min(_timed(x.sum) for _ in range(repeats))
+    return n_bytes / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def step_bytes(model: tl.GPT, batch_size: int, context: int) -> int:
+    """The bytes one cached step must read at least: every parameter once (the tied head counted
+    once) and the keys and values of ``context`` cached positions in every layer."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    c = model.config
+    n_kv = c.n_heads if c.n_kv_heads is None else c.n_kv_heads
+    kv = 2 * c.n_layers * batch_size * context * n_kv * (c.d_model // c.n_heads) * 4
+    return weights + kv
+
+
+def run_peer_generation(
+    batch_sizes: tuple[int, ...] = (1, 8),
+    *,
+    shape: dict | None = None,
+    prompt_len: int = 64,
+    new_tokens: int = 128,
+    rounds: int = 5,
+    threads: int | None = 2,
+    seed: int = 1337,
+) -> dict:
+    """Cached greedy generation, ours against ``transformers``' ``generate`` (same weights), per
+    batch size: tokens/s of every round, our mean cached step, and the memory-bandwidth limit."""
+    from .cpu_throughput import HFPeerGPT, copy_weights
+
+    shape = dict(GPU_SHAPE if shape is None else shape)
+    if prompt_len + new_tokens > shape["context_len"]:
+        raise ValueError(f"prompt_len + new_tokens = {prompt_len + new_tokens} > context_len {shape['context_len']}")
+    threads = set_threads(threads)
+    ours = build_model(shape, seed)
+    peer = HFPeerGPT(tl.GPTConfig(vocab_size=VOCAB_SIZE, **shape)).eval()
+    with torch.no_grad():
+        copy_weights(ours, peer)
+    gpt2 = peer.gpt2
+
+    def run_hf(prompt: torch.Tensor) -> torch.Tensor:
+        return gpt2.generate(
+            input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+
+    def run_ours(prompt: torch.Tensor) -> torch.Tensor:
+        return ours.generate(prompt, new_tokens, top_k=1)
+
+    bandwidth = memory_bandwidth()
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for B in batch_sizes:
+        prompt = torch.randint(0, VOCAB_SIZE, (B, prompt_len), generator=g)
+        runs = {"ours": run_ours, "hf": run_hf}
+        outs = {name: fn(prompt) for name, fn in runs.items()}  # warm-up, and the tokens to compare
+        agree = (outs["ours"][:, prompt_len:] == outs["hf"][:, prompt_len:]).float().mean().item()
+        seconds: dict[str, list[float]] = {"ours": [], "hf": []}
+        for r in range(rounds):
+            for name in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
+                seconds[name].append(_timed(lambda fn=runs[name]: fn(prompt)))
+        _, step = split_cached(ours, prompt, new_tokens)
+        limit = step_bytes(ours, B, prompt_len + new_tokens // 2) / bandwidth
+        tok_s = {name: [B * new_tokens / s for s in v] for name, v in seconds.items()}
+        ratios = [h / o for o, h in zip(seconds["ours"], seconds["hf"], strict=True)]
+        rows.append({"B": B, "tok_s": tok_s, "ratio": ratios, "step_ms": 1000 * step, "limit_ms": 1000 * limit,
+                     "same_tokens": agree})  # fmt: skip
+    settings = {**shape, "vocab_size": VOCAB_SIZE, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                "rounds": rounds, "threads": threads, "seed": seed, "greedy": "top_k=1 / do_sample=False",
+                "peer": "transformers GPT2LMHeadModel.generate(use_cache=True)"}  # fmt: skip
+    return {"settings": settings, "bandwidth_gb_s": bandwidth / 1e9, "rows": rows}
+
+
+def report_peer(result: dict) -> str:
+    """The printed table of :func:`run_peer_generation`."""
+    rows = []
+    for row in result["rows"]:
+        rows.append([
+            row["B"],
+            _spread(row["tok_s"]["ours"], ",.0f"),
+            _spread(row["tok_s"]["hf"], ",.0f"),
+            _spread(row["ratio"], ".2f"),
+            f"{row['step_ms']:.2f}",
+            f"{row['limit_ms']:.2f}",
+            f"{row['step_ms'] / row['limit_ms']:.1f}x",
+            f"{100 * row['same_tokens']:.0f}%",
+        ])  # fmt: skip
+    headers = ["batch", "ours tok/s", "transformers tok/s", "ours / transformers", "our step ms",
+               "limit ms", "step / limit", "same tokens"]  # fmt: skip
+    s = result["settings"]
+    return (
+        format_table(headers, rows)
+        + f"\nmedians over {s['rounds']} rounds (lowest..highest); prompt {s['prompt_len']}, "
+        f"{s['new_tokens']} new tokens; memory bandwidth {result['bandwidth_gb_s']:.1f} GB/s; the limit reads "
+        "every weight and the cache at the mean context once\ntargets: ours / transformers >= 1.20 at every "
+        "batch size; step / limit <= 2 at batch 1"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.generation",
@@ -178,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each path once per round")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--peer", choices=["hf"], default=None, help="cached generation against transformers")
+    parser.add_argument("--batch-sizes", default="1,8", help="with --peer: comma-separated batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=64, help="with --peer: prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=128, help="with --peer: tokens to generate")
     add_record_flags(parser)
     args = parser.parse_args(argv)
+    if args.peer:
+        return _main_peer(parser, args)
     try:
         contexts = tuple(int(c) for c in args.contexts.split(",") if c)
     except ValueError:
@@ -201,6 +326,33 @@ def main(argv: list[str] | None = None) -> int:
         results["same_tokens"] = all(row["same_tokens"] for row in result["rows"])
         results["target"] = "speedup@256>=10"
         print(f"\nappended to {append_result('generation', result['settings'], results, args.results)}")
+    return 0
+
+
+def _main_peer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .cpu_throughput import hf_available
+
+    if not hf_available():
+        parser.error("--peer hf needs Hugging Face transformers (pip install transformers)")
+    try:
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b)
+    except ValueError:
+        parser.error(f"--batch-sizes must be comma-separated ints, got {args.batch_sizes!r}")
+    result = run_peer_generation(
+        batch_sizes, prompt_len=args.prompt_len, new_tokens=args.new_tokens, rounds=args.rounds,
+        threads=args.threads, seed=args.seed,
+    )  # fmt: skip
+    print(report_peer(result))
+    if not args.no_record:
+        results = {"bandwidth_gb_s": f"{result['bandwidth_gb_s']:.1f}"}
+        for row in result["rows"]:
+            B = row["B"]
+            results[f"ours_tok_s@B{B}"] = f"{median(row['tok_s']['ours']):.0f}"
+            results[f"hf_tok_s@B{B}"] = f"{median(row['tok_s']['hf']):.0f}"
+            results[f"ratio@B{B}"] = _spread(row["ratio"], ".2f")
+            results[f"step_ms@B{B}"] = f"{row['step_ms']:.2f} (limit {row['limit_ms']:.2f})"
+        results["target"] = "ratio>=1.20, step<=2x limit at B1"
+        print(f"\nappended to {append_result('generation_peer', result['settings'], results, args.results)}")
     return 0
 
 

@@ -34,11 +34,15 @@ def test_results_rows_have_every_column(tmp_path):
     assert "cores" in common.machine_info()["machine"]
 
 
-@pytest.mark.parametrize("peers", [("torch",), ("torch", "hf")])
-def test_cpu_throughput_compares_equal_models(peers):
+@pytest.mark.parametrize(
+    ("peers", "bias"), [(("nano", "torch"), True), (("nano", "torch", "hf"), True), (("nano", "torch"), False)]
+)
+def test_cpu_throughput_compares_equal_models(peers, bias):
     if "hf" in peers:
         pytest.importorskip("transformers")
-    r = cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=3, threads=1, peers=peers)
+    r = cpu_throughput.run_throughput(
+        **TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=3, threads=1, peers=peers, bias=bias
+    )
     assert set(r) >= {"settings", "ours", "ours_median", "params", "max_logit_diff", "final_loss"}
     for p in peers:
         assert len(r["ours"]) == len(r[p]) == 3 and min(r["ours"] + r[p]) > 0
@@ -49,6 +53,11 @@ def test_cpu_throughput_compares_equal_models(peers):
     assert r["max_logit_diff"] < 1e-4  # every peer computes the same function
     assert r["settings"]["threads"] == 1
     assert all(f"ratio ours / {p}" in cpu_throughput.report(r) for p in peers)
+
+
+def test_gpt2_peer_refuses_no_bias():
+    with pytest.raises(ValueError, match="always has biases"):
+        cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=0, steps=1, rounds=1, peers=("hf",), bias=False)
 
 
 def test_transformers_is_installed_so_the_peer_benchmark_is_not_skipped():
