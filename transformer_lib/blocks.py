@@ -61,11 +61,13 @@ class FeedForward(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        up, act, down, dropout = self.net
         try:
-            return self.net(x)  # (B, T, d_model)
+            out = down(act(up(x)))  # (B, T, d_model)
         except RuntimeError:  # name the usual cause (a tensor of another dtype) instead of the kernel's words
             check_layer_dtype(x, self, "x")
             raise
+        return dropout(out) if dropout.p and self.training else out  # p = 0: no call at all
 
 
 class _Residual(nn.Module):
@@ -84,8 +86,12 @@ class _Residual(nn.Module):
             except RuntimeError:  # name the usual cause (a tensor of another dtype) instead of the kernel's words
                 check_layer_dtype(x, self, "x")
                 raise
-            return x + self.dropout(sublayer(normed))  # pre-LN
-        return self.norm(x + self.dropout(sublayer(x)))  # post-LN
+            return x + self._dropout(sublayer(normed))  # pre-LN
+        return self.norm(x + self._dropout(sublayer(x)))  # post-LN
+
+    def _dropout(self, x: Tensor) -> Tensor:
+        """Dropout, not even called when it can change nothing (``p = 0`` or evaluation)."""
+        return self.dropout(x) if self.dropout.p and self.training else x
 
 
 def _check_kv_heads(d_model, n_heads, n_kv_heads) -> None:
@@ -195,8 +201,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
-                cache: LayerCache | None = None) -> Tensor:  # fmt: skip
-        if cache is not None and not isinstance(cache, LayerCache):
+                cache: LayerCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
+        # _trusted: a model built x, the masks and the cache itself and checked them once per call
+        if not _trusted and cache is not None and not isinstance(cache, LayerCache):
             raise TypeError(f"cache must be a LayerCache (layer.new_cache()) or None, got {type(cache).__name__}")
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
@@ -204,13 +211,13 @@ class DecoderLayer(nn.Module):
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
                 h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True, window=self.window,
-                cache=self_cache, _checked=True,
+                cache=self_cache, _checked=True, _trusted=_trusted,
             )  # fmt: skip
             return out
 
         def cross_attend(h: Tensor) -> Tensor:
             out, self.cross_attn_weights = self.cross_attn(
-                h, memory, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache
+                h, memory, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache, _trusted=_trusted
             )
             return out
 
@@ -283,8 +290,14 @@ class Decoder(_Stack):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
-                cache: DecoderCache | None = None) -> Tensor:  # fmt: skip
-        if cache is not None and (not isinstance(cache, DecoderCache) or len(cache) != len(self.layers)):
+                cache: DecoderCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
+        # _trusted (a model's own call): the model made x and the cache and checked them, once per
+        # call, so no layer and no attention checks them again
+        if (
+            not _trusted
+            and cache is not None
+            and (not isinstance(cache, DecoderCache) or len(cache) != len(self.layers))
+        ):
             got = f"{len(cache)} layers" if isinstance(cache, DecoderCache) else type(cache).__name__
             raise ValueError(
                 f"cache must be a DecoderCache with {len(self.layers)} layers (decoder.new_cache()), got {got}"
@@ -292,7 +305,7 @@ class Decoder(_Stack):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights,
-                      cache=layer_cache)  # fmt: skip
+                      cache=layer_cache, _trusted=_trusted)  # fmt: skip
         if cache is not None:
             cache._advance(x.shape[1])  # a no-op with layers: their KVCaches counted the positions
         return self.norm(x)  # (B, T, d_model)

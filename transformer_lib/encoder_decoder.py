@@ -33,7 +33,7 @@ def check_token_ids(ids: Tensor, vocab_size: int, context_len: int, name: str = 
     if ids.shape[1] > context_len:
         raise ValueError(f"{name}: sequence length {ids.shape[1]} is longer than context_len={context_len}")
     if ids.numel() and not (ids.is_cuda and torch.is_grad_enabled()) and not torch.compiler.is_compiling():
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass over the ids
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got values from {lo} to {hi}")
 

@@ -107,7 +107,7 @@ class GPT(nn.Module):
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
         start = 0 if cache is None else self._cached_positions(idx, cache)
         x = self.pos_embed(self.tok_embed(_as_index(idx)), start=start)  # (B, T_new, d_model)
-        x = self.decoder(x, need_weights=need_weights, cache=cache)
+        x = self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked here, once
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
@@ -128,7 +128,6 @@ class GPT(nn.Module):
             )
         return start
 
-    @torch.no_grad()
     def generate(
         self,
         idx: Tensor,
@@ -166,6 +165,15 @@ class GPT(nn.Module):
         if top_p is not None:
             check_top_p(top_p)
         check_bool(use_cache, "use_cache")
+        with torch.inference_mode():  # no autograd bookkeeping (version counters, views) at any step
+            idx = self._generate(idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+        return idx.clone()  # outside inference mode: a plain tensor the caller may use anywhere
+
+    def _generate(
+        self, idx: Tensor, max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+        generator: torch.Generator | None, use_cache: bool,
+    ) -> Tensor:  # fmt: skip
+        """:meth:`generate`'s loop, its settings checked."""
         L = self.config.context_len
         if not use_cache:
             for _ in range(max_new_tokens):

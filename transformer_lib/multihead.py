@@ -53,6 +53,23 @@ class Projection(NamedTuple):
         return F.linear(x, self.weight, self.bias)
 
 
+def _nan_rows_like(out: Tensor, q: Tensor) -> Tensor:
+    """``out (B, T_q, d_model)`` with NaN in every row whose query ``q (B, h, T_q, d_k)`` holds a
+    NaN or an infinity in any head, as the hand-written path gives (its softmax turns such a query
+    into NaN weights, and the output projection spreads a NaN to the whole row); some fused
+    kernels return zeros there instead. The row's largest entry, times 0, is 0 or NaN (max
+    propagates NaN and, unlike a sum, never overflows): one reduction, outside autograd, and one
+    fused multiply-add, on the output's layout (no copy of the heads)."""
+    marks = q.detach().amax(dim=(1, 3)).unsqueeze(-1)  # (B, T_q, 1)
+    return torch.addcmul(out, marks, out.new_zeros(()))  # out + 0 * marks
+
+
+def _split(x: Tensor, n_heads: int) -> Tensor:
+    """:func:`split_heads` for a width already checked."""
+    B, T, d_model = x.shape
+    return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)  # (B, h, T, d_k)
+
+
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter 5).
 
@@ -170,8 +187,8 @@ class MultiHeadAttention(nn.Module):
         if query is key and key is value:
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (B, T, d_model + 2 d_kv)
             q, k, v = qkv.split(widths, dim=-1)
-            return split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)
-        q = split_heads(self.q_proj(query), h)  # (B, h, T_q, d_k)
+            return _split(q, h), _split(k, h_kv), _split(v, h_kv)
+        q = _split(self.q_proj(query), h)  # (B, h, T_q, d_k)
         k, v = self._project_kv(key, value)
         return q, k, v
 
@@ -181,8 +198,8 @@ class MultiHeadAttention(nn.Module):
         if key is value:
             w, b = self.in_proj_weight[d:], None if self.in_proj_bias is None else self.in_proj_bias[d:]
             k, v = F.linear(key, w, b).split(self._widths[1:], dim=-1)  # (B, T_k, d_kv) each
-            return split_heads(k, h_kv), split_heads(v, h_kv)
-        return split_heads(self.k_proj(key), h_kv), split_heads(self.v_proj(value), h_kv)
+            return _split(k, h_kv), _split(v, h_kv)
+        return _split(self.k_proj(key), h_kv), _split(self.v_proj(value), h_kv)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -207,22 +224,29 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
         is_causal: bool = False, window: int | None = None, cache: KVCache | None = None, _checked: bool = False,
+        _trusted: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        self._check_inputs(query, key, value, is_causal, window, cache, _checked)
+        # _checked: the caller checked `window`; _trusted: a model made every input itself and
+        # checked what it was given once per call, so nothing is checked again at every layer
+        if not _trusted:
+            self._check_inputs(query, key, value, is_causal, window, cache, _checked)
         B, T_q, _ = query.shape
         T_k = key.shape[1] if cache is None else cache.keys_after(key.shape[1])
-        check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        if not _trusted:
+            check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
         q, k, v = self._project_cached(query, key, value, cache)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
         if is_causal:
             mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
         p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = self._attend_by_hand(q, k, v, mask, p)  # (B, h, T_q, d_k), (B, h, T_q, T_k)
-        else:
-            # the pure causal case goes to the fused kernel's causal (flash) path with no mask at all
-            fused_causal = is_causal and mask is None and T_q == T_k
-            out, weights = self._attend_fused(q, k, v, mask, p, fused_causal), None  # (B, h, T_q, d_k)
-        return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+            return self.out_proj(merge_heads(out)), weights  # (B, T_q, d_model)
+        if mask is not None:
+            return self.out_proj(merge_heads(self._attend_fused_masked(q, k, v, mask, p))), None
+        # no mask (the causal case goes to the fused kernel's own causal path): every query has a
+        # key, and a NaN query must give a NaN output row, as in the hand-written path
+        out = self._attend_fused(q, k, v, None, p, causal=is_causal and T_q == T_k)  # (B, h, T_q, d_k)
+        return _nan_rows_like(self.out_proj(merge_heads(out)), q), None  # (B, T_q, d_model)
 
     def _check_inputs(
         self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
@@ -260,7 +284,7 @@ class MultiHeadAttention(nn.Module):
         """:meth:`project`, with the keys and values added to the cache (chapter 10), or read from
         a filled static one (cross-attention after the first step)."""
         if cache is not None and cache.static and cache.filled:
-            return split_heads(self.q_proj(query), self.n_heads), cache.k, cache.v
+            return _split(self.q_proj(query), self.n_heads), cache.k, cache.v
         q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_new, d_k) twice
         if cache is not None:
             k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
@@ -279,25 +303,26 @@ class MultiHeadAttention(nn.Module):
         k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
         return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)  # (B, h, T_q, d_k), weights
 
-    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, causal: bool) -> Tensor:
-        """PyTorch's fused kernel; the same function as :meth:`_attend_by_hand`, NaN and fully
-        masked rows included, without the weights. ``causal``: its own causal path, no mask."""
+    def _attend_fused(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, causal: bool = False
+    ) -> Tensor:
+        """PyTorch's fused kernel, without the weights: ``(B, h, T_q, d_k)``. ``causal``: its own
+        causal path, no mask. A NaN query may come out as zeros here (PyTorch's CPU flash kernel
+        does that); :meth:`forward` marks its row NaN after the output projection."""
         gqa = {"enable_gqa": True} if self.n_kv_heads != self.n_heads and _SDPA_HAS_GQA else {}
         if not gqa:  # the kernel cannot share K/V heads itself
             k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
-        # some fused kernels (PyTorch's CPU flash kernel) return zeros for a NaN query: adding
-        # 0 * the row's largest entry makes that row NaN, as in the hand-written path (max
-        # propagates NaN and, unlike a sum, never overflows), for one reduction outside autograd
-        nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
-        if causal:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa) + nan_rows
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, **gqa) + nan_rows  # (B, h, T_q, d_k)
-        # a query with no key to attend to gets zeros, as in the hand-written path, on every
-        # PyTorch version and kernel: let it attend everywhere, then zero its output
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, **gqa)
+
+    def _attend_fused_masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float) -> Tensor:
+        """:meth:`_attend_fused` with a mask; the same function as :meth:`_attend_by_hand`, NaN
+        and fully masked rows included: a query with no key to attend to gets zeros, as in the
+        hand-written path, on every PyTorch version and kernel (it attends everywhere, then its
+        output is zeroed), and a NaN query's output is NaN in that head."""
         any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=p, **gqa)
-        return torch.where(any_key, out + nan_rows, 0.0)  # (B, h, T_q, d_k)
+        out = self._attend_fused(q, k, v, mask | ~any_key, p)  # (B, h, T_q, d_k)
+        nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
+        return torch.where(any_key, out + nan_rows, 0.0)
 
     @staticmethod
     def _causal(

@@ -94,7 +94,7 @@ def _sample(
     logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None, top_p: float | None
 ) -> Tensor:
     """:func:`sample_next` for settings already checked (once per generation, not once per token)."""
-    scaled = logits / temperature  # (B, vocab_size)
+    scaled = logits / temperature if temperature != 1 else logits  # (B, vocab_size); x / 1 is x
     if top_k is not None:
         scaled = _top_k(scaled, top_k)
     if top_p is not None:
