@@ -106,14 +106,19 @@ class GPT(nn.Module):
         c = self.config
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
         start = 0 if cache is None else self._cached_positions(idx, cache)
-        x = self.pos_embed(self.tok_embed(_as_index(idx)), start=start)  # (B, T_new, d_model)
-        x = self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked here, once
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        logits = self._logits(idx, start, need_weights, cache)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             targets = _check_targets(targets, idx, "idx")
             loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
         return logits, loss
+
+    def _logits(self, idx: Tensor, start: int, need_weights: bool, cache: DecoderCache | None) -> Tensor:
+        """``(B, T, vocab_size)`` for ids and a cache already checked (once per call, here or by
+        :meth:`generate`), the first id at position ``start``."""
+        x = self.pos_embed(self.tok_embed(_as_index(idx)), start=start)  # (B, T_new, d_model)
+        x = self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked once, above
+        return self.lm_head(x)  # (B, T, vocab_size)
 
     def _cached_positions(self, idx: Tensor, cache: DecoderCache) -> int:
         """The position of the first new token of ``idx (B, T_new)``: the ``cache.position``
@@ -184,9 +189,9 @@ class GPT(nn.Module):
         cache = self.new_cache()
         for step in range(max_new_tokens):
             if step == 0:
-                logits, _ = self(idx[:, -L:], cache=cache)  # prefill: (B, T, vocab_size)
-            elif idx.shape[1] <= L:
-                logits, _ = self(idx[:, -1:], cache=cache)  # (B, 1, vocab_size)
+                logits, _ = self(idx[:, -L:], cache=cache)  # prefill, the prompt checked: (B, T, vocab_size)
+            elif idx.shape[1] <= L:  # the model's own token, at the position after the cache
+                logits = self._logits(idx[:, -1:], idx.shape[1] - 1, False, cache)  # (B, 1, vocab_size)
             else:
                 logits, _ = self(idx[:, -L:])  # past context_len: the cropped window, uncached
             nxt = _sample(logits[:, -1, :], temperature, top_k, generator, top_p)  # (B, 1)
