@@ -69,3 +69,40 @@ def test_decoder_cache_position_has_one_source(n_layers):
         assert cache.position == 0
     with pytest.raises(AttributeError):
         cache.position = 3
+
+
+def test_a_model_checks_its_input_once_per_call_not_at_every_layer(monkeypatch):
+    """The model makes x and the cache itself: its attentions never re-check them, while a layer
+    or an attention called directly still checks everything."""
+    from transformer_lib import multihead
+
+    calls = collections.Counter()
+    original = multihead.MultiHeadAttention._check_inputs
+
+    def counting(self, *args, **kwargs):
+        calls["attention"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(multihead.MultiHeadAttention, "_check_inputs", counting)
+    model = tl.GPT(tl.GPTConfig(vocab_size=11, context_len=16, n_layers=3, n_heads=2, d_model=16))
+    idx = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(0))
+    model(idx)
+    model.generate(idx, 4)
+    assert calls["attention"] == 0
+    with pytest.raises(TypeError, match="float64"):  # the layers themselves still check their input
+        model.decoder.layers[0](torch.zeros(1, 3, 16, dtype=torch.float64))
+    x = torch.zeros(1, 3, 16)
+    model.decoder.layers[0].self_attn(x, x, x)
+    assert calls["attention"] == 1
+    with pytest.raises(ValueError, match="vocab_size=11"):  # and the model checks its own, once
+        model(idx + 11)
+
+
+def test_generate_returns_a_plain_tensor_that_training_can_use():
+    """Generation runs in inference mode; what it returns is an ordinary tensor."""
+    model = tl.GPT(tl.GPTConfig(vocab_size=11, context_len=16, n_layers=1, n_heads=2, d_model=16))
+    out = model.generate(torch.zeros(1, 2, dtype=torch.long), 5)
+    assert not out.is_inference() and out.shape == (1, 7)
+    _, loss = model(out[:, :-1], out[:, 1:])
+    loss.backward()  # autograd accepts it
+    assert model.tok_embed.weight.grad is not None
