@@ -59,9 +59,9 @@ def _nan_rows_like(out: Tensor, q: Tensor) -> Tensor:
     into NaN weights, and the output projection spreads a NaN to the whole row); some fused
     kernels return zeros there instead. The row's largest entry, times 0, is 0 or NaN (max
     propagates NaN and, unlike a sum, never overflows): one reduction, outside autograd, and one
-    fused multiply-add, on the output's layout (no copy of the heads)."""
+    addition ``out + 0 * marks``, on the output's layout (no copy of the heads)."""
     marks = q.detach().amax(dim=(1, 3)).unsqueeze(-1)  # (B, T_q, 1)
-    return torch.addcmul(out, marks, out.new_zeros(()))  # out + 0 * marks
+    return torch.add(out, marks, alpha=0)  # 0 * NaN and 0 * inf are NaN
 
 
 def _split(x: Tensor, n_heads: int) -> Tensor:
