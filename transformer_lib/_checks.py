@@ -39,7 +39,7 @@ def check_int(value, name: str, minimum: int = 1) -> None:
 
 
 def check_window(window) -> None:
-    """``window`` (sliding-window attention, chapter 10) must be None or a positive int."""
+    """``window`` (sliding-window attention, chapter 11) must be None or a positive int."""
     if window is not None:
         check_int(window, "window")
 

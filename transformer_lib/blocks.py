@@ -274,7 +274,7 @@ class Decoder(_Stack):
 
     ``Decoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`DecoderLayer` (``dropout``,
-    ``cross_attention``, ``activation``, and from chapter 10 ``n_kv_heads`` and ``window``).
+    ``cross_attention``, ``activation``, from chapter 10 ``n_kv_heads``, and from chapter 11 ``window``).
     ``x (B, T, d_model)`` in and out; ``memory (B, T_src, d_model)`` is the encoder's output.
 
     ``forward(..., cache=None)`` (chapter 10) takes a :class:`DecoderCache` from

@@ -1,7 +1,8 @@
 """What a model costs, every formula in one place: receptive fields of convolution stacks
 (chapter 1), the parameters and FLOPs of multi-head attention (chapter 5), training FLOPs and the
 model-FLOPs utilisation against a GPU's peak (chapter 9), a peak-memory probe (chapter 9), and the
-key-value cache's bytes and the peak memory of three ways to compute attention (chapter 10).
+key-value cache's bytes (chapter 10) and the peak memory of three ways to compute attention
+(chapter 11).
 
 This is a tool module, not a concept module: it reads the concepts and no concept module reads it.
 Models are passed in (only their ``config`` and :meth:`num_params` are read); the attention
@@ -215,7 +216,7 @@ def attention_peak_memory(
     block_size: int = 64,
     dtype: torch.dtype = torch.float32,
 ) -> int:
-    """Peak extra bytes on the CPU of one attention call over ``T`` positions (chapter 10).
+    """Peak extra bytes on the CPU of one attention call over ``T`` positions (chapter 11).
 
     ``q``, ``k``, ``v`` of shape ``(batch, n_heads, T, d)`` (random, in ``dtype``) are made
     first and do not count; the probe (:func:`peak_memory_bytes`) then measures what one call

@@ -1,4 +1,4 @@
-"""Attention at scale (chapter 10): the online softmax and tiled attention.
+"""Long context (chapter 11): the online softmax and tiled attention.
 
 The softmax of a row needs its maximum (for stability) and its sum of exponentials (to
 normalise), both over the *whole* row. The online softmax keeps a running maximum ``m`` and a
@@ -31,7 +31,7 @@ def _safe_max(m: Tensor) -> Tensor:
 
 
 def online_softmax(x: Tensor, block_size: int) -> Tensor:
-    """Softmax over the last axis, computed block by block with a running max and sum (chapter 10).
+    """Softmax over the last axis, computed block by block with a running max and sum (chapter 11).
 
     One pass reads ``x (..., n)`` in blocks of ``block_size`` columns and keeps, per row, the
     largest value seen so far ``m`` and the sum ``l`` of ``exp(x - m)`` over the columns seen so
@@ -181,7 +181,7 @@ class _TiledAttention(torch.autograd.Function):
 
 
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, block_size: int = 64) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v, one ``(block_size, block_size)`` tile at a time (chapter 10).
+    """softmax(q k^T / sqrt(d)) v, one ``(block_size, block_size)`` tile at a time (chapter 11).
 
     ``q (B, h, T_q, d)``, ``k (B, h, T_k, d)``, ``v (B, h, T_k, d_v)`` in, ``(B, h, T_q, d_v)``
     out, equal to ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)``

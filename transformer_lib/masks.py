@@ -43,7 +43,7 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
 def sliding_window_mask(
     T_q: int, T_k: int | None = None, window: int | None = None, *, device: torch.device | str | None = None
 ) -> Tensor:
-    """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 10).
+    """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 11).
 
     Query ``i`` may attend to itself and the ``window - 1`` keys before it, never to the future.
     As in :func:`causal_mask`, with ``T_k > T_q`` the queries are the *last* ``T_q`` positions

@@ -34,7 +34,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
-    window: int | None = None  # chapter 10: sliding-window attention over the last `window` positions
+    window: int | None = None  # chapter 11: sliding-window attention over the last `window` positions
     activation: str = "gelu"  # or "gelu_tanh", GPT-2's tanh approximation (chapter 10)
 
     def __post_init__(self):
@@ -58,8 +58,8 @@ class GPT(nn.Module):
     ``forward(idx (B, T), targets=None)`` returns ``(logits (B, T, vocab_size), loss or None)``
     with the next-token cross-entropy loss when ``targets (B, T)`` are given.
 
-    Chapter 10: ``config.n_kv_heads`` (grouped-query attention) and ``config.window``
-    (sliding-window attention); ``forward(idx, cache=model.new_cache())`` runs only the new
+    Chapter 10: ``config.n_kv_heads`` (grouped-query attention); chapter 11: ``config.window``
+    (sliding-window attention). Chapter 10: ``forward(idx, cache=model.new_cache())`` runs only the new
     tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
     :meth:`generate` uses it.
     """
@@ -96,7 +96,7 @@ class GPT(nn.Module):
 
     def new_cache(self) -> DecoderCache:
         """An empty :class:`~transformer_lib.blocks.DecoderCache` for ``forward(..., cache=)``
-        (chapter 10); with ``config.window`` each layer keeps only the last ``window - 1`` keys."""
+        (chapter 10); with ``config.window`` (chapter 11) each layer keeps only the last ``window - 1`` keys."""
         return self.decoder.new_cache()
 
     def forward(

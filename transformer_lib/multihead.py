@@ -112,7 +112,7 @@ class MultiHeadAttention(nn.Module):
     in that query's output row, as IEEE arithmetic does, while a query whose keys are all
     masked gets zeros. ``query``, ``key`` and ``value`` must be floating-point tensors of one dtype.
 
-    Added in chapter 10 ("Attention at scale"):
+    Added in chapter 10 ("Generation"):
 
     * ``n_kv_heads`` (keyword, default ``n_heads``): grouped-query attention. Only
       ``n_kv_heads`` key and value heads are computed, each shared by ``n_heads / n_kv_heads``

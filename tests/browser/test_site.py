@@ -375,3 +375,40 @@ def test_self_checks_give_feedback(server, browser, page_path):
     SUMMARY["self_check_pages"] += 1
     SUMMARY["self_checks"] += n
     context.close()
+
+
+# ---------------------------------------------------------------- a split chapter's old address
+
+OLD_CHAPTER = "chapters/10_attention_at_scale.html"
+
+
+def _moved_sections() -> dict[str, str]:
+    """Old anchor -> new "page#anchor", as the old chapter's redirect page lists them."""
+    text = (SITE / OLD_CHAPTER).read_text(encoding="utf-8")
+    return json.loads(re.search(r"var moved = (\{.*?\});", text, re.DOTALL).group(1))
+
+
+def test_the_split_chapter_keeps_its_old_address():
+    if not (SITE / "index.html").exists():
+        skip_or_fail("the book is not built (_build/html/index.html missing)")
+    old = SITE / OLD_CHAPTER
+    assert old.exists(), f"{OLD_CHAPTER} is missing: old links to the chapter would break"
+    assert _is_redirect(old)
+    moved = _moved_sections()
+    assert len(moved) >= 20
+    for anchor, target in moved.items():
+        page, _, new_anchor = target.partition("#")
+        path = SITE / "chapters" / page
+        assert path.exists(), f"#{anchor} -> {target}: no such page"
+        assert new_anchor in _ids(path), f"#{anchor} -> {target}: no such section on the new page"
+
+
+@pytest.mark.parametrize(("anchor", "lands_on"), [("", "10_generation.html"), ("#the-online-softmax", "11_long")])
+def test_an_old_link_reaches_the_new_chapter(server, browser, anchor, lands_on):
+    context = browser.new_context(service_workers="block")
+    page = context.new_page()
+    page.goto(f"{server}/{OLD_CHAPTER}{anchor}", wait_until="load")
+    page.wait_for_url(f"**/{lands_on}*", timeout=15_000)
+    if anchor:
+        assert urlsplit(page.url).fragment == anchor[1:]
+    context.close()
