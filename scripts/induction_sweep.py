@@ -5,7 +5,8 @@ this file instead. Every run is seeded, so the same command on the same machine 
 numbers; ``tests/test_induction_sweep.py`` (marked slow) re-runs a reduced part and compares.
 
     python scripts/induction_sweep.py                      # everything (about 15 minutes, 1 core)
-    python scripts/induction_sweep.py --parts repeats      # one part, printed, nothing written
+    python scripts/induction_sweep.py --parts repeats      # one part, merged into the file
+    python scripts/induction_sweep.py --parts repeats --seeds 0 --layers 2 --dry-run   # print only
     python scripts/induction_sweep.py --out other.json     # another file
 
 Parts:
@@ -13,7 +14,9 @@ Parts:
 * ``repeats``: attention-only models of one and two layers (width 64, 4 heads, vocabulary 48,
   context 48, repeat of 10 tokens at a random distance), five seeds each: the history of the
   loss on the repeat and of the best head's scores, the step of the phase change, and for the
-  two-layer models the loss on the repeat with the circuit's heads mean-ablated;
+  two-layer models the loss on the repeat with the circuit's heads mean-ablated (layer 1's
+  previous-token heads, layer 2's induction heads, the best induction head alone) and the best
+  induction head's score with layer 1's heads ablated;
 * ``fixed``: one-layer models trained with the repeat always at the same distance (the
   positional shortcut), scored at that distance and at random distances;
 * ``agreement``: chapter 9's GPT on its invented language, three seeds: the probability that the
@@ -73,16 +76,22 @@ def held_out(seed: int, n: int = 256, **spread) -> tuple[torch.Tensor, ...]:
     return tl.repeat_batch(n, CONTEXT, VOCAB, REPEAT, generator=gen, return_distance=True, **spread)
 
 
-def best_heads(model: torch.nn.Module, batch) -> dict:
-    """The layer-1 head with the best previous-token score, the last layer's best induction head."""
+def circuit_heads(model: torch.nn.Module, batch) -> dict:
+    """Every head's scores, and the heads of the circuit: layer 1's previous-token heads and the last
+    layer's induction heads (each: the heads scoring at least THRESHOLD, and at least the best one)."""
     scores = tl.head_scores(model, batch[0], batch[2], batch[3])
     names = list(scores["induction"])
     prev = scores["previous_token"][names[0]]
     ind = scores["induction"][names[-1]]
+
+    def chosen(s):
+        best = max(range(HEADS), key=s.__getitem__)
+        return sorted({best, *(h for h in range(HEADS) if s[h] >= THRESHOLD)})
+
     return {
-        "names": names,
-        "previous_token_head": [names[0], max(range(HEADS), key=prev.__getitem__)],
-        "induction_head": [names[-1], max(range(HEADS), key=ind.__getitem__)],
+        "previous_token_heads": [names[0], chosen(prev)],
+        "induction_heads": [names[-1], chosen(ind)],
+        "best_induction_head": [names[-1], max(range(HEADS), key=ind.__getitem__)],
         "scores": {k: {n: [r(x) for x in v] for n, v in s.items()} for k, s in scores.items()},
     }
 
@@ -107,10 +116,10 @@ def induction_with(model, batch, layer: str, head: int, heads: dict, reference) 
     return score.item()
 
 
-def run_repeats(seeds=SEEDS, steps=STEPS) -> dict:
+def run_repeats(seeds=SEEDS, steps=STEPS, layers=(1, 2)) -> dict:
     runs = []
     for seed in seeds:
-        for n_layers in (1, 2):
+        for n_layers in layers:
             model = repeat_model(n_layers, seed)
             start = time.time()
             history = tl.train_on_repeats(model, steps, repeat_len=REPEAT, seed=seed, log_every=LOG_EVERY)
@@ -128,19 +137,18 @@ def run_repeats(seeds=SEEDS, steps=STEPS) -> dict:
             run["best_induction_score"] = max(run["best_induction"])
             if n_layers == 2:
                 batch, reference = held_out(seed), held_out(seed + 100)[0]
-                heads = best_heads(model, batch)
-                (l1, h1), (l2, h2) = heads["previous_token_head"], heads["induction_head"]
+                heads = circuit_heads(model, batch)
+                (l1, prev_heads), (l2, ind_heads) = heads["previous_token_heads"], heads["induction_heads"]
+                best = heads["best_induction_head"][1]
                 run["heads"] = heads
                 run["ablation"] = {
                     "none": r(repeat_loss(model, batch)),
-                    "previous_token_head": r(repeat_loss(model, batch, {l1: h1}, reference)),
-                    "induction_head": r(repeat_loss(model, batch, {l2: h2}, reference)),
-                    "other_layer_2_heads": r(
-                        repeat_loss(model, batch, {l2: [h for h in range(HEADS) if h != h2]}, reference)
-                    ),
-                    "induction_score": r(induction_with(model, batch, l2, h2, {}, reference)),
-                    "induction_score_layer_1_head_ablated": r(
-                        induction_with(model, batch, l2, h2, {l1: h1}, reference)
+                    "previous_token_heads": r(repeat_loss(model, batch, {l1: prev_heads}, reference)),
+                    "induction_heads": r(repeat_loss(model, batch, {l2: ind_heads}, reference)),
+                    "best_induction_head_alone": r(repeat_loss(model, batch, {l2: best}, reference)),
+                    "induction_score": r(induction_with(model, batch, l2, best, {}, reference)),
+                    "induction_score_layer_1_heads_ablated": r(
+                        induction_with(model, batch, l2, best, {l1: prev_heads}, reference)
                     ),
                 }
             runs.append(run)
@@ -285,6 +293,7 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--out", type=Path, default=OUT, help="JSON to update with the parts run (default: %(default)s)"
     )
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="repeats: only models of these depths")
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the thread count changes the rounding of sums
@@ -296,7 +305,15 @@ def main(argv=None) -> dict:
             kwargs["seeds"] = args.seeds
         if args.steps is not None and part != "shakespeare":
             kwargs["steps"] = args.steps
-        result[part] = PARTS[part](**kwargs)
+        if args.layers is not None and part == "repeats":
+            kwargs["layers"] = tuple(args.layers)
+        new = PARTS[part](**kwargs)
+        if part in result and (args.seeds is not None or args.layers is not None):  # a part of a part: merge
+            key = ("seed", "n_layers") if part == "repeats" else ("seed",)
+            fresh = {tuple(run[k] for k in key) for run in new["runs"]}
+            kept = [run for run in result[part]["runs"] if tuple(run[k] for k in key) not in fresh]
+            new["runs"] = sorted(kept + new["runs"], key=lambda run: tuple(run[k] for k in key))
+        result[part] = new
     if not args.dry_run:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
