@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import transformer_lib as tl  # noqa: E402
 
-OUT = ROOT / "chapters" / "data" / "induction_sweep.json"
+OUT = ROOT / "transformer_lib" / "data" / "ch12" / "induction_sweep.json"
 SEEDS = [0, 1, 2, 3, 4]
 # the repeat task of the chapter
 VOCAB, CONTEXT, REPEAT, WIDTH, HEADS = 48, 48, 10, 64, 4

@@ -11,8 +11,8 @@ import torch
 import transformer_lib as tl
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = ROOT / "chapters" / "data" / "induction_sweep.json"
-CHECKPOINT = ROOT / "chapters" / "data" / "ch12_shakespeare"
+DATA = ROOT / "transformer_lib" / "data" / "ch12"
+SWEEP = DATA / "induction_sweep.json"
 
 
 def load_script():
@@ -60,8 +60,8 @@ def test_a_re_run_of_seed_0_reproduces_the_recorded_numbers(one_thread):
 
 
 def test_the_shipped_checkpoint_loads_and_reaches_its_recorded_validation_loss(one_thread):
-    meta = json.loads((CHECKPOINT / "checkpoint.json").read_text())
-    model, tokenizer, ckpt = tl.load_checkpoint(CHECKPOINT)
+    meta = json.loads((DATA / "shakespeare_checkpoint.json").read_text())
+    model, tokenizer, ckpt = tl.load_checkpoint(DATA / "shakespeare_ckpt.pt")
     assert ckpt["step"] == meta["steps"] and ckpt["history"]["val_loss"][-1] == pytest.approx(
         meta["val_loss_reported"], abs=1e-4
     )
