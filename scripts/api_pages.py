@@ -64,7 +64,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.batches",
             "transformer_lib.data.repeats",
         ],
-        "8, 9 and 11",
+        "8, 9 and 12",
         "The character tokenizer, the synthetic and dates tasks, the text corpus, batches and the sequences "
         "with a repeated segment.",
     ),
@@ -90,21 +90,22 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "inspect_heads",
         ["transformer_lib.inspect_heads"],
-        "11",
+        "12",
         "Capturing every head's attention weights, interventions on heads (zero, mean, patch) and the "
         "previous-token, induction and copying scores.",
     ),
     (
         "induction",
         ["transformer_lib.induction"],
-        "11",
-        "The attention-only transformer, its heads' OV circuits and the training run on repeated sequences.",
+        "12",
+        "The attention-only transformer, its heads' OV circuits, the training run on repeated sequences and its "
+        "phase change, the loss at each position, and chapter 9's agreement sentences.",
     ),
     ("viz", ["transformer_lib.viz"], "all", "Attention heatmaps and interactive figures that work without a kernel."),
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 12)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 13)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

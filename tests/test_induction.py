@@ -210,3 +210,100 @@ def test_induction_heads_over_three_seeds(one_thread):
     one = [induction_run(1, 500, seed)[1:] for seed in range(3)]
     assert min(s for s, _ in two) > 0.4 and max(s for s, _ in one) < 0.15, (two, one)
     assert statistics.median(loss for _, loss in two) < math.log(48) / 2 < statistics.median(loss for _, loss in one)
+
+
+# --- the chapter's probes: phase change, loss by position, agreement --------------------------
+
+
+def fake_history(best_per_step):
+    """A history as train_on_repeats returns it, the best head's score at each logged step."""
+    return [
+        {"step": 10 * i, "induction": {"layers.0": [0.01, s / 2], "layers.1": [s, 0.0]}, "previous_token": {}}
+        for i, s in enumerate(best_per_step)
+    ]
+
+
+def test_phase_change_step_is_the_first_step_any_head_reaches_the_threshold():
+    history = fake_history([0.02, 0.1, 0.29, 0.31, 0.9, 0.2])
+    assert tl.phase_change_step(history) == 30
+    assert tl.phase_change_step(history, threshold=0.5) == 40
+    assert tl.phase_change_step(history, threshold=0.95) is None
+    assert tl.phase_change_step([]) is None
+    for bad in (0, 1, -0.1, "0.3"):
+        with pytest.raises(ValueError, match="threshold must be a number in"):
+            tl.phase_change_step(history, threshold=bad)
+    with pytest.raises(TypeError, match="history must be the list"):
+        tl.phase_change_step({"step": 0})
+
+
+def test_train_on_repeats_calls_on_log_at_every_record_and_takes_a_fixed_distance(one_thread):
+    seen = []
+    history = tl.train_on_repeats(
+        small(), 4, batch_size=4, repeat_len=4, log_every=2, eval_size=8,
+        min_distance=5, max_distance=5, on_log=lambda step, model, held: seen.append((step, held[3])),
+    )  # fmt: skip
+    assert [s for s, _ in seen] == [e["step"] for e in history] == [0, 2, 4]
+    assert all(bool((d == 5).all()) for _, d in seen)  # the held-out batch has the fixed distance
+    with pytest.raises(TypeError, match="on_log must be a function"):
+        tl.train_on_repeats(small(), 1, on_log=3)
+
+
+def test_loss_by_position_averages_the_cross_entropy_over_the_batch(gen):
+    model = small().eval()
+    idx = torch.randint(13, (5, 16), generator=gen)
+    targets = torch.randint(13, (5, 16), generator=gen)
+    by_pos = tl.loss_by_position(model, idx, targets)
+    assert by_pos.shape == (16,)
+    logits, loss = model(idx, targets)
+    assert torch.allclose(by_pos.mean(), loss)  # the mean over positions is the usual loss
+    one = -logits[:, 3].log_softmax(-1).gather(-1, targets[:, 3:4]).mean()
+    assert torch.allclose(by_pos[3], one)
+    model.train()
+    tl.loss_by_position(model, idx, targets)
+    assert model.training  # the mode is restored
+    with pytest.raises(ValueError, match="idx and targets must be"):
+        tl.loss_by_position(model, idx, targets[:, :3])
+
+
+def test_agreement_text_follows_the_grammar_and_is_seeded():
+    text = tl.agreement_text(200, seed=3)
+    assert text == tl.agreement_text(200, seed=3) != tl.agreement_text(200, seed=4)
+    lines = text.splitlines()
+    assert len(lines) == 200 and all(line.endswith(".") for line in lines)
+    singular = {"cat", "dog", "bird", "fox", "child", "mouse", "king", "horse"}
+    verbs_s = {"sleeps", "runs", "sings", "waits", "sees", "chases", "likes", "follows"}
+    for line in lines:
+        words = line[:-1].split()
+        noun = next(w for w in words[1:] if w not in {"small", "red", "quiet", "big", "lazy"})
+        verb = words[words.index(noun) + 1]
+        assert (noun in singular) == (verb in verbs_s), line  # the verb agrees with its subject
+    with pytest.raises(ValueError, match="n_sentences"):
+        tl.agreement_text(0)
+
+
+def test_agreement_prompts_pair_a_singular_and_a_plural_subject_of_one_length():
+    pairs = tl.agreement_prompts(50, length=24, seed=2)
+    assert pairs == tl.agreement_prompts(50, length=24, seed=2)
+    for singular, plural in pairs:
+        assert len(singular) == len(plural) == 24
+        stem = plural.split()[-1]
+        assert singular.endswith(" " + stem) and not stem.endswith("s")
+        head_s, head_p = singular.rsplit(" ", 2)[-2], plural.rsplit(" ", 2)[-2]
+        assert head_p == head_s + "s"  # the subject: "cat" and "cats"
+    with pytest.raises(ValueError, match="length"):
+        tl.agreement_prompts(3, length=10)
+
+
+def test_agreement_probability_reads_the_probability_of_s_by_number():
+    class Fixed(torch.nn.Module):
+        # a "model" whose next-token distribution is the same everywhere: p("s") = 0.8
+        def forward(self, idx):
+            logits = torch.log(torch.tensor([0.8, 0.2])).expand(*idx.shape, 2)
+            return logits, None
+
+    idx = torch.zeros(4, 3, dtype=torch.long)
+    singular = torch.tensor([True, False, True, False])
+    p = tl.agreement_probability(Fixed(), idx, singular, s_token=0)
+    assert torch.allclose(p, torch.tensor([0.8, 0.2, 0.8, 0.2]))
+    with pytest.raises(ValueError, match="singular must be a bool tensor"):
+        tl.agreement_probability(Fixed(), idx, singular.long(), 0)

@@ -1,11 +1,13 @@
-"""Induction heads (chapter 11, "What attention learns"): a small attention-only transformer,
+"""Induction heads (chapter 12, "What attention learns"): a small attention-only transformer,
 its heads' OV circuits, and the training run on repeated sequences whose history shows the
-phase change in which induction heads form.
+phase change in which induction heads form; and the chapter's other probes: the loss at each
+position of the context, and the subject-verb agreement sentences of chapter 9's grammar.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +19,21 @@ from .encoder_decoder import _check_targets, _init_weights, check_token_ids
 from .inspect_heads import _choose, capture_attention, induction_score, previous_token_score
 from .multihead import MultiHeadAttention
 
-__all__ = ["AttentionOnly", "head_scores", "ov_circuit", "train_on_repeats"]
+__all__ = [
+    "AttentionOnly",
+    "agreement_probability",
+    "agreement_prompts",
+    "agreement_text",
+    "head_scores",
+    "loss_by_position",
+    "ov_circuit",
+    "phase_change_step",
+    "train_on_repeats",
+]
 
 
 class AttentionOnly(nn.Module):
-    """A transformer with attention layers only, no feed-forward networks (chapter 11).
+    """A transformer with attention layers only, no feed-forward networks (chapter 12).
 
     ``AttentionOnly(vocab_size, context_len, n_layers=2, n_heads=4, d_model=64, *,
     layer_norm=True, bias=True)``: token embeddings plus learned position embeddings
@@ -88,7 +100,7 @@ class AttentionOnly(nn.Module):
 
 
 def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
-    """Head ``head`` of layer ``layer``'s OV circuit from tokens to logits, ``(V, V)`` (chapter 11).
+    """Head ``head`` of layer ``layer``'s OV circuit from tokens to logits, ``(V, V)`` (chapter 12).
 
     ``W_U W_O^i W_V^i E^T``: entry ``[a, b]`` is how much the logit of token ``a`` changes when
     the head attends fully to a position holding only token ``b``'s embedding, with ``E`` the
@@ -114,7 +126,7 @@ def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
 
 @torch.no_grad()
 def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tensor) -> dict[str, dict[str, list]]:
-    """Every head's induction and previous-token scores on a batch of repeated sequences (chapter 11).
+    """Every head's induction and previous-token scores on a batch of repeated sequences (chapter 12).
 
     ``idx (B, T)``, ``loss_mask (B, T)`` and ``distance (B,)`` as ``repeat_batch(...,
     return_distance=True)`` (:func:`~transformer_lib.data.repeats.repeat_batch`) returns them.
@@ -141,8 +153,9 @@ def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tens
 def train_on_repeats(
     model: nn.Module, steps: int, *, batch_size: int = 64, repeat_len: int = 8, lr: float = 3e-3,
     weight_decay: float = 0.01, seed: int = 0, log_every: int = 50, eval_size: int = 256,
+    min_distance: int | None = None, max_distance: int | None = None, on_log: Callable | None = None,
 ) -> list[dict]:  # fmt: skip
-    """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter 11).
+    """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter 12).
 
     ``model`` is an :class:`AttentionOnly` (or any model with ``vocab_size``, ``context_len`` and
     that ``forward``); the sequences, from :func:`~transformer_lib.data.repeats.repeat_batch` with
@@ -153,6 +166,9 @@ def train_on_repeats(
     ``{"step": int, "loss": the loss on the repeat of the held-out batch, "train_loss": the last
     training batch's (None at step 0), "induction": {layer name: [score of each head]},
     "previous_token": {...}}`` (see :func:`head_scores`). The model is left in train mode.
+    ``min_distance`` and ``max_distance`` go to ``repeat_batch`` (equal: one fixed distance, the
+    positional shortcut). ``on_log(step, model, held)``, if given, is called after each record,
+    ``held`` being the held-out ``(idx, targets, loss_mask, distance)``: to keep snapshots.
     """
     check_int(steps, "steps", minimum=0)
     for name, value in (("batch_size", batch_size), ("log_every", log_every), ("eval_size", eval_size)):
@@ -164,7 +180,11 @@ def train_on_repeats(
     V, T = model.vocab_size, model.context_len
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    held = [t.to(device) for t in repeat_batch(eval_size, T, V, repeat_len, generator=gen, return_distance=True)]
+    if on_log is not None and not callable(on_log):
+        raise TypeError(f"on_log must be a function (step, model, held) or None, got {type(on_log).__name__}")
+    spread = {"min_distance": min_distance, "max_distance": max_distance}
+    held = repeat_batch(eval_size, T, V, repeat_len, generator=gen, return_distance=True, **spread)
+    held = [t.to(device) for t in held]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     history, train_loss = [], None
 
@@ -174,11 +194,13 @@ def train_on_repeats(
             loss = model(held[0], held[1], held[2])[1].item()
         scores = head_scores(model, held[0], held[2], held[3])
         history.append({"step": step, "loss": loss, "train_loss": train_loss, **scores})
+        if on_log is not None:
+            on_log(step, model, tuple(held))
 
     log(0)
     for step in range(1, steps + 1):
         model.train()
-        idx, targets, mask = (t.to(device) for t in repeat_batch(batch_size, T, V, repeat_len, generator=gen))
+        idx, targets, mask = (t.to(device) for t in repeat_batch(batch_size, T, V, repeat_len, generator=gen, **spread))
         _, loss = model(idx, targets, mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -188,3 +210,131 @@ def train_on_repeats(
             log(step)
     model.train()
     return history
+
+
+def phase_change_step(history: list[dict], threshold: float = 0.3) -> int | None:
+    """The first logged step at which some head's induction score reaches ``threshold`` (chapter 12).
+
+    ``history``: the list :func:`train_on_repeats` returns. Returns the step (an int), or None if
+    no head of any layer ever reaches ``threshold`` (a number in ``(0, 1)``).
+    """
+    if not is_real(threshold) or not 0 < threshold < 1:
+        raise ValueError(f"threshold must be a number in (0, 1), got {threshold!r}")
+    if not isinstance(history, list) or not all(isinstance(r, dict) and "induction" in r for r in history):
+        raise TypeError("history must be the list of dicts that train_on_repeats returns")
+    for record in history:
+        if max(max(scores) for scores in record["induction"].values()) >= threshold:
+            return int(record["step"])
+    return None
+
+
+@torch.no_grad()
+def loss_by_position(model: nn.Module, idx: Tensor, targets: Tensor) -> Tensor:
+    """The next-token loss at each position of the context, ``(T,)`` (chapter 12).
+
+    ``idx (B, T)`` and ``targets (B, T)`` token ids; ``model(idx)`` returns ``(logits (B, T, V),
+    ...)`` as :class:`AttentionOnly` and :class:`~transformer_lib.models.GPT` do. Entry ``t`` is
+    the cross-entropy of ``targets[:, t]`` averaged over the batch, in nats: how much the model
+    gains from seeing ``t + 1`` tokens of context. The model runs in eval mode (restored after).
+    """
+    if not isinstance(idx, Tensor) or not isinstance(targets, Tensor) or idx.shape != targets.shape or idx.dim() != 2:
+        raise ValueError(
+            f"idx and targets must be (B, T) tensors of one shape, got {tuple(getattr(idx, 'shape', ()))} "
+            f"and {tuple(getattr(targets, 'shape', ()))}"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(idx)[0]  # (B, T, V)
+    finally:
+        model.train(was_training)
+    return F.cross_entropy(logits.transpose(1, 2), targets.long(), reduction="none").mean(0)  # (T,)
+
+
+# Chapter 9's invented language: (singular, plural) nouns and verbs, determiners by number.
+_NOUNS = [("cat", "cats"), ("dog", "dogs"), ("bird", "birds"), ("fox", "foxes"), ("child", "children"),
+          ("mouse", "mice"), ("king", "kings"), ("horse", "horses")]  # fmt: skip
+_INTRANSITIVE = [("sleeps", "sleep"), ("runs", "run"), ("sings", "sing"), ("waits", "wait")]
+_TRANSITIVE = [("sees", "see"), ("chases", "chase"), ("likes", "like"), ("follows", "follow")]
+_DETS = (["the", "a", "every", "one"], ["the", "some", "two", "all"])
+_OBJECT_DETS = (["the", "a"], ["the", "some", "two"])
+_ADJECTIVES, _ADJ_P = ["", " small", " red", " quiet", " big", " lazy"], [0.5] + [0.1] * 5
+_ADVERBS, _ADV_P = ["", " quietly", " today", " again"], [0.4, 0.2, 0.2, 0.2]
+
+
+def _sentence(rng) -> str:
+    """One sentence of chapter 9's grammar, drawn with ``rng`` (a ``random.Random``)."""
+    many = rng.random() < 0.5
+    subject = f"{rng.choice(_DETS[many])}{rng.choices(_ADJECTIVES, _ADJ_P)[0]} {rng.choice(_NOUNS)[many]}"
+    if rng.random() < 0.5:
+        rest = f" {rng.choice(_INTRANSITIVE)[many]}{rng.choices(_ADVERBS, _ADV_P)[0]}"
+    else:
+        other = rng.random() < 0.5
+        obj = f"{rng.choice(_OBJECT_DETS[other])}{rng.choices(_ADJECTIVES, _ADJ_P)[0]} {rng.choice(_NOUNS)[other]}"
+        rest = f" {rng.choice(_TRANSITIVE)[many]} {obj}"
+    return f"{subject}{rest}.\n"
+
+
+def agreement_text(n_sentences: int, seed: int = 0) -> str:
+    """``n_sentences`` random sentences of chapter 9's invented language, one per line (chapter 12).
+
+    A subject (determiner, optional adjective, noun) and a verb that agrees with it in number,
+    then an optional adverb or an object: "every small fox chases the mice.". Drawn with
+    ``random.Random(seed)``, so the same seed gives the same text.
+    """
+    import random
+
+    check_int(n_sentences, "n_sentences")
+    check_int(seed, "seed", minimum=0)
+    rng = random.Random(seed)
+    return "".join(_sentence(rng) for _ in range(n_sentences))
+
+
+def agreement_prompts(n_pairs: int, length: int = 24, seed: int = 0) -> list[tuple[str, str]]:
+    """Pairs of prompts that end on a verb stem, the subject singular in one, plural in the other (chapter 12).
+
+    Each pair is ``(singular, plural)``, both ``length`` characters: the end of a random sentence,
+    then "the", an optional adjective, a noun whose plural adds an "s" (cat, dog, bird, king,
+    horse) and the stem of a verb, as in ``"...s.\\nthe red cat chase"`` and ``"...
+    .\\nthe red cats chase"``. The two differ only in the noun's "s" (the singular one keeps one
+    more character of the sentence before), so the next character tells whether a model agrees:
+    "s" after the singular subject, not "s" after the plural one. ``random.Random(seed)``.
+    """
+    import random
+
+    check_int(n_pairs, "n_pairs")
+    check_int(length, "length", minimum=20)
+    check_int(seed, "seed", minimum=0)
+    rng = random.Random(seed)
+    nouns = [pair for pair in _NOUNS if pair[1] == pair[0] + "s"]
+    pairs = []
+    for _ in range(n_pairs):
+        noun = rng.choice(nouns)[0]
+        stem = rng.choice(_INTRANSITIVE + _TRANSITIVE)[1]
+        tail = f"the{rng.choices(_ADJECTIVES, _ADJ_P)[0]} {noun}"
+        before = "".join(_sentence(rng) for _ in range(3))
+        plural = f"{tail}s {stem}"
+        keep = length - len(plural)
+        pairs.append((before[-keep - 1 :] + f"{tail} {stem}", before[-keep:] + plural))
+    return pairs
+
+
+@torch.no_grad()
+def agreement_probability(model: nn.Module, idx: Tensor, singular: Tensor, s_token: int) -> Tensor:
+    """The probability that the next character agrees with the subject, per prompt, ``(N,)`` (chapter 12).
+
+    ``idx (N, T)``: prompts that end on a verb stem (see :func:`agreement_prompts`);
+    ``singular (N,)`` bool, True where the subject is singular; ``s_token``: the id of "s".
+    With ``p`` the model's probability of "s" after the last token, the result is ``p`` for a
+    singular subject and ``1 - p`` for a plural one. The model runs in eval mode (restored after).
+    """
+    if not isinstance(singular, Tensor) or singular.dtype != torch.bool or singular.shape != idx.shape[:1]:
+        raise ValueError(f"singular must be a bool tensor of shape (N,) = {tuple(idx.shape[:1])}, got {singular!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(idx)[0][:, -1]  # (N, V)
+    finally:
+        model.train(was_training)
+    p = logits.softmax(-1)[:, s_token]  # (N,)
+    return torch.where(singular, p, 1 - p)

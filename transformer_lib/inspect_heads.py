@@ -1,4 +1,4 @@
-"""Looking inside a trained model (chapter 11, "What attention learns"): capture the attention
+"""Looking inside a trained model (chapter 12, "What attention learns"): capture the attention
 weights of every layer and head in one forward pass, intervene on chosen heads, and score
 attention patterns.
 
@@ -37,7 +37,7 @@ MODES = ("zero", "mean", "patch")
 
 def attention_layers(model: nn.Module) -> dict[str, MultiHeadAttention]:
     """Every :class:`~transformer_lib.multihead.MultiHeadAttention` in ``model``, by its name in
-    ``model.named_modules()`` (chapter 11), in the order the modules were registered. ``model``
+    ``model.named_modules()`` (chapter 12), in the order the modules were registered. ``model``
     itself, if it is one, is named ``""``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -84,7 +84,7 @@ def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) ->
 @contextmanager
 def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> Iterator[dict[str, Tensor]]:
     """Record the attention weights of the chosen layers during the forward passes inside the
-    ``with`` block (chapter 11).
+    ``with`` block (chapter 12).
 
     Yields a dict that each forward fills with ``{layer name: weights (B, h, T_q, T_k)}``
     (detached; a layer called twice keeps its last call). ``layers``: names from
@@ -122,7 +122,7 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
 
 def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):
     """``(model(*args, **kwargs), {layer name: weights (B, h, T_q, T_k)})`` in one forward pass
-    (chapter 11): :func:`capture_attention` around one call. The output is the model's usual
+    (chapter 12): :func:`capture_attention` around one call. The output is the model's usual
     output, bitwise."""
     with capture_attention(model, layers) as weights:
         out = model(*args, **kwargs)
@@ -130,7 +130,7 @@ def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = N
 
 
 def head_activations(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):
-    """``(model(*args, **kwargs), {layer name: heads (B, h, T_q, d_k)})`` (chapter 11).
+    """``(model(*args, **kwargs), {layer name: heads (B, h, T_q, d_k)})`` (chapter 12).
 
     ``heads[:, i]`` is head ``i``'s output before the output projection: a forward pre-hook on
     each layer's ``out_proj`` reads its input, the merged heads ``(B, T_q, h * d_k)``, whose
@@ -171,7 +171,7 @@ def _check_heads(chosen: dict[str, MultiHeadAttention], heads: Mapping) -> dict[
 def intervene_heads(
     model: nn.Module, heads: Mapping[str, int | Iterable[int]], mode: str = "zero", reference=None
 ) -> Iterator[None]:
-    """Replace the output of chosen heads inside the ``with`` block, then undo it (chapter 11).
+    """Replace the output of chosen heads inside the ``with`` block, then undo it (chapter 12).
 
     ``heads``: ``{layer name: head index or indices}``. ``mode``:
 
@@ -240,7 +240,7 @@ def _check_pattern(pattern: Tensor, name: str) -> None:
 
 
 def previous_token_score(pattern: Tensor) -> Tensor:
-    """How much each query attends to the token just before it (chapter 11).
+    """How much each query attends to the token just before it (chapter 12).
 
     ``pattern (..., T, T)`` (rows: queries, columns: keys, as returned by
     :func:`capture_attention`) with ``T >= 2``; returns ``(...)``, the mean over ``t = 1 .. T - 1``
@@ -254,7 +254,7 @@ def previous_token_score(pattern: Tensor) -> Tensor:
 
 
 def induction_score(pattern: Tensor, distance=None, queries: Tensor | None = None) -> Tensor:
-    """The prefix-matching (induction) score of attention patterns (chapter 11).
+    """The prefix-matching (induction) score of attention patterns (chapter 12).
 
     On a sequence in which the token at position ``t`` repeats the one at ``t - distance``, an
     induction head at query ``t`` attends to key ``t - distance + 1``, the token that followed the
@@ -298,7 +298,7 @@ def induction_score(pattern: Tensor, distance=None, queries: Tensor | None = Non
 
 
 def copying_score(ov: Tensor) -> Tensor:
-    """How much a head raises the logit of the token it attends to (chapter 11).
+    """How much a head raises the logit of the token it attends to (chapter 12).
 
     ``ov (..., V, V)`` is a head's OV circuit read from tokens to logits, ``ov[..., a, b]`` the
     change of the logit of token ``a`` when the head attends fully to a position holding token

@@ -274,6 +274,24 @@ def test_every_widget_control_moves_its_figure(server, browser, page_path):
     assert not problems, "\n".join(problems[:10])
 
 
+CHAPTER_12 = "chapters/12_what_attention_learns.html"
+
+
+def test_chapter_12_phase_change_widget_works_without_a_kernel(server, browser):
+    """Chapter 12's widget over training step, layer and head is on the page, offline, and each of
+    its three controls changes the figure (the generic widget test above, on this page by name)."""
+    if CHAPTER_12 not in pages:
+        skip_or_fail(f"{CHAPTER_12} is not in the built book")
+    html = (SITE / CHAPTER_12).read_text(encoding="utf-8")
+    assert WIDGET_VIEW_TYPE in html, f"{CHAPTER_12}: no widget view saved on the page"
+    context, page, *_ = _open(server, browser, CHAPTER_12)
+    widget = page.locator(".cell_output .jupyter-widgets.widget-vbox").first
+    n_controls = widget.locator(".widget-hbox").first.locator(":scope > *").count()
+    context.close()
+    assert n_controls == 3, f"{CHAPTER_12}: the phase-change widget has {n_controls} controls, expected 3"
+    test_every_widget_control_moves_its_figure(server, browser, CHAPTER_12)
+
+
 # ---- self-check questions (_ext/selfcheck.py): a right, a known wrong and an unknown answer --------
 
 sys.path.insert(0, str(ROOT / "_ext"))
