@@ -2,10 +2,10 @@
 
 Concept modules, in chapter order (each imports only the ones before it): ``attention``
 (chapters 2-3), ``masks`` (4), ``kv_cache`` (10's key-value cache, which ``multihead`` reads),
-``multihead`` (5, with 10's grouped-query and sliding-window attention), ``positional`` (6),
+``multihead`` (5, with 10's grouped-query and 11's sliding-window attention), ``positional`` (6),
 ``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
-``long_context`` (10: the online softmax and tiled attention) and ``inspect_heads`` (11: capturing
-attention weights, intervening on heads, scoring patterns). Tools above them: ``induction`` (11:
+``long_context`` (11: the online softmax and tiled attention) and ``inspect_heads`` (12: capturing
+attention weights, intervening on heads, scoring patterns). Tools above them: ``induction`` (12:
 the attention-only model and its training on repeats), ``cost`` (every
 cost formula: receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
