@@ -283,30 +283,39 @@ def test_plot_architecture_draws_each_model_with_its_parts(kind):
     labels = _labels(viz.plot_architecture(kind))
     attention = [t for t in labels if "attention" in t]
     # one LayerNorm per residual sub-layer, and pre-LN adds the final one
-    sublayers = {"encoder_decoder": 5, "gpt_post_ln": 2, "gpt_pre_ln": 2}[kind]
+    encoder_decoder, pre_ln = kind.startswith("encoder_decoder"), kind.endswith("pre_ln")
+    sublayers = 5 if encoder_decoder else 2
     assert labels.count("+") == sublayers
-    norms = sum("LayerNorm" in t for t in labels)
-    assert norms == sublayers + (kind == "gpt_pre_ln")
-    assert len(attention) == {"encoder_decoder": 3, "gpt_post_ln": 1, "gpt_pre_ln": 1}[kind]
-    assert ("cross-attention" in labels) == (kind == "encoder_decoder")
-    assert ("final LayerNorm" in labels) == (kind == "gpt_pre_ln")
+    # one final LayerNorm per pre-LN stack: two for the encoder-decoder, one for a GPT
+    finals = labels.count("final LayerNorm")
+    assert finals == (1 + encoder_decoder) * pre_ln
+    assert sum("LayerNorm" in t for t in labels) == sublayers + finals
+    assert len(attention) == (3 if encoder_decoder else 1)
+    assert ("cross-attention" in labels) == encoder_decoder
     assert "next-token logits" in labels
 
 
 def test_plot_architecture_puts_the_norm_before_or_after_the_sublayer():
     # read each stack from the bottom: pre-LN goes LayerNorm, attention; post-LN the reverse
-    def order(kind):
+    def order(kind, attention="causal self-attention"):
         ax = viz.plot_architecture(kind).axes[0]
-        texts = sorted(ax.texts, key=lambda t: t.get_position()[1])
-        return [t.get_text() for t in texts if t.get_text() in ("LayerNorm", "causal self-attention")]
+        # the one column that holds this attention box
+        x = next(t.get_position()[0] for t in ax.texts if t.get_text() == attention)
+        texts = sorted((t for t in ax.texts if t.get_position()[0] == x), key=lambda t: t.get_position()[1])
+        return [t.get_text() for t in texts if t.get_text() in ("LayerNorm", attention)][:2]
 
-    assert order("gpt_pre_ln")[:2] == ["LayerNorm", "causal self-attention"]
-    assert order("gpt_post_ln")[:2] == ["causal self-attention", "LayerNorm"]
+    for kind in ("gpt_pre_ln", "encoder_decoder_pre_ln"):
+        assert order(kind) == ["LayerNorm", "causal self-attention"]
+    for kind in ("gpt_post_ln", "encoder_decoder"):
+        assert order(kind) == ["causal self-attention", "LayerNorm"]
+    assert order("encoder_decoder", "self-attention") == ["self-attention", "LayerNorm"]
+    assert order("encoder_decoder_pre_ln", "self-attention") == ["LayerNorm", "self-attention"]
 
 
 def test_plot_architecture_draws_all_three_side_by_side_by_default():
     labels = _labels(viz.plot_architecture())
     assert {"encoder-decoder (post-LN)", "GPT, post-LN", "GPT, pre-LN"} <= set(labels)
+    assert "encoder-decoder (pre-LN)" in _labels(viz.plot_architecture("encoder_decoder_pre_ln"))
     png = viz.figure_png(viz.plot_architecture("gpt_pre_ln"), dpi=60)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -138,7 +138,7 @@ _COLOURS = {
     "head": "#dadaeb",
 }
 _BOX_W, _BOX_H, _STEP = 3.0, 0.55, 0.3
-ARCHITECTURES = ("encoder_decoder", "gpt_post_ln", "gpt_pre_ln")
+ARCHITECTURES = ("encoder_decoder", "encoder_decoder_pre_ln", "gpt_post_ln", "gpt_pre_ln")
 
 
 class _Column:
@@ -227,21 +227,25 @@ def _draw_gpt(ax, x, pre_ln):
     return col.y, ("GPT, pre-LN" if pre_ln else "GPT, post-LN")
 
 
-def _draw_encoder_decoder(ax, x):
+def _draw_encoder_decoder(ax, x, pre_ln):
     enc, dec = _Column(ax, x), _Column(ax, x + _BOX_W + 3.0)
     enc.text("source tokens")
     enc.box("embedding + positions", "embed")
     start = enc.y + 0.05
-    enc.sublayer("self-attention", "attn", False)
-    enc.sublayer("feed-forward", "ffn", False)
+    enc.sublayer("self-attention", "attn", pre_ln)
+    enc.sublayer("feed-forward", "ffn", pre_ln)
     enc.frame(start, "N ×")
+    if pre_ln:  # each pre-LN stack ends with its own LayerNorm
+        enc.box("final LayerNorm", "norm")
     dec.text("target tokens, shifted right")
     dec.box("embedding + positions", "embed")
     start = dec.y + 0.05
-    dec.sublayer("causal self-attention", "attn", False)
-    dec.sublayer("cross-attention", "attn", False, name="cross")
-    dec.sublayer("feed-forward", "ffn", False)
+    dec.sublayer("causal self-attention", "attn", pre_ln)
+    dec.sublayer("cross-attention", "attn", pre_ln, name="cross")
+    dec.sublayer("feed-forward", "ffn", pre_ln)
     dec.frame(start, "N ×")
+    if pre_ln:
+        dec.box("final LayerNorm", "norm")
     dec.box("linear (to vocabulary)", "head")
     dec._arrow(dec.y, dec.y + _STEP)
     dec.y += _STEP + 0.05
@@ -257,27 +261,29 @@ def _draw_encoder_decoder(ax, x):
         arrowprops=dict(arrowstyle="->", color="C0", lw=1.2),
     )
     ax.text(mid - 0.1, enc.y + 0.35, "keys, values", ha="right", va="bottom", fontsize=7, color="C0")
-    return max(enc.y, dec.y), "encoder-decoder (post-LN)"
+    return max(enc.y, dec.y), f"encoder-decoder ({'pre' if pre_ln else 'post'}-LN)"
 
 
 def plot_architecture(*kinds: str) -> plt.Figure:
-    """Whole-model diagrams, side by side: ``"encoder_decoder"``, ``"gpt_post_ln"``, ``"gpt_pre_ln"``.
+    """Whole-model diagrams, side by side: ``"encoder_decoder"`` (post-LN, as in the paper),
+    ``"encoder_decoder_pre_ln"``, ``"gpt_post_ln"``, ``"gpt_pre_ln"``.
 
-    Drawn with matplotlib only (chapters 7, 8 and 9 show the same pictures). With no argument, all
-    three. Residual connections run on the right of each stack; dashed frames repeat ``N`` times.
+    Drawn with matplotlib only (chapters 7, 8 and 9 show the same pictures). With no argument, the
+    paper's encoder-decoder and both GPT blocks. Residual connections run on the right of each
+    stack; dashed frames repeat ``N`` times.
     """
-    kinds = kinds or ARCHITECTURES
+    kinds = kinds or ("encoder_decoder", "gpt_post_ln", "gpt_pre_ln")
     for kind in kinds:
         if kind not in ARCHITECTURES:
             raise ValueError(f"kind must be one of {ARCHITECTURES}, got {kind!r}")
     plt = _pyplot()
-    widths = [2 * _BOX_W + 4.8 if k == "encoder_decoder" else _BOX_W + 2.6 for k in kinds]
+    widths = [2 * _BOX_W + 4.8 if k.startswith("encoder_decoder") else _BOX_W + 2.6 for k in kinds]
     fig, ax = plt.subplots(figsize=(0.62 * sum(widths), 6.0))
     left, top = 0.0, 0.0
     for kind, width in zip(kinds, widths, strict=True):
         x = left + 1.5 + _BOX_W / 2
-        if kind == "encoder_decoder":
-            height, title = _draw_encoder_decoder(ax, x)
+        if kind.startswith("encoder_decoder"):
+            height, title = _draw_encoder_decoder(ax, x, pre_ln=kind.endswith("pre_ln"))
             centre = x + (_BOX_W + 3.0) / 2
         else:
             height, title = _draw_gpt(ax, x, pre_ln=kind == "gpt_pre_ln")
