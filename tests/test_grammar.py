@@ -1,4 +1,4 @@
-"""Tests for transformer_lib/data/grammar.py: chapter 9's toy language and the exact facts about it."""
+"""Tests for chapter 9's toy grammar (transformer_lib/data/grammar.py) and chapter 8's alignment statistics."""
 
 import itertools
 import math
@@ -95,3 +95,68 @@ def test_the_chapter_9_language():
 def test_bad_grammars_and_arguments_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+# --------------------------------------------------------------------------------------------
+# date_field_shares (chapter 8's alignment statistics; in transformer_lib/data/tasks.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _dates_and_sources(n=6, seed=0):
+    import datetime
+
+    rng = random.Random(seed)
+    dates = [tl.DATE_FIRST + datetime.timedelta(days=rng.randrange(30000)) for _ in range(n)]
+    formats = [rng.choice(list(tl.DATE_FORMATS)) for _ in range(n)]
+    texts = [tl.render_date(d, f) for d, f in zip(dates, formats, strict=True)]
+    return dates, formats, texts
+
+
+def _weights(texts, layers, heads, fill):
+    import torch
+
+    T_src = max(map(len, texts))
+    w = torch.zeros(len(texts), layers, heads, len(tl.ISO_FIELDS), T_src, dtype=torch.float64)
+    for n, text in enumerate(texts):
+        fill(w[n], n, text)
+    return w
+
+
+def test_date_field_shares_is_one_for_perfect_alignment_and_uniform_for_even_weights():
+    dates, formats, texts = _dates_and_sources()
+
+    def perfect(w, n, text):
+        _, spans = tl.date_field_spans(dates[n], formats[n])
+        for t, field in enumerate(tl.ISO_FIELDS):
+            cols = list(spans[field]) if field else [0]
+            w[..., t, cols] = 1.0 / len(cols)
+
+    def even(w, n, text):
+        w[..., : len(text)] = 1.0 / len(text)
+
+    good = tl.date_field_shares(_weights(texts, 2, 3, perfect), texts, formats, dates)
+    assert good["share"].shape == (6, 2, 3, 8) and good["per_field"].shape == (3, 2, 3)
+    assert torch_allclose(good["per_head"], 1.0) and torch_allclose(good["per_field"], 1.0)
+    flat = tl.date_field_shares(_weights(texts, 1, 2, even), texts, formats, dates)
+    # even weights score exactly the uniform reference, whatever the formats
+    assert flat["per_head"].mean().item() == pytest.approx(flat["uniform"])
+    assert 0 < flat["uniform"] < 1
+
+
+def torch_allclose(x, value):
+    return bool((x - value).abs().max() < 1e-12)
+
+
+def test_date_field_shares_names_bad_input():
+    import torch
+
+    dates, formats, texts = _dates_and_sources(3)
+    w = torch.zeros(3, 1, 1, 11, 40)
+    with pytest.raises(ValueError, match="cross must have shape"):
+        tl.date_field_shares(w[0], texts, formats, dates)
+    with pytest.raises(ValueError, match="one entry per row of cross \\(3\\), got 2, 3 and 3"):
+        tl.date_field_shares(w, texts[:2], formats, dates)
+    with pytest.raises(ValueError, match="output rows"):
+        tl.date_field_shares(w[:, :, :, :5], texts, formats, dates)
+    with pytest.raises(ValueError, match=r"texts\[0\] = 'nonsense' is not"):
+        tl.date_field_shares(w, ["nonsense"] + texts[1:], formats, dates)
