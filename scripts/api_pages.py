@@ -60,13 +60,14 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data",
             "transformer_lib.data.tokenizer",
             "transformer_lib.data.tasks",
+            "transformer_lib.data.grammar",
             "transformer_lib.data.corpus",
             "transformer_lib.data.batches",
             "transformer_lib.data.repeats",
         ],
         "8, 9 and 12",
-        "The character tokenizer, the synthetic and dates tasks, the text corpus, batches and the sequences "
-        "with a repeated segment.",
+        "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
+        "batches and the sequences with a repeated segment.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
@@ -101,7 +102,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "The attention-only transformer, its heads' OV circuits, the training run on repeated sequences and its "
         "phase change, the loss at each position, and chapter 9's agreement sentences.",
     ),
-    ("viz", ["transformer_lib.viz"], "all", "Attention heatmaps and interactive figures that work without a kernel."),
+    (
+        "viz",
+        ["transformer_lib.viz", "transformer_lib.viz.diagrams"],
+        "all",
+        "Attention heatmaps, interactive figures that work without a kernel, and diagrams of heads and whole models.",
+    ),
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",

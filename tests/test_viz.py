@@ -1,4 +1,4 @@
-"""Tests for transformer_lib/viz.py: the heatmap helpers and the kernel-free widgets."""
+"""Tests for transformer_lib/viz: the heatmap helpers, the kernel-free widgets and the diagrams."""
 
 import base64
 import html
@@ -203,3 +203,123 @@ def test_frame_widget_names_falsy_values_too(widgets):
     """A control created with value 0 shows "0", and so must the frame's alt text."""
     box = tl.viz.frame_widget(lambda n: bars(n + 1)[0], n=widgets.SelectionSlider(options=[0, 1, 2], value=0))
     assert [_picture(f)[0] for f in box.children[1].children] == ["n = 0", "n = 1", "n = 2"]
+
+
+# --------------------------------------------------------------------------------------------
+# plot_head_split and plot_architecture (the diagrams)
+# --------------------------------------------------------------------------------------------
+
+
+def _traced(T, d_model):
+    # entry 100 t + c: feature c of position t, every entry distinct
+    return (100 * torch.arange(T)[:, None] + torch.arange(d_model))[None]
+
+
+def _cells(fig):
+    # (text, face colour) of every numbered cell, panel by panel from left to right
+    ax = fig.axes[0]
+    rects = [p for p in ax.patches if isinstance(p, matplotlib.patches.Rectangle)]
+    by_xy = {(round(r.get_x() + 0.5, 3), round(r.get_y() + 0.5, 3)): r.get_facecolor() for r in rects}
+    return [(int(t.get_text()), by_xy[round(t.get_position()[0], 3), round(t.get_position()[1], 3)])
+            for t in ax.texts if t.get_text().isdigit()]  # fmt: skip
+
+
+@pytest.mark.parametrize("T, d_model, h", [(3, 6, 2), (4, 8, 4), (2, 6, 3), (5, 4, 1)])
+def test_plot_head_split_gives_each_head_one_hue_and_keeps_every_entry_its_colour(T, d_model, h):
+    x = _traced(T, d_model)
+    heads = tl.split_heads(x, h)
+    fig = viz.plot_head_split(x[0], heads[0], tl.merge_heads(heads)[0])
+    cells = _cells(fig)
+    # x, the h heads and the merged copy: every entry drawn three times (once in x, once in its
+    # head, once merged), always in the same colour
+    assert len(cells) == 3 * T * d_model
+    colour_of = {}
+    for value, colour in cells:
+        assert colour_of.setdefault(value, colour) == colour
+    # one hue per head: entries of the same feature block but different positions differ only
+    # in shade, and those of different heads differ
+    d_k = d_model // h
+    for value, colour in colour_of.items():
+        same_head = [colour_of[t * 100 + c] for t in range(T) for c in range(d_model) if c // d_k == value % 100 // d_k]
+        assert colour in same_head
+    if h > 1:
+        assert colour_of[0] != colour_of[d_k]
+    assert fig.axes[0].get_title() == ""
+
+
+def test_plot_head_split_shows_a_wrong_reshape_as_mixed_colours():
+    x = _traced(3, 6)
+    right = _cells(viz.plot_head_split(x[0], tl.split_heads(x, 2)[0]))
+    wrong = _cells(viz.plot_head_split(x[0], x.view(1, 2, 3, 3)[0]))
+    # head 0 of the right split holds features 0-2 only; the wrong one holds features 3-5 too
+    right_head0 = [v for v, _ in right[18:27]]
+    wrong_head0 = [v for v, _ in wrong[18:27]]
+    assert sorted(v % 100 for v in right_head0) == sorted([0, 1, 2] * 3)
+    assert {v % 100 for v in wrong_head0} == set(range(6))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((torch.arange(6), torch.arange(6).view(2, 1, 3)), "x must be one sequence"),
+        ((torch.arange(6).view(1, 6), torch.arange(6).view(2, 3)), "heads must have shape"),
+        ((torch.arange(6).view(1, 6), torch.arange(4).view(2, 1, 2)), "heads has 4 entries but x has 6"),
+        ((torch.zeros(1, 6), torch.zeros(2, 1, 3)), "distinct integers"),
+        ((torch.arange(6).view(1, 6), (torch.arange(6) + 1).view(2, 1, 3)), "not in x: \\[6\\]"),
+        ((torch.arange(6).view(1, 6), torch.arange(6).view(2, 1, 3), torch.arange(6)), "merged must have"),
+    ],
+)
+def test_plot_head_split_rejects_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        viz.plot_head_split(*args)
+
+
+def _labels(fig):
+    return [t.get_text() for t in fig.axes[0].texts]
+
+
+@pytest.mark.parametrize("kind", tl.viz.diagrams.ARCHITECTURES)
+def test_plot_architecture_draws_each_model_with_its_parts(kind):
+    labels = _labels(viz.plot_architecture(kind))
+    attention = [t for t in labels if "attention" in t]
+    # one LayerNorm per residual sub-layer, and pre-LN adds the final one
+    encoder_decoder, pre_ln = kind.startswith("encoder_decoder"), kind.endswith("pre_ln")
+    sublayers = 5 if encoder_decoder else 2
+    assert labels.count("+") == sublayers
+    # one final LayerNorm per pre-LN stack: two for the encoder-decoder, one for a GPT
+    finals = labels.count("final LayerNorm")
+    assert finals == (1 + encoder_decoder) * pre_ln
+    assert sum("LayerNorm" in t for t in labels) == sublayers + finals
+    assert len(attention) == (3 if encoder_decoder else 1)
+    assert ("cross-attention" in labels) == encoder_decoder
+    assert "next-token logits" in labels
+
+
+def test_plot_architecture_puts_the_norm_before_or_after_the_sublayer():
+    # read each stack from the bottom: pre-LN goes LayerNorm, attention; post-LN the reverse
+    def order(kind, attention="causal self-attention"):
+        ax = viz.plot_architecture(kind).axes[0]
+        # the one column that holds this attention box
+        x = next(t.get_position()[0] for t in ax.texts if t.get_text() == attention)
+        texts = sorted((t for t in ax.texts if t.get_position()[0] == x), key=lambda t: t.get_position()[1])
+        return [t.get_text() for t in texts if t.get_text() in ("LayerNorm", attention)][:2]
+
+    for kind in ("gpt_pre_ln", "encoder_decoder_pre_ln"):
+        assert order(kind) == ["LayerNorm", "causal self-attention"]
+    for kind in ("gpt_post_ln", "encoder_decoder"):
+        assert order(kind) == ["causal self-attention", "LayerNorm"]
+    assert order("encoder_decoder", "self-attention") == ["self-attention", "LayerNorm"]
+    assert order("encoder_decoder_pre_ln", "self-attention") == ["LayerNorm", "self-attention"]
+
+
+def test_plot_architecture_draws_all_three_side_by_side_by_default():
+    labels = _labels(viz.plot_architecture())
+    assert {"encoder-decoder (post-LN)", "GPT, post-LN", "GPT, pre-LN"} <= set(labels)
+    assert "encoder-decoder (pre-LN)" in _labels(viz.plot_architecture("encoder_decoder_pre_ln"))
+    png = viz.figure_png(viz.plot_architecture("gpt_pre_ln"), dpi=60)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_architecture_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be one of .* got 'bert'"):
+        viz.plot_architecture("bert")

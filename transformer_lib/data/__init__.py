@@ -1,5 +1,5 @@
 """Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
-dates task with its formats, the text corpus, and batch sampling.
+dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling.
 
 Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
 path or downloaded once into a cache folder (see :mod:`.corpus`).
@@ -19,13 +19,24 @@ from .corpus import (
     python_stdlib_corpus,
     sha256_of,
 )
+from .grammar import (
+    TOY_GRAMMAR,
+    Choice,
+    generate_from_grammar,
+    grammar_count,
+    grammar_entropy,
+    grammar_regex,
+    grammar_text,
+)
 from .repeats import repeat_batch
 from .tasks import (
     DATE_FIRST,
     DATE_FORMATS,
     DATE_LAST,
     DATE_PIECES,
+    ISO_FIELDS,
     Seq2SeqData,
+    date_field_shares,
     date_field_spans,
     date_format_of,
     dates_task,
@@ -36,10 +47,18 @@ from .tokenizer import SPECIALS, CharTokenizer, pad_sequences
 
 __all__ = [
     "CACHE_ENV",
+    "TOY_GRAMMAR",
+    "Choice",
+    "generate_from_grammar",
+    "grammar_count",
+    "grammar_entropy",
+    "grammar_regex",
+    "grammar_text",
     "DATE_FIRST",
     "DATE_FORMATS",
     "DATE_LAST",
     "DATE_PIECES",
+    "ISO_FIELDS",
     "OFFLINE_ENV",
     "PATH_ENV",
     "SHIPPED_PATH",
@@ -52,6 +71,7 @@ __all__ = [
     "LMBatches",
     "Seq2SeqBatches",
     "Seq2SeqData",
+    "date_field_shares",
     "date_field_spans",
     "date_format_of",
     "dates_task",

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .tokenizer import SPECIALS, CharTokenizer, pad_sequences
@@ -24,7 +25,9 @@ __all__ = [
     "DATE_FORMATS",
     "DATE_LAST",
     "DATE_PIECES",
+    "ISO_FIELDS",
     "Seq2SeqData",
+    "date_field_shares",
     "date_field_spans",
     "date_format_of",
     "dates_task",
@@ -200,3 +203,53 @@ def dates_task(n_train: int = 50_000, n_val: int = 1_000, seed: int = 0) -> Seq2
         src.append(src_tok.encode(render_date(date, names[f])))
         answers.append(tgt_tok.encode(date.isoformat()))
     return Seq2SeqData(*_seq2seq(src, answers, n_train), src_tok, tgt_tok)
+
+
+#: The field each output position of an ISO date ``yyyy-mm-dd`` and its ``<eos>`` writes (None: no field).
+ISO_FIELDS = ("year",) * 4 + (None,) + ("month",) * 2 + (None,) + ("day",) * 2 + (None,)
+
+
+def date_field_shares(cross: Tensor, texts: Sequence[str], formats: Sequence[str], dates: Sequence) -> dict:
+    """How much cross-attention weight lands on the date field being written (chapter 8).
+
+    ``cross`` is ``(N, layers, h, T_tgt, T_src)``: the weights of a teacher-forced pass whose
+    output row ``t`` writes character ``t`` of the ISO answer; ``texts[n]`` is source ``n``,
+    ``dates[n]`` written in ``formats[n]``. For each of the 8 digit rows (:data:`ISO_FIELDS`) the
+    weight on the source characters of its field is summed. Returns ``"share"``
+    ``(N, layers, h, 8)``; ``"per_head"`` ``(layers, h)``, its mean over dates and digits;
+    ``"per_field"`` ``(3, layers, h)``, the mean over the digits of the year, month and day; and
+    ``"uniform"``, what weight spread evenly over each source's characters would score.
+    """
+    if cross.ndim != 5:
+        raise ValueError(f"cross must have shape (N, layers, h, T_tgt, T_src), got {tuple(cross.shape)}")
+    n = cross.shape[0]
+    if not len(texts) == len(formats) == len(dates) == n:
+        raise ValueError(
+            f"texts, formats and dates need one entry per row of cross ({n}), "
+            f"got {len(texts)}, {len(formats)} and {len(dates)}"
+        )
+    if cross.shape[3] < len(ISO_FIELDS) - 1:
+        raise ValueError(f"cross has {cross.shape[3]} output rows; an ISO date needs {len(ISO_FIELDS) - 1}")
+    digit_rows = [t for t, f in enumerate(ISO_FIELDS) if f]
+    right = torch.zeros(n, len(digit_rows), cross.shape[-1], dtype=cross.dtype)
+    uniform = torch.zeros(n, dtype=torch.float64)
+    for i, (text, fmt, date) in enumerate(zip(texts, formats, dates, strict=True)):
+        rendered, spans = date_field_spans(date, fmt)
+        if rendered != text:
+            raise ValueError(f"texts[{i}] = {text!r} is not {date} written as {fmt!r} ({rendered!r})")
+        for r, t in enumerate(digit_rows):
+            right[i, r, list(spans[ISO_FIELDS[t]])] = 1.0
+        uniform[i] = sum(len(spans[ISO_FIELDS[t]]) for t in digit_rows) / (len(digit_rows) * len(text))
+    share = (cross[:, :, :, digit_rows, :] * right[:, None, None]).sum(-1)  # (N, layers, h, 8)
+    per_field = torch.stack(
+        [
+            share[..., [r for r, t in enumerate(digit_rows) if ISO_FIELDS[t] == f]].mean(dim=(0, 3))
+            for f in ("year", "month", "day")
+        ]
+    )
+    return {
+        "share": share,
+        "per_head": share.mean(dim=(0, 3)),
+        "per_field": per_field,
+        "uniform": uniform.mean().item(),
+    }

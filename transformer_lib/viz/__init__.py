@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 __all__ = [
     "figure_png",
     "frame_widget",
+    "plot_architecture",
     "plot_attention",
     "plot_attention_grid",
+    "plot_head_split",
 ]
 
 
@@ -237,3 +239,7 @@ def _nest(controls: list, frames: dict, prefix: tuple):
     stack = widgets.Stack(pages, selected_index=control.index)
     widgets.jslink((control, "index"), (stack, "selected_index"))
     return stack
+
+
+# the diagrams (heads split and merged, whole models) live in their own file
+from .diagrams import plot_architecture, plot_head_split  # noqa: E402
