@@ -159,6 +159,20 @@ class KVCache:
         return f"KVCache(shape={shape}, position={self.position}{extra})"
 
 
+def check_cache(cache: object, window: int | None, batch: int) -> None:
+    """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` and a query
+    batch of ``batch`` may use (chapter 10); a clear error otherwise."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+    if cache.window is not None and (window is None or cache.window < window):
+        raise ValueError(
+            f"this KVCache keeps only what a window of {cache.window} needs, but the attention's window is "
+            f"{window}: give the cache the attention's window (or none)"
+        )
+    if cache.static and cache.filled and cache.k.shape[0] != batch:
+        raise ValueError(f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={batch}")
+
+
 class LayerCache(NamedTuple):
     """The caches of one :class:`~transformer_lib.blocks.DecoderLayer` for incremental decoding (chapter 10).
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_kv_heads, check_probability
 from .attention import check_mask, scaled_dot_product_attention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, check_cache
 from .masks import causal_mask, sliding_window_mask
 
 __all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_heads", "split_heads"]
@@ -54,12 +54,9 @@ class Projection(NamedTuple):
 
 
 def _nan_rows_like(out: Tensor, q: Tensor) -> Tensor:
-    """``out (B, T_q, d_model)`` with NaN in every row whose query ``q (B, h, T_q, d_k)`` holds a
-    NaN or an infinity in any head, as the hand-written path gives (its softmax turns such a query
-    into NaN weights, and the output projection spreads a NaN to the whole row); some fused
-    kernels return zeros there instead. The row's largest entry, times 0, is 0 or NaN (max
-    propagates NaN and, unlike a sum, never overflows): one reduction, outside autograd, and one
-    addition ``out + 0 * marks``, on the output's layout (no copy of the heads)."""
+    """``out (B, T_q, d_model)`` with NaN in every row whose query ``q (B, h, T_q, d_k)`` holds a NaN
+    or an inf in any head, as the hand-written path gives (some fused kernels return zeros there).
+    ``max * 0`` is 0 or NaN (max propagates NaN and never overflows): no copy of the heads."""
     marks = q.detach().amax(dim=(1, 3)).unsqueeze(-1)  # (B, T_q, 1)
     return torch.add(out, marks, alpha=0)  # 0 * NaN and 0 * inf are NaN
 
@@ -266,19 +263,8 @@ class MultiHeadAttention(nn.Module):
             check_int(window, "window")
             if not is_causal:
                 raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")
-        if cache is None:
-            return
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-        if cache.window is not None and (window is None or cache.window < window):
-            raise ValueError(
-                f"this KVCache keeps only what a window of {cache.window} needs, but the attention's window is "
-                f"{window}: give the cache the attention's window (or none)"
-            )
-        if cache.static and cache.filled and cache.k.shape[0] != query.shape[0]:
-            raise ValueError(
-                f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={query.shape[0]}"
-            )
+        if cache is not None:
+            check_cache(cache, window, query.shape[0])
 
     def _project_cached(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, ...]:
         """:meth:`project`, with the keys and values added to the cache (chapter 10), or read from
@@ -315,10 +301,8 @@ class MultiHeadAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, **gqa)
 
     def _attend_fused_masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float) -> Tensor:
-        """:meth:`_attend_fused` with a mask; the same function as :meth:`_attend_by_hand`, NaN
-        and fully masked rows included: a query with no key to attend to gets zeros, as in the
-        hand-written path, on every PyTorch version and kernel (it attends everywhere, then its
-        output is zeroed), and a NaN query's output is NaN in that head."""
+        """:meth:`_attend_fused` with a mask, the same function as :meth:`_attend_by_hand`: a query
+        with no key gets zeros (it attends everywhere, then is zeroed), a NaN query NaN."""
         any_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
         out = self._attend_fused(q, k, v, mask | ~any_key, p)  # (B, h, T_q, d_k)
         nan_rows = q.detach().amax(dim=-1, keepdim=True) * 0  # (B, h, T_q, 1), 0 or NaN
@@ -343,13 +327,9 @@ class MultiHeadAttention(nn.Module):
 
 
 def head_contributions(
-    mha: MultiHeadAttention,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    mask: Tensor | None = None,
+    mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
     is_causal: bool = False,
-) -> Tensor:
+) -> Tensor:  # fmt: skip
     """Each head's additive share of a :class:`MultiHeadAttention` output (chapter 5).
 
     Concatenating the heads and applying ``W_o`` equals summing, over heads, head ``i``'s output

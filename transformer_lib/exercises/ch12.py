@@ -86,7 +86,8 @@ def _prev_mistake(pattern: Tensor, actual: Tensor) -> str | None:
 def check_previous_token_score(fn: Callable[[Tensor], Tensor]) -> None:
     """Chapter 12, exercise 12.1: check ``fn(pattern (..., T, T)) -> (...)``, the previous-token score.
 
-    The mean over queries ``t = 1 .. T - 1`` of ``pattern[..., t, t - 1]``, compared with
+    ``fn`` is given attention weights and returns, per pattern, the mean over queries
+    ``t = 1 .. T - 1`` of ``pattern[..., t, t - 1]``, compared with
     :func:`transformer_lib.previous_token_score` on hand-built, random, batched and float64 patterns.
     """
     wrong = []
@@ -149,7 +150,8 @@ def _ind_mistake(pattern: Tensor, distance: int, actual: Tensor) -> str | None:
 def check_induction_score(fn: Callable[[Tensor, int], Tensor]) -> None:
     """Chapter 12, exercise 12.2: check ``fn(pattern (..., T, T), distance) -> (...)``, the induction score.
 
-    The mean over queries ``t = distance .. T - 1`` of ``pattern[..., t, t - distance + 1]``,
+    ``fn`` is given attention weights and the repeat's distance and returns, per pattern, the
+    mean over queries ``t = distance .. T - 1`` of ``pattern[..., t, t - distance + 1]``,
     compared with :func:`transformer_lib.induction_score` on hand-built, random, batched and
     float64 patterns.
     """

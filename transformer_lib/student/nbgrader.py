@@ -55,6 +55,7 @@ POINTS: dict[str, int] = {
     "ex-09-1": 3, "ex-09-2": 3, "ex-09-3": 4, "ex-09-4": 3,
     "ex-10-1": 4, "ex-10-2": 2,
     "ex-11-1": 4, "ex-11-2": 2, "ex-11-3": 3,
+    "ex-12-1": 3, "ex-12-2": 4, "ex-12-3": 2, "ex-12-4": 3,
 }  # fmt: skip
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
