@@ -62,7 +62,12 @@ def train_command(
 def _final_from_checkpoint(path: Path) -> dict:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     history, meta = ckpt["history"], ckpt.get("meta", {})
-    return {"val_loss": history["val_loss"][-1], "step": history["eval_step"][-1], "corpus": meta.get("corpus")}
+    losses, steps = history["val_loss"], history["eval_step"]
+    best = min(range(len(losses)), key=losses.__getitem__)
+    return {
+        "val_loss": losses[-1], "step": steps[-1], "best_val_loss": losses[best], "best_step": steps[best],
+        "corpus": meta.get("corpus"),
+    }  # fmt: skip
 
 
 def _final_from_output(text: str) -> dict:
@@ -70,7 +75,15 @@ def _final_from_output(text: str) -> dict:
     if not found:
         raise RuntimeError("the training run printed no final validation loss")
     loss, step = found[-1]
-    return {"val_loss": float(loss), "step": int(step), "corpus": None}
+    evals = [(float(v), int(s)) for s, v in re.findall(r"step (\d+): train loss [0-9.]+, val loss ([0-9.]+)", text)]
+    best_loss, best_step = min(evals) if evals else (float(loss), int(step))
+    return {
+        "val_loss": float(loss),
+        "step": int(step),
+        "best_val_loss": best_loss,
+        "best_step": best_step,
+        "corpus": None,
+    }
 
 
 def run_quality(
@@ -121,6 +134,8 @@ def run_quality(
         "steps": steps,
         "val_loss": final["val_loss"],
         "eval_step": final["step"],
+        "best_val_loss": final["best_val_loss"],
+        "best_step": final["best_step"],
         "wall_s": wall_s,
         "corpus": corpus,
         "reference_loss": ref_loss if steps == ref_steps and corpus == "tiny_shakespeare" else None,
@@ -150,14 +165,18 @@ def main(argv: list[str] | None = None) -> int:
         print("note: neither --data nor TINY_SHAKESPEARE is set; the trainer will look for Tiny Shakespeare itself")
     r = run_quality(preset, args.steps, args.data, args.device, args.threads, args.compile)
     reference = "-" if r["reference_loss"] is None else f"{r['reference_loss']:.2f}"
-    rows = [[preset, r["steps"], r["corpus"], f"{r['val_loss']:.4f}", reference, f"{r['wall_s']:.0f}"]]
+    best = f"{r['best_val_loss']:.4f} (step {r['best_step']})"
+    rows = [[preset, r["steps"], r["corpus"], f"{r['val_loss']:.4f}", best, reference, f"{r['wall_s']:.0f}"]]
     print()
-    print(format_table(["preset", "steps", "text", "final val loss", "nanoGPT", "wall s"], rows))
+    print(format_table(["preset", "steps", "text", "final val loss", "best val loss", "nanoGPT", "wall s"], rows))
+    print("(nanoGPT's number is its best validation loss: it keeps the checkpoint only when the loss improves)")
     if r["reference_loss"] is None:
         print("(no reference: the run did not use Tiny Shakespeare or not the preset's number of steps)")
     if not args.no_record:
         settings = dict(preset=preset, steps=r["steps"], text=r["corpus"], threads=args.threads, compile=args.compile)
-        results = dict(val_loss=f"{r['val_loss']:.4f}", nanogpt=reference, wall_s=f"{r['wall_s']:.0f}")
+        results = dict(
+            val_loss=f"{r['val_loss']:.4f}", best_val_loss=best, nanogpt=reference, wall_s=f"{r['wall_s']:.0f}"
+        )
         print(f"\nappended to {append_result('quality', settings, results, args.results)}")
     return 0
 

@@ -131,6 +131,15 @@ def test_quality_runs_the_training_command_line(tmp_path):
     assert r["eval_step"] == 2 and math.isfinite(r["val_loss"]) and r["wall_s"] > 0
     assert r["corpus"] == "text.txt" and r["reference_loss"] is None  # not Tiny Shakespeare: no reference
     assert r["command"][1:4] == ["-m", "transformer_lib", "train"]
+    assert r["best_val_loss"] <= r["val_loss"] and r["best_step"] in (0, 2)
+
+
+def test_quality_reports_the_best_validation_loss_beside_the_final_one():
+    # nanoGPT's reference is its best loss: an overfitting run's best comes before its end
+    log = "step 0: train loss 4.2, val loss 4.3\nstep 250: train loss 1.1, val loss 1.48\n"
+    log += "step 500: train loss 0.6, val loss 1.71\nfinal val loss 1.71 after 500 steps\n"
+    r = quality._final_from_output(log)
+    assert (r["val_loss"], r["step"], r["best_val_loss"], r["best_step"]) == (1.71, 500, 1.48, 250)
 
 
 def test_attention_timing_drops_a_call_that_runs_out_of_memory():

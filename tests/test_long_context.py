@@ -21,7 +21,7 @@ def qkv(B, h, T_q, T_k, d=8, d_v=None, dtype=torch.float64, seed=0):
 
 
 def grads(out, inputs, seed=1):
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)  # its dtype and device
     return torch.autograd.grad(out, inputs, g)
 
 

@@ -143,7 +143,8 @@ def test_models_run_on_cuda(gen):
     assert logits.device.type == "cuda"
     assert model.generate(idx, 3).device.type == "cuda"
     t = tiny_transformer().cuda().eval()
-    assert t.greedy_decode(idx + 3, 4).device.type == "cuda"
+    src = torch.randint(3, 13, (2, 8), generator=gen).cuda()  # the tiny transformer's source ids
+    assert t.greedy_decode(src, 4).device.type == "cuda"
 
 
 def test_gpt_bias_flag_removes_every_bias():

@@ -283,3 +283,20 @@ def test_checkpoints_get_the_mode_the_umask_allows(umask, mode, text, tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "run" / "ckpt.pt").stat().st_mode & 0o777 == mode
+
+
+def test_resume_keeps_the_device_dtype_and_compilation_it_started_with(text, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert train("--data", text, "--out-dir", out, "--max-iters", 2, "--dtype", "float32") == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # "auto" would now pick a GPU
+    args = cli.build_parser().parse_args(["--resume", "--out-dir", str(out)])
+    _, _, config = cli._settings(args, tl.read_checkpoint(out), out / "ckpt.pt")
+    assert (str(config.device), config.dtype, config.compile) == ("cpu", "float32", False)
+    args = cli.build_parser().parse_args(["--resume", "--out-dir", str(out), "--no-compile", "--device", "cuda"])
+    assert cli._settings(args, tl.read_checkpoint(out), out / "ckpt.pt")[2].device == "cuda"  # a flag moves it
+
+
+def test_resume_on_a_machine_without_the_runs_device_says_how_to_continue(tmp_path):
+    args = cli.build_parser().parse_args(["--resume", "--out-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"trained on device 'cuda:64'.*--device cpu"):
+        cli._recorded_process({"train_config": {"device": "cuda:64"}}, args, tmp_path / "ckpt.pt")

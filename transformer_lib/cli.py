@@ -143,11 +143,28 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
             what = f"does not record the training setting {_flag(missing[0])}" if missing else (
                 f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
             raise ValueError(f"{file} {what} (a checkpoint from another version?)")
-        config = replace(config, **saved)
+        config = replace(config, **saved, **_recorded_process(ckpt, args, file))
     shape.update(given_shape)
     check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
     return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
+
+
+def _recorded_process(ckpt: dict, args, file: Path) -> dict:
+    """On resume, the device, autocast dtype and compilation the run was started with, unless a
+    flag gives another (a run can move to another machine that way): ``auto`` would otherwise
+    pick a GPU for a run that trained on the CPU. A device this machine lacks is refused."""
+    saved = ckpt.get("train_config") or {}
+    kept = {k: saved[k] for k in ("device", "dtype", "compile") if k in saved and getattr(args, k) is None}
+    if "device" in kept:
+        try:
+            pick_device(str(kept["device"]))
+        except (ValueError, RuntimeError):
+            raise ValueError(
+                f"the run in {file} trained on device {kept['device']!r}, which this machine does not have: "
+                f"continue it here with --device cpu (or another device)"
+            ) from None
+    return kept
 
 
 # Settings of the command itself (not of TrainConfig), recorded in the checkpoint's meta.

@@ -22,9 +22,8 @@ __all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_head
 
 
 def _sdpa_has_gqa() -> bool:
-    """Does this PyTorch's fused kernel share K/V heads between query heads itself (grouped-query
-    attention, ``enable_gqa=True``, PyTorch >= 2.5)? Otherwise the K/V heads are repeated first.
-    One tiny call decides (the kernel is a builtin whose signature may not be readable)."""
+    """Does the fused kernel share K/V heads itself (``enable_gqa=True``, PyTorch >= 2.5)? Else
+    they are repeated first. One tiny call decides (a builtin's signature may not be readable)."""
     q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
     try:
         F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
