@@ -104,9 +104,10 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ),
     (
         "viz",
-        ["transformer_lib.viz", "transformer_lib.viz.diagrams"],
+        ["transformer_lib.viz", "transformer_lib.viz.diagrams", "transformer_lib.viz.head_tables"],
         "all",
-        "Attention heatmaps, interactive figures that work without a kernel, and diagrams of heads and whole models.",
+        "Attention heatmaps, interactive figures that work without a kernel, diagrams of heads and whole models, "
+        "and tables of per-head statistics against uniform attention.",
     ),
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (

@@ -138,9 +138,19 @@ def test_date_field_shares_is_one_for_perfect_alignment_and_uniform_for_even_wei
     assert good["share"].shape == (6, 2, 3, 8) and good["per_field"].shape == (3, 2, 3)
     assert torch_allclose(good["per_head"], 1.0) and torch_allclose(good["per_field"], 1.0)
     flat = tl.date_field_shares(_weights(texts, 1, 2, even), texts, formats, dates)
-    # even weights score exactly the uniform reference, whatever the formats
+    # even weights score exactly the uniform reference, whatever the formats, field by field too
     assert flat["per_head"].mean().item() == pytest.approx(flat["uniform"])
     assert 0 < flat["uniform"] < 1
+    assert flat["uniform_per_field"].shape == (3,)
+    assert torch_allclose(flat["per_field"] - flat["uniform_per_field"][:, None, None], 0.0)
+    # the overall reference weighs the fields by their digits: 4 of the year, 2 of the month and day
+    by_digits = (4 * flat["uniform_per_field"][0] + 2 * flat["uniform_per_field"][1:].sum()) / 8
+    assert flat["uniform"] == pytest.approx(by_digits.item())
+    # each field's reference is its mean share of the source's characters
+    for k, field in enumerate(("year", "month", "day")):
+        spans = [tl.date_field_spans(d, f)[1][field] for d, f in zip(dates, formats, strict=True)]
+        expected = sum(len(r) / len(t) for r, t in zip(spans, texts, strict=True)) / len(texts)
+        assert flat["uniform_per_field"][k].item() == pytest.approx(expected)
 
 
 def torch_allclose(x, value):

@@ -323,3 +323,55 @@ def test_plot_architecture_draws_all_three_side_by_side_by_default():
 def test_plot_architecture_rejects_an_unknown_kind():
     with pytest.raises(ValueError, match="kind must be one of .* got 'bert'"):
         viz.plot_architecture("bert")
+
+
+# --------------------------------------------------------------------------------------------
+# plot_against_uniform (chapter 8's table of per-head statistics)
+# --------------------------------------------------------------------------------------------
+
+
+def _framed(ax):
+    # the (row, col) of every cell framed as below uniform
+    rects = [p for p in ax.patches if isinstance(p, matplotlib.patches.Rectangle) and not p.get_fill()]
+    return sorted((round(r.get_y() + r.get_height() / 2), round(r.get_x() + r.get_width() / 2)) for r in rects)
+
+
+def test_plot_against_uniform_colours_by_the_ratio_and_frames_the_cells_below():
+    scores = torch.tensor([[0.5, 0.1, 0.25], [0.9, 0.4, 0.05]])
+    ax = viz.plot_against_uniform(scores, ["year", "day"], ["a", "b", "c"], [0.25, 0.3], title="t")
+    assert ax.get_title() == "t"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["year (0.25)", "day (0.30)"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    assert [t.get_text() for t in ax.texts] == ["0.50", "0.10", "0.25", "0.90", "0.40", "0.05"]
+    # the colour is log2(score / uniform): 0 (white) at the reference, +1 at twice it
+    expected = np.log2(scores.double().numpy() / np.array([[0.25], [0.3]]))
+    np.testing.assert_allclose(ax.images[0].get_array(), expected, rtol=1e-12)
+    assert ax.images[0].norm.vmin == -2 and ax.images[0].norm.vmax == 2
+    # strictly below the row's reference: framed; equal to it (0.25 on the year) is not
+    assert _framed(ax) == [(0, 1), (1, 2)]
+    bar = ax.figure.axes[1]
+    assert [t.get_text() for t in bar.get_yticklabels()] == ["1/4×", "1/2×", "1×", "2×", "4×"]
+
+
+def test_plot_against_uniform_takes_one_reference_for_all_rows_and_an_existing_axes():
+    fig, ax = plt.subplots()
+    out = viz.plot_against_uniform(np.full((3, 2), 0.5), list("xyz"), ["h0", "h1"], 0.25, ax=ax, colorbar=False)
+    assert out is ax and len(fig.axes) == 1
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["x (0.25)", "y (0.25)", "z (0.25)"]
+    assert _framed(ax) == []
+    assert tl.plot_against_uniform is viz.plot_against_uniform
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((np.zeros(3), ["a"], ["b"], 0.1), r"scores must be a \(rows, cols\) table"),
+        ((np.zeros((2, 2)), ["a", "b"], ["c", "d"], [0.1, 0.2, 0.3]), r"one number or one per row \(2\), got 3"),
+        ((np.zeros((2, 2)), ["a"], ["c", "d"], 0.1), "2 x 2, but there are 1 row labels and 2 column labels"),
+        ((np.zeros((1, 2)), ["a"], ["c", "d"], 0.0), "uniform reference > 0"),
+        ((-np.ones((1, 2)), ["a"], ["c", "d"], 0.1), "scores must be >= 0"),
+    ],
+)
+def test_plot_against_uniform_rejects_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        viz.plot_against_uniform(*args)

@@ -217,8 +217,10 @@ def date_field_shares(cross: Tensor, texts: Sequence[str], formats: Sequence[str
     ``dates[n]`` written in ``formats[n]``. For each of the 8 digit rows (:data:`ISO_FIELDS`) the
     weight on the source characters of its field is summed. Returns ``"share"``
     ``(N, layers, h, 8)``; ``"per_head"`` ``(layers, h)``, its mean over dates and digits;
-    ``"per_field"`` ``(3, layers, h)``, the mean over the digits of the year, month and day; and
-    ``"uniform"``, what weight spread evenly over each source's characters would score.
+    ``"per_field"`` ``(3, layers, h)``, the mean over the digits of the year, month and day;
+    ``"uniform"``, what weight spread evenly over each source's characters would score for
+    ``"per_head"``, and ``"uniform_per_field"`` ``(3,)``, what it would score for each field of
+    ``"per_field"`` (a long month name takes more of the source than a one-digit day).
     """
     if cross.ndim != 5:
         raise ValueError(f"cross must have shape (N, layers, h, T_tgt, T_src), got {tuple(cross.shape)}")
@@ -232,24 +234,22 @@ def date_field_shares(cross: Tensor, texts: Sequence[str], formats: Sequence[str
         raise ValueError(f"cross has {cross.shape[3]} output rows; an ISO date needs {len(ISO_FIELDS) - 1}")
     digit_rows = [t for t, f in enumerate(ISO_FIELDS) if f]
     right = torch.zeros(n, len(digit_rows), cross.shape[-1], dtype=cross.dtype)
-    uniform = torch.zeros(n, dtype=torch.float64)
+    fields = ("year", "month", "day")
+    uniform = torch.zeros(n, len(fields), dtype=torch.float64)  # each field's share of the source
     for i, (text, fmt, date) in enumerate(zip(texts, formats, dates, strict=True)):
         rendered, spans = date_field_spans(date, fmt)
         if rendered != text:
             raise ValueError(f"texts[{i}] = {text!r} is not {date} written as {fmt!r} ({rendered!r})")
         for r, t in enumerate(digit_rows):
             right[i, r, list(spans[ISO_FIELDS[t]])] = 1.0
-        uniform[i] = sum(len(spans[ISO_FIELDS[t]]) for t in digit_rows) / (len(digit_rows) * len(text))
+        uniform[i] = torch.tensor([len(spans[f]) / len(text) for f in fields], dtype=torch.float64)
     share = (cross[:, :, :, digit_rows, :] * right[:, None, None]).sum(-1)  # (N, layers, h, 8)
-    per_field = torch.stack(
-        [
-            share[..., [r for r, t in enumerate(digit_rows) if ISO_FIELDS[t] == f]].mean(dim=(0, 3))
-            for f in ("year", "month", "day")
-        ]
-    )
+    rows = [[r for r, t in enumerate(digit_rows) if ISO_FIELDS[t] == f] for f in fields]
+    digits = torch.tensor([len(r) for r in rows], dtype=torch.float64)  # (3,): 4, 2 and 2 digits
     return {
         "share": share,
         "per_head": share.mean(dim=(0, 3)),
-        "per_field": per_field,
-        "uniform": uniform.mean().item(),
+        "per_field": torch.stack([share[..., r].mean(dim=(0, 3)) for r in rows]),
+        "uniform": (uniform.mean(0) @ digits / digits.sum()).item(),
+        "uniform_per_field": uniform.mean(0),
     }

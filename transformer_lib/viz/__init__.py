@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "figure_png",
     "frame_widget",
+    "plot_against_uniform",
     "plot_architecture",
     "plot_attention",
     "plot_attention_grid",
@@ -241,5 +242,7 @@ def _nest(controls: list, frames: dict, prefix: tuple):
     return stack
 
 
-# the diagrams (heads split and merged, whole models) live in their own file
+# the diagrams (heads split and merged, whole models) and the tables of per-head statistics
+# live in their own files
 from .diagrams import plot_architecture, plot_head_split  # noqa: E402
+from .head_tables import plot_against_uniform  # noqa: E402
