@@ -108,7 +108,10 @@ def test_course_notebook_grades_every_exercise_with_its_points(chapter):
     answers = [m for m in meta if m and m["solution"]]
     assert len(answers) == len(labels), "one answer cell (code or written) per exercise"
     text = json.dumps(course)
-    assert "{solution}" not in text and '"solution",' not in text and "hide-input" not in text
+    assert "{solution}" not in text
+    assert not any("solution" in c["metadata"].get("tags", []) for c in course["cells"]), "no cell keeps the tag"
+    hidden = [c for c, m in zip(course["cells"], meta, strict=True) if m and m["solution"]]
+    assert not any("hide-input" in c["metadata"].get("tags", []) for c in hidden), "an answer cell is never hidden"
     assert all(c.get("outputs", []) == [] for c in course["cells"])
     assert nb == load(chapter), "the book's notebook is not modified"
 
