@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
+from ._common import pyplot as _pyplot
+from ._common import to_numpy
+
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt
 
@@ -29,19 +32,6 @@ __all__ = [
     "plot_attention_grid",
     "plot_head_split",
 ]
-
-
-def _pyplot():
-    """matplotlib's pyplot, imported at the first figure: ``import transformer_lib`` needs no matplotlib."""
-    import matplotlib.pyplot
-
-    return matplotlib.pyplot
-
-
-def _to_numpy(w: Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(w, Tensor):
-        return w.detach().float().cpu().numpy()
-    return np.asarray(w, dtype=float)
 
 
 def plot_attention(
@@ -58,7 +48,7 @@ def plot_attention(
 
     ``annotate`` writes each weight in its cell (default: when the matrix is at most 12 x 12).
     """
-    w = _to_numpy(weights)
+    w = to_numpy(weights)
     if w.ndim != 2:
         raise ValueError(f"plot_attention expects a 2-D (T_q, T_k) matrix, got shape {w.shape}")
     T_q, T_k = w.shape
@@ -106,7 +96,7 @@ def plot_attention_grid(
     size: float = 2.6,
 ) -> plt.Figure:
     """A grid of heatmaps from weights of shape ``(rows, cols, T_q, T_k)`` (for example layers x heads; chapter 5)."""
-    w = _to_numpy(weights)
+    w = to_numpy(weights)
     if w.ndim == 3:
         w = w[None]
     if w.ndim != 4:

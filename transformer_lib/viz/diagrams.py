@@ -10,23 +10,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
+from ._common import pyplot as _pyplot
+from ._common import to_numpy
+
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt
 
 __all__ = ["ARCHITECTURES", "plot_architecture", "plot_head_split"]
-
-
-def _pyplot():
-    """matplotlib's pyplot, imported at the first figure."""
-    import matplotlib.pyplot
-
-    return matplotlib.pyplot
-
-
-def _to_numpy(w: Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(w, Tensor):
-        return w.detach().cpu().numpy()
-    return np.asarray(w)
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +53,8 @@ def plot_head_split(
     each head cells of one hue, one row per position; a wrong one mixes them.
     """
     plt = _pyplot()
-    xs, hs = np.asarray(_to_numpy(x)).astype(np.int64), np.asarray(_to_numpy(heads)).astype(np.int64)
+    xs = to_numpy(x, floats=False).astype(np.int64)
+    hs = to_numpy(heads, floats=False).astype(np.int64)
     if xs.ndim != 2:
         raise ValueError(f"x must be one sequence of shape (T, d_model), got shape {xs.shape}")
     if hs.ndim != 3:
@@ -96,7 +87,7 @@ def plot_head_split(
     panels = [(xs, "x: (T, d_model)")]
     panels += [(hs[i], f"{heads_title} {i}: (T, d_k)") for i in range(h)]
     if merged is not None:
-        ms = np.asarray(_to_numpy(merged)).astype(np.int64)
+        ms = to_numpy(merged, floats=False).astype(np.int64)
         if ms.shape != xs.shape:
             raise ValueError(f"merged must have the shape of x, {xs.shape}, got {ms.shape}")
         panels.append((ms, "merged: (T, d_model)"))

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
+from ._common import pyplot as _pyplot
+from ._common import to_numpy
+
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt
 
@@ -17,19 +20,6 @@ __all__ = ["plot_against_uniform"]
 
 # the colours saturate at 4 times the reference and at a quarter of it
 _OCTAVES = 2.0
-
-
-def _pyplot():
-    """matplotlib's pyplot, imported at the first figure."""
-    import matplotlib.pyplot
-
-    return matplotlib.pyplot
-
-
-def _to_numpy(x) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return x.detach().double().cpu().numpy()
-    return np.asarray(x, dtype=float)
 
 
 def plot_against_uniform(
@@ -53,11 +43,11 @@ def plot_against_uniform(
     cannot be missed.
     """
     plt = _pyplot()
-    s = _to_numpy(scores)
+    s = to_numpy(scores)
     if s.ndim != 2:
         raise ValueError(f"scores must be a (rows, cols) table, got shape {s.shape}")
     rows, cols = s.shape
-    ref = _to_numpy(uniform).reshape(-1)
+    ref = to_numpy(uniform).reshape(-1)
     if ref.size not in (1, rows):
         raise ValueError(f"uniform must be one number or one per row ({rows}), got {ref.size}")
     ref = np.broadcast_to(ref, (rows,))
