@@ -89,6 +89,39 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def op_profile(fns: dict[str, Callable[[], object]], calls: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """Where the time goes: each ``fns[name]`` called ``calls`` times under PyTorch's profiler.
+    Returns, per name, ``{operator: (self CPU milliseconds per call, operator calls per call)}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, fn in fns.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn()
+        out[name] = {e.key: (e.self_cpu_time_total / 1000 / calls, e.count / calls) for e in prof.key_averages()}
+    return out
+
+
+def format_op_profile(
+    profiles: dict[str, dict[str, tuple[float, float]]], labels: dict[str, str], top: int = 12
+) -> str:
+    """The ``top`` operators by their largest self time in any of ``profiles`` (from :func:`op_profile`),
+    side by side: milliseconds and calls per call of each, then the total self time of each."""
+    names = list(profiles)
+    ops = sorted(
+        {op for p in profiles.values() for op in p},
+        key=lambda op: -max(p.get(op, (0, 0))[0] for p in profiles.values()),
+    )
+    headers = ["operator"] + [f"{labels[n]} ms (calls)" for n in names]
+    rows = []
+    for op in ops[:top]:
+        cells = [f"{profiles[n][op][0]:.2f} ({profiles[n][op][1]:g})" if op in profiles[n] else "-" for n in names]
+        rows.append([op[:48], *cells])
+    rows.append(["total self time", *(f"{sum(t for t, _ in profiles[n].values()):.2f}" for n in names)])
+    return format_table(headers, rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------------

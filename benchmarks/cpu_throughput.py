@@ -21,6 +21,7 @@ Target: ours / peer >= 1.10 against every peer.
 
     python -m benchmarks.cpu_throughput                # the real run; appends a row to RESULTS.md
     python -m benchmarks.cpu_throughput --threads 1 --rounds 7 --steps 100
+    python -m benchmarks.cpu_throughput --no-bias --profile   # and where each model's step spends its time
 """
 
 from __future__ import annotations
@@ -36,7 +37,16 @@ from torch import Tensor, nn
 
 import transformer_lib as tl
 
-from .common import add_record_flags, append_result, default_threads, format_table, median, set_threads
+from .common import (
+    add_record_flags,
+    append_result,
+    default_threads,
+    format_op_profile,
+    format_table,
+    median,
+    op_profile,
+    set_threads,
+)
 
 PEERS = ("nano", "torch", "hf")
 LABELS = {
@@ -315,6 +325,7 @@ def run_throughput(
     data: str | Path | None = None,
     peers: tuple[str, ...] | None = None,
     bias: bool = True,
+    profile: bool = False,
 ) -> dict:
     """Train ``tl.GPT`` and the peers in turns; returns the settings and tokens/s of every round.
 
@@ -325,6 +336,8 @@ def run_throughput(
     with equal weights, about 1e-6 when they compute the same function); and ``final_loss`` of
     each (close, as all see the same batches from the same weights). ``peers``: all by default,
     without ``hf`` when ``transformers`` is missing or ``bias`` is False (GPT-2 has biases).
+    ``profile``: after the timing, ``steps`` more steps of each under PyTorch's profiler, in
+    ``result["profile"]`` (:func:`benchmarks.common.op_profile`, per training step).
     """
     threads = set_threads(threads)
     shape, batch_size = preset_shape(n_layers=n_layers, n_heads=n_heads, d_model=d_model, context_len=context_len,
@@ -341,8 +354,10 @@ def run_throughput(
     train_config = tl.TrainConfig(batch_size=batch_size)
     trainers = {name: Trainer(m, batches, train_config) for name, m in models.items()}
     for trainer in trainers.values():
-        trainer.steps(warmup)
+        if warmup:
+            trainer.steps(warmup)
     rates, final_loss = timed_rounds(trainers, rounds, steps, batch_size * context_len)
+    profiles = op_profile({name: (lambda t=t: t.steps(1)) for name, t in trainers.items()}, steps) if profile else None
     result = {
         "settings": dict(
             **shape,
@@ -363,6 +378,7 @@ def run_throughput(
         "params": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
         "max_logit_diff": max_logit_diff,
         "final_loss": final_loss,
+        "profile": profiles,
     }
     return {**result, **summarise(rates, peers)}
 
@@ -406,6 +422,9 @@ def report(result: dict) -> str:
             f"spread {min(ratios):.3f}..{max(ratios):.3f} (target >= 1.10)"
         )
     lines.append(f"same function: max |logit difference| {result['max_logit_diff']:.1e} with equal weights")
+    if result.get("profile"):
+        lines += ["", "where a training step's time goes (self CPU time per step, under the profiler):"]
+        lines.append(format_op_profile(result["profile"], LABELS))
     return "\n".join(lines)
 
 
@@ -427,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("n_layers", "n_heads", "d_model", "context_len"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--batch-size", type=int, default=train_defaults.batch_size)
+    parser.add_argument(
+        "--profile", action="store_true", help="then profile --steps steps of each: operators side by side"
+    )
     add_record_flags(parser)
     args = parser.parse_args(argv)
 
@@ -443,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_throughput(
         args.n_layers, args.n_heads, args.d_model, args.context_len, args.batch_size, warmup=args.warmup,
         steps=args.steps, rounds=args.rounds, threads=args.threads, seed=args.seed, data=args.data, peers=peers,
-        bias=not args.no_bias,
+        bias=not args.no_bias, profile=args.profile,
     )  # fmt: skip
     print(report(result))
     if not args.no_record:

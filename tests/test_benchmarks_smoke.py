@@ -55,6 +55,20 @@ def test_cpu_throughput_compares_equal_models(peers, bias):
     assert all(f"ratio ours / {p}" in cpu_throughput.report(r) for p in peers)
 
 
+def test_cpu_throughput_profile_puts_the_models_side_by_side():
+    r = cpu_throughput.run_throughput(
+        **TINY_GPT, batch_size=2, warmup=1, steps=2, rounds=1, threads=1, peers=("nano",), bias=False, profile=True
+    )
+    ours, nano = r["profile"]["ours"], r["profile"]["nano"]
+    # one step of each: the same matrix products (4 linear layers + the head, forward and backward)
+    assert ours["aten::mm"][1] == nano["aten::mm"][1] > 0
+    assert all(ms >= 0 and calls > 0 for ms, calls in ours.values())
+    text = cpu_throughput.report(r)
+    assert "where a training step's time goes" in text and "aten::mm" in text and "total self time" in text
+    without = cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=0, steps=1, rounds=1, threads=1, peers=())
+    assert without["profile"] is None and "time goes" not in cpu_throughput.report(without)
+
+
 def test_gpt2_peer_refuses_no_bias():
     with pytest.raises(ValueError, match="always has biases"):
         cpu_throughput.run_throughput(**TINY_GPT, batch_size=2, warmup=0, steps=1, rounds=1, peers=("hf",), bias=False)
