@@ -89,9 +89,12 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def op_profile(fns: dict[str, Callable[[], object]], calls: int) -> dict[str, dict[str, tuple[float, float]]]:
+def op_profile(
+    fns: dict[str, Callable[[], object]], calls: int, per_call: int = 1
+) -> dict[str, dict[str, tuple[float, float]]]:
     """Where the time goes: each ``fns[name]`` called ``calls`` times under PyTorch's profiler.
-    Returns, per name, ``{operator: (self CPU milliseconds per call, operator calls per call)}``."""
+    Returns, per name, ``{operator: (self CPU milliseconds, operator calls)}``, both per unit of
+    work, where one call does ``per_call`` units (a generation call makes that many tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
@@ -99,7 +102,8 @@ def op_profile(fns: dict[str, Callable[[], object]], calls: int) -> dict[str, di
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(calls):
                 fn()
-        out[name] = {e.key: (e.self_cpu_time_total / 1000 / calls, e.count / calls) for e in prof.key_averages()}
+        n = calls * per_call
+        out[name] = {e.key: (e.self_cpu_time_total / 1000 / n, e.count / n) for e in prof.key_averages()}
     return out
 
 
@@ -107,7 +111,7 @@ def format_op_profile(
     profiles: dict[str, dict[str, tuple[float, float]]], labels: dict[str, str], top: int = 12
 ) -> str:
     """The ``top`` operators by their largest self time in any of ``profiles`` (from :func:`op_profile`),
-    side by side: milliseconds and calls per call of each, then the total self time of each."""
+    side by side: milliseconds and calls per unit of each, then the total self time of each."""
     names = list(profiles)
     ops = sorted(
         {op for p in profiles.values() for op in p},

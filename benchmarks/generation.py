@@ -30,6 +30,7 @@ batch 1 within 2x of that limit.
     python -m benchmarks.generation                     # the real run; appends a row to RESULTS.md
     python -m benchmarks.generation --threads 1 --rounds 5 --contexts 32,64
     python -m benchmarks.generation --peer hf --rounds 5
+    python -m benchmarks.generation --peer hf --profile   # and where each one's token spends its time
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 
 import transformer_lib as tl
 
-from .common import add_record_flags, append_result, format_table, median, set_threads
+from .common import add_record_flags, append_result, format_op_profile, format_table, median, op_profile, set_threads
 
 VOCAB_SIZE = 65  # Tiny Shakespeare's characters
 GPU_SHAPE = dict(n_layers=6, n_heads=6, d_model=384, context_len=256)  # tl.PRESETS["gpu"]'s model shape
@@ -212,9 +213,12 @@ def run_peer_generation(
     rounds: int = 5,
     threads: int | None = 2,
     seed: int = 1337,
+    profile: bool = False,
 ) -> dict:
     """Cached greedy generation, ours against ``transformers``' ``generate`` (same weights), per
-    batch size: tokens/s of every round, our mean cached step, and the memory-bandwidth limit."""
+    batch size: tokens/s of every round, our mean cached step, and the memory-bandwidth limit.
+    ``profile``: then one generation of each under PyTorch's profiler, per generated token, in
+    each row's ``"profile"`` (:func:`benchmarks.common.op_profile`)."""
     from .cpu_throughput import HFPeerGPT, copy_weights
 
     shape = dict(GPU_SHAPE if shape is None else shape)
@@ -252,8 +256,11 @@ def run_peer_generation(
         limit = step_bytes(ours, B, prompt_len + new_tokens // 2) / bandwidth
         tok_s = {name: [B * new_tokens / s for s in v] for name, v in seconds.items()}
         ratios = [h / o for o, h in zip(seconds["ours"], seconds["hf"], strict=True)]
+        profiles = (
+            op_profile({n: (lambda fn=fn: fn(prompt)) for n, fn in runs.items()}, 1, new_tokens) if profile else None
+        )
         rows.append({"B": B, "tok_s": tok_s, "ratio": ratios, "step_ms": 1000 * step, "limit_ms": 1000 * limit,
-                     "same_tokens": agree})  # fmt: skip
+                     "same_tokens": agree, "profile": profiles})  # fmt: skip
     settings = {**shape, "vocab_size": VOCAB_SIZE, "prompt_len": prompt_len, "new_tokens": new_tokens,
                 "rounds": rounds, "threads": threads, "seed": seed, "greedy": "top_k=1 / do_sample=False",
                 "peer": "transformers GPT2LMHeadModel.generate(use_cache=True)"}  # fmt: skip
@@ -277,12 +284,18 @@ def report_peer(result: dict) -> str:
     headers = ["batch", "ours tok/s", "transformers tok/s", "ours / transformers", "our step ms",
                "limit ms", "step / limit", "same tokens"]  # fmt: skip
     s = result["settings"]
+    profiles = "".join(
+        f"\n\nbatch {row['B']}, where a generated token's time goes (self CPU time per token, under the profiler):\n"
+        + format_op_profile(row["profile"], {"ours": "tl.GPT", "hf": "transformers"})
+        for row in result["rows"]
+        if row.get("profile")
+    )
     return (
         format_table(headers, rows)
         + f"\nmedians over {s['rounds']} rounds (lowest..highest); prompt {s['prompt_len']}, "
         f"{s['new_tokens']} new tokens; memory bandwidth {result['bandwidth_gb_s']:.1f} GB/s; the limit reads "
         "every weight and the cache at the mean context once\ntargets: ours / transformers >= 1.20 at every "
-        "batch size; step / limit <= 2 at batch 1"
+        "batch size; step / limit <= 2 at batch 1" + profiles
     )
 
 
@@ -301,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8", help="with --peer: comma-separated batch sizes")
     parser.add_argument("--prompt-len", type=int, default=64, help="with --peer: prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=128, help="with --peer: tokens to generate")
+    parser.add_argument("--profile", action="store_true", help="with --peer: then profile one generation of each")
     add_record_flags(parser)
     args = parser.parse_args(argv)
     if args.peer:
@@ -340,7 +354,7 @@ def _main_peer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         parser.error(f"--batch-sizes must be comma-separated ints, got {args.batch_sizes!r}")
     result = run_peer_generation(
         batch_sizes, prompt_len=args.prompt_len, new_tokens=args.new_tokens, rounds=args.rounds,
-        threads=args.threads, seed=args.seed,
+        threads=args.threads, seed=args.seed, profile=args.profile,
     )  # fmt: skip
     print(report_peer(result))
     if not args.no_record:

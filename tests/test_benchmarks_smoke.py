@@ -176,3 +176,20 @@ def test_generation_benchmark_times_both_paths_on_the_same_tokens():
     assert "CPU-time ratio" in generation.report(r)
     with pytest.raises(ValueError, match="context_len"):
         generation.run_generation((32,), shape=dict(TINY_GPT), rounds=1, threads=1)
+
+
+def test_generation_against_transformers_same_tokens_and_a_limit():
+    pytest.importorskip("transformers")
+    r = generation.run_peer_generation(
+        (1, 2), shape=dict(TINY_GPT), prompt_len=4, new_tokens=4, rounds=2, threads=1, profile=True
+    )
+    assert [row["B"] for row in r["rows"]] == [1, 2] and r["bandwidth_gb_s"] > 0
+    for row in r["rows"]:
+        assert row["same_tokens"] == 1.0  # the same weights, greedy: the same continuation
+        assert len(row["ratio"]) == 2 and min(row["tok_s"]["ours"] + row["tok_s"]["hf"]) > 0
+        assert 0 < row["limit_ms"] and 0 < row["step_ms"]
+        assert set(row["profile"]) == {"ours", "hf"} and row["profile"]["ours"]["aten::linear"][1] > 0
+    text = generation.report_peer(r)
+    assert "step / limit" in text and "where a generated token's time goes" in text
+    with pytest.raises(ValueError, match="context_len"):
+        generation.run_peer_generation((1,), shape=dict(TINY_GPT), prompt_len=10, new_tokens=10, threads=1)
