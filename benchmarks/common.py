@@ -107,6 +107,14 @@ def op_profile(
     return out
 
 
+def _short(name: str, width: int = 48) -> str:
+    """``name`` cut in the middle to ``width`` characters, so that both ends still tell it apart."""
+    if len(name) <= width:
+        return name
+    half = (width - 3) // 2
+    return name[:half] + "..." + name[len(name) - (width - 3 - half) :]
+
+
 def format_op_profile(
     profiles: dict[str, dict[str, tuple[float, float]]], labels: dict[str, str], top: int = 12
 ) -> str:
@@ -120,8 +128,8 @@ def format_op_profile(
     headers = ["operator"] + [f"{labels[n]} ms (calls)" for n in names]
     rows = []
     for op in ops[:top]:
-        cells = [f"{profiles[n][op][0]:.2f} ({profiles[n][op][1]:g})" if op in profiles[n] else "-" for n in names]
-        rows.append([op[:48], *cells])
+        cells = [f"{profiles[n][op][0]:.2f} ({profiles[n][op][1]:.3g})" if op in profiles[n] else "-" for n in names]
+        rows.append([_short(op), *cells])
     rows.append(["total self time", *(f"{sum(t for t, _ in profiles[n].values()):.2f}" for n in names)])
     return format_table(headers, rows)
 
