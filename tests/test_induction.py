@@ -156,6 +156,21 @@ def test_ov_circuit_is_what_a_head_adds_to_the_logits():
         tl.ov_circuit(tl.GPT(tl.GPTConfig(5, 4, 1, 1, 4)), 0, 0)
 
 
+def test_head_scores_are_the_scores_of_the_captured_patterns_and_keep_the_mode(gen):
+    model = small().train()
+    idx, _, mask, dist = tl.repeat_batch(5, 16, 13, 4, generator=gen, return_distance=True)
+    scores = tl.head_scores(model, idx, mask, dist)
+    assert model.training  # the mode it came in with
+    with torch.no_grad(), tl.capture_attention(model.eval()) as w:
+        model(idx)
+    assert list(scores["induction"]) == list(scores["previous_token"]) == list(w) == ["layers.0", "layers.1"]
+    for name, pattern in w.items():  # (B, h, T, T)
+        ind = tl.induction_score(pattern, dist[:, None], mask[:, None, :]).mean(0)  # (h,)
+        assert scores["induction"][name] == pytest.approx(ind.tolist(), abs=1e-12)
+        assert scores["previous_token"][name] == pytest.approx(tl.previous_token_score(pattern).mean(0).tolist())
+        assert all(0 <= x <= 1 for x in scores["induction"][name] + scores["previous_token"][name])
+
+
 # --- training on repeats ---------------------------------------------------------------------
 
 
