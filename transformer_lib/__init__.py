@@ -4,9 +4,9 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 (chapters 2-3), ``masks`` (4), ``kv_cache`` (10's key-value cache, which ``multihead`` reads),
 ``multihead`` (5, with 10's grouped-query and 11's sliding-window attention), ``positional`` (6),
 ``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
-``long_context`` (11: the online softmax and tiled attention) and ``inspect_heads`` (12: capturing
-attention weights, intervening on heads, scoring patterns). Tools above them: ``induction`` (12:
-the attention-only model and its training on repeats), ``cost`` (every
+``long_context`` (11: the online softmax and tiled attention), ``inspect_heads`` (12: capturing
+attention weights, intervening on heads, scoring patterns) and ``bpe`` (13: byte-level BPE).
+Tools above them: ``induction`` (12: the attention-only model and its training on repeats), ``cost`` (every
 cost formula: receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
 ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
@@ -18,13 +18,21 @@ The flat namespace holds every name in the ``__all__`` of the modules listed in 
 Mask convention everywhere: boolean, ``True`` means "may attend".
 """
 
+import sys as _sys
+import warnings as _warnings
 from importlib import import_module as _import_module
+
+if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<module>`, which is not yet found
+    # `python -m transformer_lib.train` runs the training command (the end of train.py); this
+    # package, imported first, already holds the module, and runpy's warning about that says
+    # nothing a user can act on.
+    _warnings.filterwarnings("ignore", r"'transformer_lib\.train' found in sys\.modules", RuntimeWarning)
 
 # Each module's public names join the flat namespace, in this order (a later module's name would
 # win, and the layout test checks that no two modules export the same name).
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
-    "long_context", "inspect_heads", "cost", "data", "induction", "utils", "train_config", "train", "checkpoint",
+    "long_context", "inspect_heads", "bpe", "cost", "data", "induction", "utils", "train_config", "train", "checkpoint",
     "pretrained", "viz",
 )  # fmt: skip
 

@@ -43,7 +43,16 @@ from .tasks import (
     render_date,
     sequence_task,
 )
-from .tokenizer import SPECIALS, CharTokenizer, pad_sequences
+from .tokenizer import (
+    SPECIALS,
+    TOKENIZER_FORMAT,
+    CharTokenizer,
+    load_tokenizer,
+    pad_sequences,
+    save_tokenizer,
+    tokenizer_checksum,
+    tokenizer_from_dict,
+)
 
 __all__ = [
     "CACHE_ENV",
@@ -84,4 +93,9 @@ __all__ = [
     "sequence_task",
     "sha256_of",
     "split_tokens",
+    "TOKENIZER_FORMAT",
+    "load_tokenizer",
+    "save_tokenizer",
+    "tokenizer_checksum",
+    "tokenizer_from_dict",
 ]

@@ -1,16 +1,32 @@
-"""A character tokenizer and padding (chapter 8, "Encoder-decoder and cross-attention")."""
+"""A character tokenizer and padding (chapter 8, "Encoder-decoder and cross-attention"), and
+tokenizer files for either kind, character or byte-level BPE (chapter 13, "Tokens")."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .._checks import is_int
+from ..bpe import BPETokenizer
+from ..utils import atomic_write
 
-__all__ = ["SPECIALS", "CharTokenizer", "pad_sequences"]
+__all__ = [
+    "SPECIALS",
+    "TOKENIZER_FORMAT",
+    "CharTokenizer",
+    "load_tokenizer",
+    "pad_sequences",
+    "save_tokenizer",
+    "tokenizer_checksum",
+    "tokenizer_from_dict",
+]
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 when given first to CharTokenizer
 
@@ -22,6 +38,8 @@ class CharTokenizer:
     characters the following ids, in the order given; :meth:`from_text` takes the sorted set of a
     text's characters. With ``specials=SPECIALS`` the ids of ``<pad>``, ``<bos>``, ``<eos>`` are 0, 1, 2.
     """
+
+    kind = "char"
 
     def __init__(self, chars: Iterable[str], specials: Sequence[str] = ()):
         self.chars, self.specials = tuple(chars), tuple(specials)
@@ -112,3 +130,79 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | 
             raise ValueError(f"sequence {i} has length {len(s)} > {length}")
         out[i, : len(s)] = s
     return torch.from_numpy(out)
+
+
+TOKENIZER_FORMAT = ("attention-executed-tokenizer", 1)  # a tokenizer file's "format" and "version"
+
+
+def tokenizer_from_dict(d: dict) -> CharTokenizer | BPETokenizer:
+    """The tokenizer a ``to_dict()`` describes, of either kind (chapter 13); a dict without a
+    ``"kind"`` is a character tokenizer's (as checkpoints saved before chapter 13 hold)."""
+    if not isinstance(d, dict):
+        raise TypeError(f"a tokenizer is described by a dict, got {type(d).__name__}")
+    kind = d.get("kind", "char")
+    if kind == "char":
+        return CharTokenizer.from_dict(d)
+    if kind == "bpe":
+        return BPETokenizer.from_dict(d)
+    raise ValueError(f"unknown tokenizer kind {kind!r}: this library knows 'char' and 'bpe'")
+
+
+def tokenizer_checksum(tokenizer: CharTokenizer | BPETokenizer) -> str:
+    """The SHA-256 of a tokenizer's settings (its ``to_dict()`` as sorted JSON; chapter 13): two
+    tokenizers that encode alike have the same checksum, and any other one a different checksum."""
+    d = tokenizer.to_dict()
+    if isinstance(tokenizer, BPETokenizer):
+        d = {**d, "pattern": tokenizer.pattern}  # a named pattern counts by its text
+    return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
+
+
+def save_tokenizer(tokenizer: CharTokenizer | BPETokenizer, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``tokenizer`` to one small JSON file, versioned and checksummed (chapter 13), in one
+    atomic step. An existing file is kept unless it holds the same tokenizer or ``force=True``."""
+    if not isinstance(tokenizer, (CharTokenizer, BPETokenizer)):
+        raise TypeError(f"tokenizer must be a CharTokenizer or a BPETokenizer, got {type(tokenizer).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"{path} is a folder: give the tokenizer file's path, for example {path / 'tokenizer.json'}"
+        )
+    if path.exists() and not force:
+        try:
+            same = load_tokenizer(path) == tokenizer
+        except (ValueError, OSError):
+            same = False
+        if not same:
+            raise FileExistsError(f"{path} already exists and holds something else: pass force=True to replace it")
+    payload = {
+        "format": TOKENIZER_FORMAT[0],
+        "version": TOKENIZER_FORMAT[1],
+        "tokenizer": tokenizer.to_dict(),
+        "sha256": tokenizer_checksum(tokenizer),
+    }
+    text = json.dumps(payload, ensure_ascii=True, separators=(",", ":")) + "\n"
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def load_tokenizer(path: str | os.PathLike) -> CharTokenizer | BPETokenizer:
+    """Read a file written by :func:`save_tokenizer` (chapter 13), checking its format, version and
+    checksum; a damaged or foreign file raises ``ValueError`` naming the file."""
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a tokenizer file (not JSON: {e})") from None
+    if not isinstance(payload, dict) or payload.get("format") != TOKENIZER_FORMAT[0]:
+        raise ValueError(f"{path} is not a tokenizer file of this library (no format {TOKENIZER_FORMAT[0]!r})")
+    if payload.get("version") != TOKENIZER_FORMAT[1]:
+        raise ValueError(
+            f"{path} is a tokenizer file of version {payload.get('version')!r}; this library reads version "
+            f"{TOKENIZER_FORMAT[1]}"
+        )
+    try:
+        tokenizer = tokenizer_from_dict(payload["tokenizer"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path} holds a damaged tokenizer: {e}") from None
+    if tokenizer_checksum(tokenizer) != payload.get("sha256"):
+        raise ValueError(f"{path} fails its checksum: the file was changed or damaged after it was written")
+    return tokenizer
