@@ -2,6 +2,7 @@
 
 import base64
 import html
+import io
 import re
 
 import matplotlib
@@ -154,7 +155,7 @@ def test_frame_widget_shows_the_frame_of_the_chosen_options(widgets, n_index, la
     alt, title, png = _picture(image)
     assert alt == title == f"n = {n.label}, label = {label.label}"
     assert caption.value == f"{label.value}: {n.value} bars"
-    assert png == tl.viz.figure_png(bars(n.value, label.value)[0])
+    assert png == tl.viz.figure_png(bars(n.value, label.value)[0], dpi=2 * 96)  # drawn at 2x
     assert plt.get_fignums() == []
 
 
@@ -197,6 +198,42 @@ def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
     box = tl.viz.frame_widget(lambda label: bars(2)[0], label=['say "hi" <b>'])
     alt, title, _ = _picture(box.children[1].children[0])
     assert alt == title == 'label = say "hi" <b>'
+
+
+def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
+    """A frame is drawn at 2 x dpi and shown at dpi, with the height its smallest text then has."""
+    from PIL import Image
+
+    def draw(n):
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot(range(n))
+        ax.set_title("small", fontsize=6)
+        return fig
+
+    for dpi, text_px in ((96, 8.0), (72, 6.0)):
+        frame = tl.viz.frame_widget(draw, dpi=dpi, n=[2, 3]).children[1].children[0]
+        png = Image.open(io.BytesIO(_picture(frame)[2]))
+        shown = int(re.search(r'width="(\d+)"', frame.value).group(1))
+        assert shown == (png.size[0] + 1) // 2 and 2.8 * dpi < shown < 3.1 * dpi  # a 3-inch figure
+        assert float(re.search(r'data-text-px="([\d.]+)"', frame.value).group(1)) == text_px
+        assert "max-width: 100%" in frame.value
+
+
+@pytest.mark.parametrize("description", ["n", "temperature", "a long description"])
+def test_frame_widget_gives_every_slider_a_track_and_its_whole_label(widgets, description):
+    """The row of controls wraps; a slider is wide enough for its description, a track of
+    SLIDER_TRACK_PX and its readout; descriptions and toggle buttons fit their text."""
+    slider = widgets.SelectionSlider(options=[0.25, 0.5, 1.0], description=description)
+    toggles = widgets.ToggleButtons(options=["left", "right"], description="side")
+    box = tl.viz.frame_widget(lambda n, side: bars(2)[0], n=slider, side=toggles)
+    row = box.children[0]
+    assert row.layout.flex_flow == "row wrap"
+    label_px = int(slider.style.description_width.removesuffix("px"))
+    assert label_px >= 8 * len(description)
+    width = int(slider.layout.width.removesuffix("px"))
+    assert width - label_px - 72 - 30 >= viz.SLIDER_TRACK_PX >= 100
+    assert slider.layout.flex == "0 0 auto"  # the row cannot squeeze it
+    assert int(toggles.style.button_width.removesuffix("px")) >= 8 * len("right")
 
 
 def test_frame_widget_names_falsy_values_too(widgets):

@@ -160,7 +160,7 @@ def _choices(name: str, control) -> tuple[str, list[tuple[str, object]]]:
     return control.description or name, pairs
 
 
-def frame_widget(draw: Callable, dpi: int = 72, **controls):
+def frame_widget(draw: Callable, dpi: int = 96, **controls):
     """Controls above a figure, with every frame drawn in advance, so it works with no kernel (chapter 1).
 
     ``draw(**values)`` returns a matplotlib figure, or ``(figure, caption)``, for one value of each
@@ -175,6 +175,12 @@ def frame_widget(draw: Callable, dpi: int = 72, **controls):
     saved widget state holds every frame, and in a running notebook alike. Each frame is an
     ``<img>`` (in an ``ipywidgets.HTML``) whose alt text and title name its settings, for example
     ``"d_k = 64, T = 2"``, with the caption, if any, in an ``ipywidgets.Label`` below it.
+
+    ``dpi`` is the size a frame is shown at, in CSS pixels per inch of the figure: 96, the CSS
+    inch, shows a figure at its size in inches and a 10-point label at 13.3 pixels, the size of a
+    page's small print. Each frame is drawn at twice that (sharp on a high-density screen) and
+    shown at ``dpi``, never wider than the page. A slider keeps its whole description and a track
+    of at least ``SLIDER_TRACK_PX`` pixels, and the row of controls wraps rather than squeeze one.
 
     Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
     as its last expression or with ``IPython.display.display``.
@@ -191,6 +197,8 @@ def frame_widget(draw: Callable, dpi: int = 72, **controls):
                 raise ValueError(f"control {name!r} has no options; give it the values to draw")
             controls[name] = widgets.SelectionSlider(options=list(control), description=name)
     described = [_choices(name, control) for name, control in controls.items()]
+    for control, (label, pairs) in zip(controls.values(), described, strict=True):
+        _give_room(control, label, [option for option, _ in pairs])
     frames = {}
     for combination in product(*(range(len(pairs)) for _, pairs in described)):
         chosen = [pairs[i] for (_, pairs), i in zip(described, combination, strict=True)]
@@ -198,25 +206,65 @@ def frame_widget(draw: Callable, dpi: int = 72, **controls):
         title = ", ".join(f"{label} = {option}" for (label, _), (option, _) in zip(described, chosen, strict=True))
         frames[combination] = _frame(draw(**values), dpi, title)
     stack = _nest(list(controls.values()), frames, ())
-    return widgets.VBox([widgets.HBox(list(controls.values())), stack])
+    row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+    return widgets.VBox([row, stack])
+
+
+# the least width of a slider's track, in CSS pixels, and the width the page's widget stylesheet
+# gives a character of a description or readout (13 px text: at most about 8 px a character)
+SLIDER_TRACK_PX = 120
+_CHAR_PX = 8
+
+
+def _give_room(control, label: str, options: list[str]) -> None:
+    """Keep a control's description whole and, for a slider, give its track ``SLIDER_TRACK_PX``:
+    the description gets the width of its text, toggle buttons the width of their longest label,
+    and a slider a fixed width that holds the description, the track and the longest option in
+    the readout."""
+    text = _CHAR_PX * len(control.description) + 12 if control.description else 0
+    if control.description:
+        control.style.description_width = f"{text}px"
+    if hasattr(control.style, "button_width"):  # toggle buttons: as wide as their labels
+        control.style.button_width = f"{_CHAR_PX * max(len(option) for option in options) + 28}px"
+    if "Slider" not in type(control).__name__:
+        return
+    readout = max(72, _CHAR_PX * max(len(option) for option in options) + 24) if control.readout else 0
+    control.layout.width = f"{text + SLIDER_TRACK_PX + 30 + readout}px"
+    control.layout.flex = "0 0 auto"
 
 
 def _frame(result, dpi: int, title: str):
     """One precomputed frame: the figure ``draw`` returned, as an image whose alt text and title
     are ``title``, with its caption below it."""
     import ipywidgets as widgets
+    from PIL import Image  # matplotlib's own dependency
 
     fig, caption = result if isinstance(result, tuple) else (result, None)
     if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
-    png = base64.b64encode(figure_png(fig, dpi)).decode("ascii")
+    raw = figure_png(fig, 2 * dpi)  # drawn at twice the size it is shown at
+    smallest = _smallest_text_pt(fig)  # after drawing, when the tick labels hold their text
+    width = (Image.open(io.BytesIO(raw)).size[0] + 1) // 2
+    png = base64.b64encode(raw).decode("ascii")
     text = html.escape(title, quote=True)
     # an <img> in an HTML widget rather than an Image widget: the page's widget manager cannot
-    # give an Image a tooltip, and the alt text names the frame for readers and tests alike
-    image = widgets.HTML(f'<img src="data:image/png;base64,{png}" alt="{text}" title="{text}">')
+    # give an Image a tooltip, and the alt text names the frame for readers and tests alike.
+    # data-text-px: the smallest text's height when the frame is shown at its width
+    image = widgets.HTML(
+        f'<img src="data:image/png;base64,{png}" alt="{text}" title="{text}" width="{width}" '
+        f'style="max-width: 100%; height: auto" data-text-px="{smallest * dpi / 72:.1f}">'
+    )
     if caption is None:
         return image
     return widgets.VBox([image, widgets.Label(str(caption))])
+
+
+def _smallest_text_pt(fig) -> float:
+    """The size in points of the smallest visible, non-empty text of a figure (10 if none)."""
+    from matplotlib.text import Text
+
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=10.0)
 
 
 def _nest(controls: list, frames: dict, prefix: tuple):
