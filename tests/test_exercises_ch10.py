@@ -10,6 +10,7 @@ from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 from transformer_lib.exercises import ch10
 
 CACHE = ch10.check_cached_attention
+TOP_P = ch10.check_top_p_filter
 CASES = Table()
 
 # ---------------------------------------------------------------- check_cached_attention
@@ -99,6 +100,111 @@ def cache_float32(q, k_new, v_new, k_cache, v_cache):
     return tuple(t.float() for t in cache_model_answer(q, k_new, v_new, k_cache, v_cache))
 
 
+# ---------------------------------------------------------------- check_top_p_filter
+
+
+@CASES.add(TOP_P, "passed")
+def top_p_model_answer(logits, p):
+    if p >= 1:
+        return logits
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # the mass of the more likely tokens
+    n = (before < p).sum(dim=-1, keepdim=True)  # the nucleus's size, at least 1
+    threshold = sorted_logits.gather(-1, n - 1)
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+@CASES.add(TOP_P, "passed")
+def top_p_library(logits, p):
+    import transformer_lib as tl
+
+    return tl.top_p_filter(logits, p)
+
+
+def _scatter_back(logits, sorted_keep, order):
+    """logits with the tokens whose sorted position is not kept at -inf, in vocabulary order."""
+    keep = torch.zeros_like(sorted_keep).scatter(-1, order, sorted_keep)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+@CASES.add(TOP_P, "failed", "left out the token that brings the mass to p")
+def top_p_cumsum_at_most_p(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+    keep = probs.cumsum(-1) <= p
+    keep[..., 0] = True
+    return _scatter_back(logits, keep, order)
+
+
+@CASES.add(TOP_P, "failed", "lost every token", "always in the nucleus")
+def top_p_may_empty_a_row(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+    return _scatter_back(logits, probs.cumsum(-1) < p, order)
+
+
+@CASES.add(TOP_P, "failed", "kept the least likely tokens")
+def top_p_ascending(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1)
+    keep = probs.cumsum(-1) - probs < p
+    return _scatter_back(logits, keep, order)
+
+
+@CASES.add(TOP_P, "failed", "added up logits")
+def top_p_sums_logits(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    keep = sorted_logits.cumsum(-1) - sorted_logits < p
+    return _scatter_back(logits, keep, order)
+
+
+@CASES.add(TOP_P, "failed", "returned probabilities")
+def top_p_returns_probabilities(logits, p):
+    kept = torch.isfinite(top_p_model_answer(logits, p))
+    return logits.softmax(-1) * kept
+
+
+@CASES.add(TOP_P, "failed", "must become -inf, not a large negative number")
+def top_p_minus_1e9(logits, p):
+    kept = torch.isfinite(top_p_model_answer(logits, p))
+    return logits.masked_fill(~kept, -1e9)
+
+
+@CASES.add(TOP_P, "failed", "in sorted order", "scatter")
+def top_p_left_sorted(logits, p):
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    return sorted_logits.masked_fill(probs.cumsum(-1) - probs >= p, float("-inf"))
+
+
+@CASES.add(TOP_P, "failed", "tied with the least likely member")
+def top_p_drops_ties(logits, p):
+    if p >= 1:
+        return logits
+    probs, order = logits.softmax(-1).sort(dim=-1, descending=True, stable=True)
+    keep = probs.cumsum(-1) - probs < p
+    return _scatter_back(logits, keep, order)
+
+
+@CASES.add(TOP_P, "failed", "p = 1 keeps every token")
+def top_p_rounds_away_the_tail(logits, p):
+    # the model answer without its p >= 1 shortcut: in float32 the mass before a token of
+    # probability 1e-13 rounds to 1.0, which is not below p = 1
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    n = (probs.cumsum(dim=-1) - probs < p).sum(dim=-1, keepdim=True)
+    return logits.masked_fill(logits < sorted_logits.gather(-1, n - 1), float("-inf"))
+
+
+@CASES.add(TOP_P, "failed", "changed the logits it was given")
+def top_p_in_place(logits, p):
+    kept = torch.isfinite(top_p_model_answer(logits, p))
+    return logits.masked_fill_(~kept, float("-inf"))
+
+
+@CASES.add(TOP_P, "failed", "dtype torch.float32; expected torch.float64")
+def top_p_float32(logits, p):
+    return top_p_model_answer(logits.float(), p)
+
+
 # ---------------------------------------------------------------- the references themselves
 
 
@@ -113,7 +219,7 @@ def test_reference_cache_equals_full_causal_attention(gen):
         assert torch.equal(k_all, k) and torch.equal(v_all, v)
 
 
-STUB_CASES = [case(CACHE, stub, "not implemented")]
+STUB_CASES = [case(CACHE, stub, "not implemented"), case(TOP_P, stub, "not implemented")]
 
 
 @pytest.mark.parametrize(FIELDS, CASES + STUB_CASES)

@@ -1,7 +1,9 @@
 """Checks for chapter 10 ("Generation"): one step of attention with a key-value cache.
 
 - :func:`check_cached_attention` for ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_all, v_all)``
-  (exercise ex-10-1).
+  (exercise ex-10-1);
+- :func:`check_top_p_filter` for ``fn(logits, p) -> logits`` with every token outside the nucleus
+  at ``-inf`` (exercise ex-10-3).
 
 The online-softmax merge of two blocks of keys moved with its section to chapter 11
 (:mod:`transformer_lib.exercises.ch11`).
@@ -17,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..sampling import top_p_filter
 from ._core import ExerciseFailure, call_student, check, close, fmt, require_finite, require_tensor, require_tensors
 
-__all__ = ["check_cached_attention", "reference_cached_attention"]
+__all__ = ["check_cached_attention", "check_top_p_filter", "reference_cached_attention"]
 
 
 # ---------------------------------------------------------------- check_cached_attention
@@ -162,4 +165,114 @@ def _check_token_by_token(fn: Callable) -> None:
             raise ExerciseFailure(
                 f"{where}, the output at token {t} differs from causal attention over the whole sequence: "
                 f"expected {fmt(full[0, 0, t])}, got {fmt(out.detach()[0, 0, 0])}."
+            )
+
+
+# ---------------------------------------------------------------- check_top_p_filter
+
+
+def _top_p_cases() -> list[tuple[str, Tensor, float]]:
+    """(description, logits, p): from one sure token to a flat row, ties, batches and float64."""
+    g = torch.Generator().manual_seed(12)
+    sure = torch.tensor([4.0, 1.0, 0.5, 0.0, -1.0])  # the top token alone holds 0.9 of the mass
+    spread = torch.tensor([1.0, 2.0, 0.2, 1.5, -0.5, 0.7])
+    return [
+        ("one row of 5 logits whose top token alone holds more than p = 0.5", sure, 0.5),
+        ("one row of 6 logits, p = 0.8", spread, 0.8),
+        ("one row of 6 logits, p = 0.3", spread, 0.3),
+        ("a batch (2, 3, 7) of random logits, p = 0.9", torch.randn(2, 3, 7, generator=g), 0.9),
+        ("a batch (4, 10) of float64 logits, p = 0.6", torch.randn(4, 10, generator=g, dtype=torch.float64), 0.6),
+        ("one row of 1 logit, p = 0.5", torch.tensor([[0.3]]), 0.5),
+        ("one row [30, 0, -5, -10, -20], p = 1", torch.tensor([30.0, 0.0, -5.0, -10.0, -20.0]), 1.0),
+        ("one row [2, 1, 1, 0] with two tied tokens, p = 0.6", torch.tensor([2.0, 1.0, 1.0, 0.0]), 0.6),
+    ]
+
+
+def _keep(logits: Tensor, kept: Tensor) -> Tensor:
+    """``logits`` with the tokens outside the boolean ``kept`` at ``-inf``."""
+    return logits.masked_fill(~kept, float("-inf"))
+
+
+def _top_p_hint(logits: Tensor, p: float, got: Tensor, want: Tensor) -> str:
+    """Name the likely slip behind a wrong nucleus."""
+    kept_want = torch.isfinite(want)
+    finite = torch.isfinite(got)
+    if bool(finite.all()) and not bool(kept_want.all()) and not torch.equal(got, logits):
+        if bool((got >= 0).all()) and bool((got <= 1).all()):
+            return "you returned probabilities; return the logits, with -inf for every token outside the nucleus"
+        if torch.equal(got[kept_want], logits[kept_want]):
+            return (
+                "the tokens outside the nucleus must become -inf, not a large negative number or 0: "
+                "softmax then gives them exactly zero probability"
+            )
+    if not bool(finite.any(-1).all()):
+        return "a row lost every token; the most likely token is always in the nucleus, whatever p is"
+    if p >= 1 and not bool(finite.all()):
+        return "p = 1 keeps every token (the whole mass); rounding in a cumulative sum must not drop the last ones"
+    order = logits.argsort(dim=-1, descending=True, stable=True)
+    if torch.equal(got, logits.gather(-1, order).masked_fill(~torch.isfinite(want.gather(-1, order)), float("-inf"))):
+        return "your result is in sorted order; put the kept logits back in the vocabulary's order (scatter)"
+    probs = torch.softmax(logits.double(), dim=-1)
+    sorted_probs, _ = probs.sort(dim=-1, descending=True)
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    # the mass of each token together with every more likely one: keeping it only while <= p
+    # (or < p) leaves out the token that crosses p
+    cum = sorted_probs.cumsum(-1)
+    for inside in (cum <= p, cum < p):
+        n = inside.sum(-1, keepdim=True).clamp(min=1)
+        if torch.equal(finite, logits >= sorted_logits.gather(-1, n - 1)):
+            return (
+                "you left out the token that brings the mass to p: the nucleus is the smallest set whose mass "
+                "is at least p, so keep a token while the mass of the tokens more likely than it is below p"
+            )
+    ascending = (probs.sort(dim=-1).values.cumsum(-1) - probs.sort(dim=-1).values) < p
+    least = logits.sort(dim=-1).values
+    n = ascending.sum(-1, keepdim=True).clamp(min=1)
+    if torch.equal(finite, logits <= least.gather(-1, n - 1)):
+        return "you kept the least likely tokens; sort the probabilities in descending order"
+    raw = sorted_logits.cumsum(-1) - sorted_logits
+    n = (raw < p).sum(-1, keepdim=True).clamp(min=1)
+    if torch.equal(finite, logits >= sorted_logits.gather(-1, n - 1)) and not torch.equal(finite, kept_want):
+        return "you added up logits; the nucleus adds up probabilities, softmax(logits)"
+    if torch.equal(kept_want & finite, finite) and bool((kept_want & ~finite).any()):
+        lowest = torch.where(kept_want, logits, torch.inf).amin(-1, keepdim=True)
+        if bool(((logits == lowest) & kept_want & ~finite).any()):
+            return (
+                "you dropped a token tied with the least likely member of the nucleus; keep every token whose "
+                "logit equals it, so the result does not depend on how the sort orders equal logits"
+            )
+    return "keep the most likely tokens until their probabilities add up to at least p, and set the rest to -inf"
+
+
+@check("check_top_p_filter")
+def check_top_p_filter(fn: Callable[[Tensor, float], Tensor]) -> None:
+    """Chapter 10, exercise 10.3: check ``fn(logits, p) -> logits`` (top-p, nucleus filtering).
+
+    ``fn`` is given ``logits (..., vocab_size)`` (float32 and float64, a single token, a batch)
+    and a mass ``p`` in ``(0, 1]``; it must return logits of the same shape and dtype with every
+    token outside the nucleus at ``-inf``, as :func:`transformer_lib.top_p_filter`: the nucleus
+    is the smallest set of most likely tokens whose probabilities add up to at least ``p``, with
+    the tokens tied with its least likely member, and ``p = 1`` keeps every token. It must not
+    change ``logits``.
+    """
+    for desc, logits, p in _top_p_cases():
+        where = f"for {desc}"
+        got = call_student(
+            fn, (logits, p), where, inputs="the logits it was given",
+            in_place_hint="use masked_fill (without the underscore), which returns a new tensor",
+        )  # fmt: skip
+        want = top_p_filter(logits, p)
+        require_tensor(got, where, want.shape, want.dtype, layout="(..., vocab_size)")
+        got = got.detach()
+        if torch.isnan(got).any():
+            raise ExerciseFailure(f"{where}, the result contains NaN ({fmt(got)}).")
+        same_kept = torch.equal(torch.isfinite(got), torch.isfinite(want))
+        if (
+            not same_kept
+            or not torch.equal(got[torch.isfinite(want)], want[torch.isfinite(want)])
+            or not bool((got[~torch.isfinite(want)] == float("-inf")).all())
+        ):
+            raise ExerciseFailure(
+                f"{where}, the result is wrong: {_top_p_hint(logits, p, got, want)}. Expected {fmt(want)}, got "
+                f"{fmt(got)}."
             )
