@@ -53,6 +53,10 @@ TRAIN_CONFIG_CASES = [
     (dict(verbose=1), TypeError, "verbose"),
     (dict(compile="yes"), TypeError, "compile"),
     (dict(dtype="float64"), ValueError, "dtype"),
+    (dict(warmup_iters=100, lr_decay_iters=50), ValueError, "lr_decay_iters"),
+    (dict(out_dir=""), ValueError, "out_dir is empty"),
+    (dict(out_dir="   "), ValueError, "out_dir is empty"),
+    (dict(out_dir=0), TypeError, "out_dir"),
 ]
 
 
@@ -453,6 +457,7 @@ DATA_FILE_CASES = {
     "random bytes": (random.Random(1).randbytes(2048), "UTF-8"),
     "NUL bytes": (b"abc\x00def\n" * 30, "binary"),
     "empty": (b"", "empty"),
+    "only a byte-order mark": (b"\xef\xbb\xbf", "empty"),
 }
 
 
@@ -479,6 +484,29 @@ def test_the_command_names_a_data_file_that_is_not_text(kind, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert word in err and str(path) in err and len(err.splitlines()) == 1
     assert path.read_bytes() == data and not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+# ---- a UTF-8 byte-order mark at the start of a text: read, it is not part of the text ----
+
+
+def test_a_byte_order_mark_is_no_character_of_the_text(tmp_path, monkeypatch):
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffto be or not to be\n".encode() * 30)  # a mark at the start, and inside (kept there)
+    text = tl.load_corpus(path).text
+    assert text.startswith("to be") and text.count("\ufeff") == 29
+    monkeypatch.setenv("TINY_SHAKESPEARE", str(path))
+    with pytest.warns(UserWarning, match="checksum"):
+        assert tl.load_corpus().text == text
+
+
+def test_the_command_trains_on_a_text_with_a_byte_order_mark_without_it(small_text, tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + small_text.read_bytes())
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--data", str(path), "--out-dir", str(out), "--max-iters", "2"]) == 0
+    tokenizer = tl.load_checkpoint(out)[1]
+    assert "\ufeff" not in tokenizer.chars and set(tokenizer.chars) == set(small_text.read_text())
+    assert cli.main(["train", "--resume", "--out-dir", str(out), "--max-iters", "4"]) == 0  # the same text
 
 
 # ---- batches whose targets do not fit the inputs: a clear error before the model sees them ----

@@ -121,3 +121,112 @@ def test_a_full_disk_names_the_file_and_keeps_the_previous_checkpoint(run, capsy
         f"error: no space left on the device to write {out / 'ckpt.pt'}: the previous ckpt.pt is intact{DEBUG}"
     )
     assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob("*.tmp"))
+
+
+def exit_status(args) -> int:
+    """The command's exit status, whether it returns it or argparse exits."""
+    try:
+        return cli.main(args)
+    except SystemExit as e:
+        return e.code
+
+
+# (arguments, with {out} and {text} filled in; words the one line on stderr must hold). Each is
+# refused before any training: nothing is written, in the out-dir or in the working folder.
+REFUSED_CASES = {
+    "an empty --out-dir": (["train", *TINY, "--data", "{text}", "--out-dir", ""], ["--out-dir", "empty", "''"]),
+    "a blank --out-dir": (["train", *TINY, "--data", "{text}", "--out-dir", "  "], ["--out-dir", "empty"]),
+    "--out-dir without its value": (["train", *TINY, "--data", "{text}", "--out-dir"], ["--out-dir", "argument"]),
+    "--resume with --force": (
+        ["train", "--resume", "--force", "--out-dir", "{out}"],
+        ["--resume", "--force", "contradict"],
+    ),
+    "--force with --resume, fresh folder": (
+        ["train", *TINY, "--data", "{text}", "--out-dir", "{out}2", "--force", "--resume"],
+        ["--resume", "--force", "contradict"],
+    ),
+    "--lr-decay-iters before the warm-up ends": (
+        ["train", *TINY, "--data", "{text}", "--out-dir", "{out}2", "--warmup-iters", "10", "--lr-decay-iters", "5"],
+        ["lr_decay_iters (5)", "warmup_iters (10)"],
+    ),
+    "train --device meta": (
+        ["train", *TINY[:-3], "--data", "{text}", "--out-dir", "{out}2", "--device", "meta"],
+        ["device 'meta'"],
+    ),
+    "train --resume --device meta": (
+        ["train", "--resume", "--out-dir", "{out}", "--device", "meta"],
+        ["device 'meta'"],
+    ),
+    "train --device gpu": (
+        ["train", *TINY[:-3], "--data", "{text}", "--out-dir", "{out}2", "--device", "gpu"],
+        ["device 'gpu'", "PyTorch knows"],
+    ),
+    "sample --device meta": (["sample", "--ckpt", "{out}", "--device", "meta"], ["device 'meta'"]),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_CASES)
+def test_refused_before_training_in_one_line(case, run, capsys, monkeypatch):
+    args, words = REFUSED_CASES[case]
+    out, text = run
+    before = (out / "ckpt.pt").read_bytes()
+    workdir = out.parent / "workdir"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    capsys.readouterr()
+    assert exit_status([a.format(out=out, text=text) for a in args]) == 2
+    line = one_line(capsys)
+    assert all(word in line for word in words), line
+    assert (out / "ckpt.pt").read_bytes() == before
+    assert not (out.parent / "run2").exists() and not list(workdir.iterdir())
+
+
+def test_resuming_with_tiny_shakespeare_set_to_another_text_names_the_variable_and_the_file(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv(tl.OFFLINE_ENV, "1")
+    first, other = tmp_path / "first.txt", tmp_path / "other.txt"
+    first.write_text("to be or not to be, that is the question\n" * 40)
+    other.write_text("all the world's a stage, and all the men and women merely players\n" * 40)
+    monkeypatch.setenv("TINY_SHAKESPEARE", str(first))
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="checksum"):
+        assert cli.main(["train", *TINY, "--out-dir", str(out), "--max-iters", "2"]) == 0
+    before = (out / "ckpt.pt").read_bytes()
+    monkeypatch.setenv("TINY_SHAKESPEARE", str(other))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", "--out-dir", str(out), "--max-iters", "4"]) == 2
+    line = one_line(capsys)
+    assert "TINY_SHAKESPEARE" in line and str(other) in line and "is not the text" in line, line
+    assert (out / "ckpt.pt").read_bytes() == before
+    monkeypatch.setenv("TINY_SHAKESPEARE", str(first))  # the right text again: the run goes on
+    with pytest.warns(UserWarning, match="checksum"):
+        assert cli.main(["train", "--resume", "--out-dir", str(out), "--max-iters", "4"]) == 0
+    assert tl.read_checkpoint(out)["step"] == 4
+
+
+# (python -m MODULE ARGS: the module forms a user may try, each like python -m transformer_lib)
+MODULE_FORMS = {
+    "transformer_lib.cli train": ["transformer_lib.cli", "train"],
+    "transformer_lib.cli (no command)": ["transformer_lib.cli"],
+    "transformer_lib.train": ["transformer_lib.train"],
+    "transformer_lib.train train": ["transformer_lib.train", "train"],
+}
+
+
+@pytest.mark.parametrize("form", MODULE_FORMS)
+def test_every_module_form_of_the_command_trains_or_refuses_like_it(form, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, tl.OFFLINE_ENV: "1"}
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    base = [sys.executable, "-m", *MODULE_FORMS[form], *TINY, "--data", str(text)]
+    bad = subprocess.run([*base, "--out-dir", ""], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--out-dir is empty" in bad.stderr, bad.stderr
+    good = subprocess.run([*base, "--out-dir", str(tmp_path / "run"), "--max-iters", "2"], capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert good.returncode == 0 and good.stderr == "", good.stderr
+    assert "checkpoint in" in good.stdout and tl.read_checkpoint(tmp_path / "run")["step"] == 2

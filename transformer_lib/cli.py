@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import fields, replace
@@ -27,26 +28,34 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CHECKPOINT_NAME, check_recorded, load_checkpoint, own_folder, read_checkpoint, tensor_checksum
-from .data import CharTokenizer, LMBatches, load_corpus, sha256_of, split_tokens
+from ._cli_settings import (
+    _check_flags,
+    _check_seed,
+    _data_path,
+    _flag,
+    _resumable,
+    _run_settings,
+    _settings,
+)
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, own_folder, read_checkpoint, tensor_checksum
+from .data import PATH_ENV, CharTokenizer, LMBatches, load_corpus, sha256_of, split_tokens
 from .models import GPT, GPTConfig
 from .sampling import generate_text
-from .train import _PROCESS_SETTINGS, train
+from .train import train
 from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
-from .utils import DTYPES, check_fields, pick_device, set_seed
+from .utils import DTYPES, pick_device, set_seed
 
 __all__ = ["build_parser", "main", "sample_main", "train_main"]
 
-# The model's shape: GPTConfig fields the command line sets (the vocabulary comes from the data).
-# TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
-_RUNTIME = _PROCESS_SETTINGS
-_TYPES = {"int": int, "float": float, "str": str}
-_SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
-                "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
+_TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
+    prints the usage too), like every other error of the command."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +80,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The training command's argument parser (``python -m transformer_lib train --help``, chapter 9)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m transformer_lib train",
         description="Train a character-level GPT (chapter 9) on Tiny Shakespeare or on any text file. "
         "A preset sets every size and hyperparameter; the flags below override single settings. "
@@ -116,116 +125,30 @@ def _init_distributed() -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
-def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:
-    """The model's shape and the TrainConfig: the preset's, then the checkpoint's, then the flags'.
-
-    On resume the model's shape is the checkpoint's (a different one is refused); a changed
-    training setting takes effect from the next step (see :func:`~transformer_lib.train.train`).
-    """
-    preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    shape_changes, config = PRESETS[preset]
-    defaults = GPTConfig(vocab_size=1)
-    shape = {name: shape_changes.get(name, getattr(defaults, name)) for name in MODEL_SETTINGS}
-    given_shape = {k: getattr(args, k) for k in MODEL_SETTINGS if getattr(args, k) is not None}
-    if ckpt is not None:
-        shape = {k: ckpt["model_config"][k] for k in MODEL_SETTINGS}
-        changed = [k for k, v in given_shape.items() if v != shape[k]]
-        if changed:
-            k = changed[0]
-            raise ValueError(
-                f"--resume cannot change the model's shape: the run in {file} has {_flag(k)} {shape[k]}, "
-                f"not {given_shape[k]}"
-            )
-        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in _RUNTIME}
-        names = {f.name for f in fields(TrainConfig)} - _RUNTIME
-        missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
-        if missing or unknown:
-            what = f"does not record the training setting {_flag(missing[0])}" if missing else (
-                f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
-            raise ValueError(f"{file} {what} (a checkpoint from another version?)")
-        config = replace(config, **saved, **_recorded_process(ckpt, args, file))
-    shape.update(given_shape)
-    check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
-    return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
-
-
-def _recorded_process(ckpt: dict, args, file: Path) -> dict:
-    """On resume, the device, autocast dtype and compilation the run was started with, unless a
-    flag gives another (a run can move to another machine that way): ``auto`` would otherwise
-    pick a GPU for a run that trained on the CPU. A device this machine lacks is refused."""
-    saved = ckpt.get("train_config") or {}
-    kept = {k: saved[k] for k in ("device", "dtype", "compile") if k in saved and getattr(args, k) is None}
-    if "device" in kept:
-        try:
-            pick_device(str(kept["device"]))
-        except (ValueError, RuntimeError):
-            raise ValueError(
-                f"the run in {file} trained on device {kept['device']!r}, which this machine does not have: "
-                f"continue it here with --device cpu (or another device)"
-            ) from None
-    return kept
-
-
-# Settings of the command itself (not of TrainConfig), recorded in the checkpoint's meta.
-_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1}
-
-
-def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
-    """``--preset``, ``--seed`` and ``--val-fraction``: the flags' (or the defaults), or on resume
-    the checkpoint's; a flag that differs from the checkpoint is refused, as is a split the
-    checkpoint does not record."""
-    given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction}
-    if ckpt is None:
-        return {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
-    meta, out = ckpt.get("meta") or {}, {}
-    for name, value in given.items():
-        recorded = meta.get(name)
-        if recorded is None:
-            if value is None and name == "val_fraction":
-                raise ValueError(
-                    f"{file} does not record which fraction of the text was kept for validation: give the run's "
-                    f"--val-fraction"
-                )
-            out[name] = _RUN_DEFAULTS.get(name) if value is None else value
-        elif value is not None and value != recorded:
-            raise ValueError(f"--resume cannot change {_flag(name)}: the run in {file} uses {recorded}, not {value}")
-        else:
-            out[name] = recorded
-    return out
-
-
-def _data_path(args, ckpt: dict | None, file: Path) -> str | None:
-    """The text to train on: ``--data``, or on resume the file the checkpoint names."""
-    if args.data is not None or ckpt is None:
-        return args.data
-    meta = ckpt.get("meta") or {}
-    if meta.get("data_from"):
-        raise ValueError(
-            f"the run in {file} read its training text from {meta['data_from']}, which cannot be read again: "
-            f"give the same text with --data FILE"
-        )
-    if meta.get("data") and not Path(meta["data"]).is_file():
-        raise ValueError(
-            f"the run in {file} was trained on {meta['data']}, which is no longer there: give the same text "
-            f"with --data FILE"
-        )
-    return meta.get("data")
-
-
-def _resumable(ckpt: dict, file: Path, data: str | None) -> dict:
-    """``ckpt`` if this command can continue it, else a ``ValueError`` that says why."""
-    check_recorded(ckpt, file, ("model_class",))
-    if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
-        raise ValueError(
-            f"{file} holds a {ckpt.get('model_class')} "
-            f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
-            f"with its tokenizer (train(..., tokenizer=...) or this command)"
-        )
-    check_recorded(ckpt, file)
-    if data is None and not (ckpt.get("meta") or {}).get("corpus"):
-        raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
-    return ckpt
+def _read_text(data_path: str | None, ckpt: dict | None, file: Path):
+    """The training text (:func:`~transformer_lib.data.load_corpus`); on resume, a
+    ``ValueError`` when it is not the text the run was trained on, naming where it was read from
+    (the file, or the environment variable and its file). Its warnings are shown once it is known
+    to be the right text (a wrong one needs the error, not a warning about the same file)."""
+    meta = (ckpt or {}).get("meta") or {}
+    recorded = meta.get("text_sha256")
+    if not recorded:
+        return load_corpus(data_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        corpus = load_corpus(data_path)
+    if recorded != sha256_of(corpus.text.encode()):
+        given, fix = f"{corpus.name} ({corpus.source})", "give that text with --data"
+        if data_path is not None:
+            given = str(data_path)
+        elif os.environ.get(PATH_ENV) and corpus.source == str(Path(os.environ[PATH_ENV])):
+            given = f"the file {corpus.source}, which the environment variable {PATH_ENV} names,"
+            fix = f"unset {PATH_ENV}, or set it to that text's file"
+        trained_on = meta.get("data") or meta.get("corpus")
+        raise ValueError(f"{given} is not the text the run in {file} was trained on ({trained_on}): {fix}")
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return corpus
 
 
 def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
@@ -241,19 +164,17 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
-def _check_seed(seed: int | None) -> None:
-    if seed is not None and not 0 <= seed < 2**32:
-        raise ValueError(f"--seed must be an int in [0, {2**32 - 1}], got {seed}")
-
-
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_flags(args)
     file = Path(args.out_dir) / CHECKPOINT_NAME
     if args.resume and not file.is_file():
         parser.error(f"--resume: no checkpoint at {file}")
     _check_seed(args.seed)
+    if args.device is not None:
+        pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
     if not args.resume:
         _settings(args, None, file)  # a bad setting is refused before the folder is made
     # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
@@ -279,14 +200,8 @@ def _train_in_folder(args, file: Path) -> int:
     data_from = None
     if data_path is not None and os.path.exists(data_path) and not stat.S_ISREG(os.stat(data_path).st_mode):
         data_from = f"a pipe ({data_path})"  # read once: a resumed run cannot read it again
-    corpus = load_corpus(data_path)
+    corpus = _read_text(data_path, ckpt, file)
     text_sha256 = sha256_of(corpus.text.encode())
-    recorded_sha256 = (ckpt.get("meta") or {}).get("text_sha256") if ckpt else None
-    if recorded_sha256 and recorded_sha256 != text_sha256:
-        raise ValueError(
-            f"{data_path or corpus.name} is not the text the run in {file} was trained on "
-            f"({ckpt['meta'].get('data') or ckpt['meta'].get('corpus')}): give that text with --data"
-        )
     tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt else CharTokenizer.from_text(corpus.text)
     train_tokens, val_tokens = split_tokens(torch.tensor(tokenizer.encode(corpus.text)), run["val_fraction"])
 
@@ -328,7 +243,7 @@ def _train_in_folder(args, file: Path) -> int:
 
 def sample_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m transformer_lib sample",
         description="Generate text from a GPT checkpoint written by python -m transformer_lib train.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -393,3 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(e).split()) or type(e).__name__
         print(f"error: {message} (run with --debug for the traceback)", file=sys.stderr)
         return 2
+
+
+# python -m transformer_lib.cli ...: the same as python -m transformer_lib ...
+if __name__ == "__main__":
+    sys.exit(main())

@@ -385,3 +385,12 @@ def train(
         with InterruptFlag() as flag:
             _loop(run, run.config.max_iters if until is None else min(until, run.config.max_iters), flag)
     return run.history
+
+
+# python -m transformer_lib.train ...: the training command, as python -m transformer_lib train ...
+if __name__ == "__main__":
+    import runpy
+    import sys
+
+    sys.argv[1:] = sys.argv[1:] if sys.argv[1:2] == ["train"] else ["train", *sys.argv[1:]]
+    runpy.run_module("transformer_lib", run_name="__main__", alter_sys=True)

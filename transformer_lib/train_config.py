@@ -6,6 +6,7 @@ schedule they define. Importing it imports no trainer and no command line.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,17 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.min_lr > self.lr:
             raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
+            raise ValueError(
+                f"TrainConfig.lr_decay_iters ({self.lr_decay_iters}) must not be below warmup_iters "
+                f"({self.warmup_iters}): the decay would end before the warm-up does"
+            )
+        if self.out_dir is not None and not isinstance(self.out_dir, (str, os.PathLike)):
+            raise TypeError(f"TrainConfig.out_dir must be a folder's path or None, got {self.out_dir!r}")
+        if self.out_dir is not None and not str(self.out_dir).strip():
+            raise ValueError(
+                f"TrainConfig.out_dir is empty ({self.out_dir!r}): give a folder for the checkpoints, or None for none"
+            )
 
 
 _TRAIN_RULES = {

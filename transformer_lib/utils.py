@@ -49,11 +49,25 @@ def set_seed(seed: int = 0) -> None:
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU (chapter 9)."""
+    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU (chapter 9).
+
+    A device this machine lacks, one PyTorch does not know, or ``'meta'`` (shapes without
+    values) is a ``ValueError`` naming it.
+    """
     if isinstance(device, torch.device):
         return device
     if device not in (None, "auto"):
-        chosen = torch.device(device)
+        try:
+            chosen = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(
+                f"device {device!r} is not a device PyTorch knows: use 'auto', 'cpu', 'cuda', 'cuda:1', 'mps', ..."
+            ) from None
+        if chosen.type == "meta":
+            raise ValueError(
+                f"device {device!r} cannot run a model: a tensor on 'meta' has a shape but no values (use 'cpu', "
+                f"'cuda' or 'auto')"
+            )
         if chosen.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} is not available: this PyTorch sees no CUDA GPU (use 'cpu' or 'auto')")
         if chosen.type == "cuda" and (chosen.index or 0) >= torch.cuda.device_count():
@@ -61,6 +75,12 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
         mps = getattr(torch.backends, "mps", None)
         if chosen.type == "mps" and not (mps is not None and mps.is_available()):
             raise ValueError(f"device {device!r} is not available: this machine has no Apple MPS GPU (use 'cpu')")
+        if chosen.type not in ("cpu", "cuda", "mps"):  # another backend (xpu, hpu, ...): try one small computation
+            try:
+                torch.ones(1, device=chosen).add(1).cpu()
+            except Exception as e:  # noqa: BLE001 (each backend fails in its own way)
+                reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:160]
+                raise ValueError(f"device {device!r} is not usable on this machine ({reason})") from None
         return chosen
     if torch.cuda.is_available():
         return torch.device("cuda")

@@ -111,9 +111,10 @@ def python_stdlib_corpus(n_chars: int = 1_000_000) -> str:
 
 def _text_of(data: bytes, path: Path) -> str:
     """The UTF-8 text of the file ``path`` holding ``data``; a ``ValueError`` naming the file when
-    it is empty, binary or in another encoding."""
+    it is empty, binary or in another encoding. A byte-order mark at its start (which some editors
+    write) is not part of the text: it would become a character of the vocabulary."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         raise ValueError(
             f"{path} is not UTF-8 text (byte {e.start} is {data[e.start : e.start + 1]!r}): convert it to UTF-8, "
