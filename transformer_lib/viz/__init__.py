@@ -179,7 +179,8 @@ def frame_widget(draw: Callable, dpi: int = 96, **controls):
     ``dpi`` is the size a frame is shown at, in CSS pixels per inch of the figure: 96, the CSS
     inch, shows a figure at its size in inches and a 10-point label at 13.3 pixels, the size of a
     page's small print. Each frame is drawn at twice that (sharp on a high-density screen) and
-    shown at ``dpi``, never wider than the page. A slider keeps its whole description and a track
+    shown at ``dpi``, never wider than the page; text smaller than ``MIN_TEXT_PT`` (10 points) is
+    drawn at that size. A slider keeps its whole description and a track
     of at least ``SLIDER_TRACK_PX`` pixels, and the row of controls wraps rather than squeeze one.
 
     Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
@@ -213,6 +214,9 @@ def frame_widget(draw: Callable, dpi: int = 96, **controls):
 # the least width of a slider's track, in CSS pixels, and the width the page's widget stylesheet
 # gives a character of a description or readout (13 px text: at most about 8 px a character)
 SLIDER_TRACK_PX = 120
+# the smallest text a frame shows, in points: 13.3 px at the default 96 px per inch, the size of
+# a page's small print (a <small> in 16 px text)
+MIN_TEXT_PT = 10
 _CHAR_PX = 8
 
 
@@ -242,8 +246,10 @@ def _frame(result, dpi: int, title: str):
     fig, caption = result if isinstance(result, tuple) else (result, None)
     if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
+    fig.canvas.draw()  # the tick labels get their text and size
+    _at_least(fig, MIN_TEXT_PT)
     raw = figure_png(fig, 2 * dpi)  # drawn at twice the size it is shown at
-    smallest = _smallest_text_pt(fig)  # after drawing, when the tick labels hold their text
+    smallest = _smallest_text_pt(fig)
     width = (Image.open(io.BytesIO(raw)).size[0] + 1) // 2
     png = base64.b64encode(raw).decode("ascii")
     text = html.escape(title, quote=True)
@@ -259,12 +265,28 @@ def _frame(result, dpi: int, title: str):
     return widgets.VBox([image, widgets.Label(str(caption))])
 
 
-def _smallest_text_pt(fig) -> float:
-    """The size in points of the smallest visible, non-empty text of a figure (10 if none)."""
+def _texts(fig) -> list:
+    """The visible, non-empty text artists of a figure (titles, labels, ticks, annotations)."""
     from matplotlib.text import Text
 
-    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
-    return min(sizes, default=10.0)
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _at_least(fig, points: float) -> None:
+    """Raise every text of ``fig`` smaller than ``points`` to that size."""
+    for text in _texts(fig):
+        if text.get_fontsize() < points:
+            text.set_fontsize(points)
+    for ax in fig.axes:  # tick labels are remade at draw time: set their size on the axis
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = axis.get_ticklabels()
+            if labels and labels[0].get_fontsize() < points:
+                axis.set_tick_params(labelsize=points)
+
+
+def _smallest_text_pt(fig) -> float:
+    """The size in points of the smallest visible, non-empty text of a figure (10 if none)."""
+    return min((t.get_fontsize() for t in _texts(fig)), default=10.0)
 
 
 def _nest(controls: list, frames: dict, prefix: tuple):
