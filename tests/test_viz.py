@@ -201,7 +201,8 @@ def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
 
 
 def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
-    """A frame is drawn at 2 x dpi and shown at dpi, with the height its smallest text then has."""
+    """A frame is drawn at 2 x dpi and shown at dpi, with the height its smallest text then has;
+    text below MIN_TEXT_PT (a 6-point title here) is raised to it."""
     from PIL import Image
 
     def draw(n):
@@ -210,7 +211,8 @@ def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
         ax.set_title("small", fontsize=6)
         return fig
 
-    for dpi, text_px in ((96, 8.0), (72, 6.0)):
+    assert viz.MIN_TEXT_PT == 10
+    for dpi, text_px in ((96, 13.3), (72, 10.0)):
         frame = tl.viz.frame_widget(draw, dpi=dpi, n=[2, 3]).children[1].children[0]
         png = Image.open(io.BytesIO(_picture(frame)[2]))
         shown = int(re.search(r'width="(\d+)"', frame.value).group(1))
