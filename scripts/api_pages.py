@@ -103,8 +103,27 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "phase change, the loss at each position, and chapter 9's agreement sentences.",
     ),
     (
+        "bpe",
+        ["transformer_lib.bpe"],
+        "13",
+        "Byte-level BPE: the pre-split patterns, training with incremental pair counts, encoding by merge rank, "
+        "decoding, special tokens; tokenizer files are in `transformer_lib.data`.",
+    ),
+    (
+        "tokens",
+        ["transformer_lib.tokens"],
+        "13",
+        "Bits per byte, the loss that compares models across vocabularies, and the training run that compares a "
+        "character model with a BPE model.",
+    ),
+    (
         "viz",
-        ["transformer_lib.viz", "transformer_lib.viz.diagrams", "transformer_lib.viz.head_tables"],
+        [
+            "transformer_lib.viz",
+            "transformer_lib.viz.diagrams",
+            "transformer_lib.viz.head_tables",
+            "transformer_lib.viz.tokens",
+        ],
         "all",
         "Attention heatmaps, interactive figures that work without a kernel, diagrams of heads and whole models, "
         "and tables of per-head statistics against uniform attention.",
@@ -112,7 +131,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 13)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 14)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

@@ -6,8 +6,9 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 ``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
 ``long_context`` (11: the online softmax and tiled attention), ``inspect_heads`` (12: capturing
 attention weights, intervening on heads, scoring patterns) and ``bpe`` (13: byte-level BPE).
-Tools above them: ``induction`` (12: the attention-only model and its training on repeats), ``cost`` (every
-cost formula: receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
+Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
+``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
+receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
 ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
 command line) and ``student`` (the student edition and nbgrader course of the notebooks).
@@ -32,8 +33,8 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 # win, and the layout test checks that no two modules export the same name).
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
-    "long_context", "inspect_heads", "bpe", "cost", "data", "induction", "utils", "train_config", "train", "checkpoint",
-    "pretrained", "viz",
+    "long_context", "inspect_heads", "bpe", "cost", "data", "induction", "tokens", "utils", "train_config", "train",
+    "checkpoint", "pretrained", "viz",
 )  # fmt: skip
 
 __all__ = []

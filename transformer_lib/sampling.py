@@ -121,10 +121,10 @@ def generate_text(
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> str:
-    """``prompt`` followed by ``max_new_tokens`` sampled characters (chapter 9).
+    """``prompt`` followed by ``max_new_tokens`` sampled tokens (chapter 9).
 
-    ``model`` is a :class:`~transformer_lib.models.GPT` and ``tokenizer`` the
-    :class:`~transformer_lib.data.CharTokenizer` it was trained with; the prompt becomes a
+    ``model`` is a :class:`~transformer_lib.models.GPT` and ``tokenizer`` the tokenizer it was
+    trained with, a :class:`~transformer_lib.data.CharTokenizer` or (chapter 13) a BPE tokenizer; the prompt becomes a
     ``(1, T)`` batch for :meth:`GPT.generate`. The model's train/eval mode is restored afterwards.
     ``top_p`` (chapter 10) is passed on to :meth:`GPT.generate` (nucleus sampling).
     """

@@ -31,6 +31,7 @@ __all__ = [
     "plot_attention",
     "plot_attention_grid",
     "plot_head_split",
+    "plot_tokens",
 ]
 
 
@@ -306,3 +307,4 @@ def _nest(controls: list, frames: dict, prefix: tuple):
 # live in their own files
 from .diagrams import plot_architecture, plot_head_split  # noqa: E402
 from .head_tables import plot_against_uniform  # noqa: E402
+from .tokens import plot_tokens  # noqa: E402

@@ -1,0 +1,127 @@
+"""What the choice of tokens changes for a model (chapter 13, "Tokens"): a loss in bits per byte,
+which does not depend on the vocabulary, and the small training run the chapter and its recorded
+sweep compare a character model and a BPE model with.
+
+A model's loss per token is not comparable across tokenizers: a BPE token carries several
+characters, so it is harder to predict than one character and its loss is larger even when the
+model predicts the text better. Per byte of text, both pay for the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_int
+from .bpe import BPETokenizer
+from .data import CharTokenizer
+from .models import GPT, GPTConfig
+
+__all__ = ["TOKEN_RUN", "bits_per_byte", "token_byte_lengths", "token_run"]
+
+# The chapter's comparison: one model shape, one budget of steps and tokens, for both tokenizers.
+TOKEN_RUN = dict(
+    n_layers=2, n_heads=4, d_model=64, context_len=64, batch_size=16, steps=300, lr=3e-3,
+    val_fraction=0.1, bpe_vocab=512,
+)  # fmt: skip
+
+
+def token_byte_lengths(tokenizer: CharTokenizer | BPETokenizer) -> Tensor:
+    """The UTF-8 length of each token id ``(vocab_size,)`` (chapter 13); special tokens count 0,
+    since they are not text."""
+    if isinstance(tokenizer, BPETokenizer):
+        lengths = [len(b) for b in tokenizer.token_bytes] + [0] * len(tokenizer.specials)
+    elif isinstance(tokenizer, CharTokenizer):
+        lengths = [0] * len(tokenizer.specials) + [len(c.encode("utf-8")) for c in tokenizer.chars]
+    else:
+        raise TypeError(f"tokenizer must be a CharTokenizer or a BPETokenizer, got {type(tokenizer).__name__}")
+    return torch.tensor(lengths, dtype=torch.long)
+
+
+@torch.no_grad()
+def bits_per_byte(model: nn.Module, ids: Tensor, byte_lengths: Tensor, batch_size: int = 64) -> dict:
+    """The loss of ``model`` on a token stream ``ids (N,)``, per token and per byte (chapter 13).
+
+    The stream is cut into windows of ``model.config.context_len + 1`` tokens that overlap by one,
+    so every token after the first is predicted exactly once; ``byte_lengths (vocab_size,)`` gives
+    the bytes each predicted token stands for. Returns ``nats_per_token``, ``bits_per_byte``,
+    ``tokens`` and ``bytes``: bits per byte is the total loss in bits over the total bytes predicted.
+    """
+    T = model.config.context_len
+    check_int(batch_size, "batch_size")
+    if ids.dim() != 1 or len(ids) < 2:
+        raise ValueError(f"ids must be a token stream (N,) with N >= 2, got shape {tuple(ids.shape)}")
+    starts = range(0, len(ids) - 1, T)
+    full = [s for s in starts if s + T + 1 <= len(ids)]
+    batches = [
+        torch.stack([ids[s : s + T + 1] for s in full[i : i + batch_size]]) for i in range(0, len(full), batch_size)
+    ]
+    batches += [ids[s:][None] for s in starts if s + T + 1 > len(ids)]  # the shorter last window
+    total, count, n_bytes = 0.0, 0, 0
+    was_training = model.training
+    model.eval()
+    for w in batches:  # (B, T + 1)
+        logits, _ = model(w[:, :-1])
+        nll = nn.functional.cross_entropy(logits.flatten(0, 1).double(), w[:, 1:].flatten(), reduction="sum")
+        total, count = total + nll.item(), count + w[:, 1:].numel()
+        n_bytes += int(byte_lengths[w[:, 1:]].sum())
+    model.train(was_training)
+    return {
+        "nats_per_token": total / count,
+        "bits_per_byte": total / math.log(2) / n_bytes,
+        "tokens": count,
+        "bytes": n_bytes,
+    }
+
+
+def token_run(
+    tokenizer: CharTokenizer | BPETokenizer,
+    train_text: str,
+    val_text: str,
+    seed: int,
+    *,
+    steps: int = TOKEN_RUN["steps"],
+    n_layers: int = TOKEN_RUN["n_layers"],
+    n_heads: int = TOKEN_RUN["n_heads"],
+    d_model: int = TOKEN_RUN["d_model"],
+    context_len: int = TOKEN_RUN["context_len"],
+    batch_size: int = TOKEN_RUN["batch_size"],
+    lr: float = TOKEN_RUN["lr"],
+    dtype: torch.dtype = torch.float32,
+) -> dict:
+    """Train a :class:`~transformer_lib.models.GPT` on ``train_text`` read by ``tokenizer`` and
+    measure it on ``val_text`` (chapter 13). Both tokenizers get the same model shape, the same
+    steps and the same tokens per step; only the vocabulary (its embedding rows) differs.
+
+    AdamW at a constant ``lr`` with no weight decay; batches of random windows from a generator
+    seeded with ``seed``. Returns the validation loss of :func:`bits_per_byte`, the training time,
+    the model (trained, in eval mode) and its token embeddings before training.
+    """
+    train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
+    val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(tokenizer.vocab_size, context_len, n_layers, n_heads, d_model)).to(dtype)
+    initial = model.tok_embed.weight.detach().clone()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(len(train_ids) - context_len, (batch_size,), generator=generator)
+        window = train_ids[starts[:, None] + torch.arange(context_len + 1)]  # (B, T + 1)
+        _, loss = model(window[:, :-1], window[:, 1:])
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+    seconds = time.perf_counter() - start
+    model.eval()
+    return {
+        **bits_per_byte(model, val_ids, token_byte_lengths(tokenizer)),
+        "train_tokens": len(train_ids),
+        "seconds": seconds,
+        "model": model,
+        "initial_embedding": initial,
+    }
