@@ -147,3 +147,51 @@ def test_data_parallel_run_reports_whether_the_processes_agree(tmp_path, differ)
         assert lines[0].startswith("warning: the 2 processes hold different weights")
     else:
         assert lines[0].startswith("weights identical on all 2 processes (checksum ")
+
+
+def test_a_bpe_run_trains_its_tokenizer_on_the_training_split_and_keeps_it(tmp_path, text_file, capsys):
+    out_dir = tmp_path / "bpe"
+    text = text_file.read_text()
+    text_file.write_text(text + "ZZZ unique to the validation text " * 40)  # only in the last 10 %
+    args = [*TINY, "--data", str(text_file), "--tokenizer", "bpe", "--vocab-size", "300", "--out-dir", str(out_dir)]
+    assert cli.main([*args, "--max-iters", "6"]) == 0
+    tok = tl.load_tokenizer(out_dir / cli.TOKENIZER_NAME)
+    assert isinstance(tok, tl.BPETokenizer) and tok.vocab_size == 300
+    n_train = int(len(text_file.read_text()) * 0.9)
+    assert tok == tl.train_bpe(text_file.read_text()[:n_train], 300)  # the validation text never trains it
+    model, from_ckpt, ckpt = tl.load_checkpoint(out_dir)
+    assert from_ckpt == tok and model.config.vocab_size == 300
+    assert ckpt["meta"]["tokenizer"] == "bpe" and ckpt["meta"]["tokenizer_sha256"] == tl.tokenizer_checksum(tok)
+    capsys.readouterr()
+    assert cli.main(["sample", "--ckpt", str(out_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    assert cli.main([*args, "--max-iters", "8", "--resume"]) == 0  # the saved tokenizer, not a new one
+    # a different tokenizer file beside the checkpoint is refused by name, by resume and by sample
+    tl.save_tokenizer(tl.train_bpe(text, 290), out_dir / cli.TOKENIZER_NAME, force=True)
+    for command in ([*args, "--max-iters", "10", "--resume"], ["sample", "--ckpt", str(out_dir)]):
+        assert cli.main(command) == 2
+        err = capsys.readouterr().err
+        assert "tokenizer.json holds a different tokenizer" in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--vocab-size", "300"], ["--vocab-size 300 is for --tokenizer bpe"]),
+        (["--tokenizer", "bpe", "--vocab-size", "256"], ["at least 257", "256"]),
+    ],
+)
+def test_tokenizer_flags_are_checked_before_training(tmp_path, text_file, capsys, flags, words):
+    out_dir = tmp_path / "never"
+    assert cli.main([*TINY, "--data", str(text_file), "--out-dir", str(out_dir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+    assert not (out_dir / "ckpt.pt").exists()
+
+
+def test_resume_cannot_change_the_tokenizer(tmp_path, text_file, capsys):
+    out_dir = tmp_path / "char"
+    assert cli.main([*TINY, "--data", str(text_file), "--max-iters", "4", "--out-dir", str(out_dir)]) == 0
+    capsys.readouterr()
+    assert cli.main([*TINY, "--out-dir", str(out_dir), "--resume", "--tokenizer", "bpe"]) == 2
+    assert "--resume cannot change --tokenizer: the run in" in capsys.readouterr().err

@@ -79,16 +79,30 @@ def _recorded_process(ckpt: dict, args, file: Path) -> dict:
 
 
 # Settings of the command itself (not of TrainConfig), recorded in the checkpoint's meta.
-_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1}
+_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char", "vocab_size": None}
+BPE_VOCAB_DEFAULT = 512  # --tokenizer bpe without --vocab-size
 
 
 def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
-    """``--preset``, ``--seed`` and ``--val-fraction``: the flags' (or the defaults), or on resume
-    the checkpoint's; a flag that differs from the checkpoint is refused, as is a split the
-    checkpoint does not record."""
-    given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction}
+    """``--preset``, ``--seed``, ``--val-fraction``, ``--tokenizer`` and ``--vocab-size``: the flags'
+    (or the defaults), or on resume the checkpoint's; a flag that differs from the checkpoint is
+    refused, as is a split the checkpoint does not record."""
+    given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction,
+             "tokenizer": args.tokenizer, "vocab_size": args.vocab_size}  # fmt: skip
     if ckpt is None:
-        return {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
+        out = {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
+        if out["tokenizer"] == "char" and out["vocab_size"] is not None:
+            raise ValueError(
+                f"--vocab-size {out['vocab_size']} is for --tokenizer bpe: a character tokenizer's vocabulary is the "
+                f"text's characters"
+            )
+        if out["tokenizer"] == "bpe":
+            out["vocab_size"] = BPE_VOCAB_DEFAULT if out["vocab_size"] is None else out["vocab_size"]
+            if out["vocab_size"] < 257:
+                raise ValueError(
+                    f"--vocab-size must be at least 257 (the 256 bytes and one merge), got {out['vocab_size']}"
+                )
+        return out
     meta, out = ckpt.get("meta") or {}, {}
     for name, value in given.items():
         recorded = meta.get(name)

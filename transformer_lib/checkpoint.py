@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import CharTokenizer
+from .bpe import BPETokenizer
+from .data import CharTokenizer, tokenizer_from_dict
 from .encoder_decoder import Transformer, TransformerConfig
 from .models import GPT, GPTConfig
 from .utils import atomic_write, check_writable
@@ -269,7 +270,7 @@ def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "mo
 
 def load_checkpoint(
     path: str | os.PathLike | dict, device: torch.device | str = "cpu"
-) -> tuple[nn.Module, CharTokenizer | None, dict]:
+) -> tuple[nn.Module, CharTokenizer | BPETokenizer | None, dict]:
     """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter 9).
 
     ``path`` is a ``ckpt.pt``, its folder, or a checkpoint dict already read by
@@ -285,7 +286,7 @@ def load_checkpoint(
     if bad is not None:
         raise ValueError(f"{where}: the model's {bad} holds values that are not finite (NaN or inf): a diverged model")
     model.load_state_dict(ckpt["model"])
-    tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
+    tokenizer = tokenizer_from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
     return model.to(device).eval(), tokenizer, ckpt
 
 

@@ -1,4 +1,5 @@
-"""The command line (chapter 9, "A GPT from scratch"): train a character-level GPT, sample from it.
+"""The command line (chapter 9, "A GPT from scratch"): train a GPT on characters or (chapter 13) on
+byte-level BPE tokens, and sample from it.
 
 ::
 
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ._cli_settings import (
+    BPE_VOCAB_DEFAULT,
     _check_flags,
     _check_seed,
     _data_path,
@@ -37,8 +39,19 @@ from ._cli_settings import (
     _run_settings,
     _settings,
 )
+from .bpe import train_bpe
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, own_folder, read_checkpoint, tensor_checksum
-from .data import PATH_ENV, CharTokenizer, LMBatches, load_corpus, sha256_of, split_tokens
+from .data import (
+    PATH_ENV,
+    CharTokenizer,
+    LMBatches,
+    load_corpus,
+    load_tokenizer,
+    save_tokenizer,
+    sha256_of,
+    tokenizer_checksum,
+    tokenizer_from_dict,
+)
 from .models import GPT, GPTConfig
 from .sampling import generate_text
 from .train import train
@@ -82,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The training command's argument parser (``python -m transformer_lib train --help``, chapter 9)."""
     parser = _Parser(
         prog="python -m transformer_lib train",
-        description="Train a character-level GPT (chapter 9) on Tiny Shakespeare or on any text file. "
+        description="Train a GPT (chapter 9) on Tiny Shakespeare or on any text file, reading characters or "
+        "BPE tokens (chapter 13). "
         "A preset sets every size and hyperparameter; the flags below override single settings. "
         "To generate text from a checkpoint: python -m transformer_lib sample --help",
     )
@@ -110,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint (replaced)"
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
+    parser.add_argument(
+        "--tokenizer",
+        choices=["char", "bpe"],
+        default=None,
+        help="'char': one token per character (default); 'bpe': byte-level BPE (chapter 13), trained on the "
+        "training split only and saved beside the checkpoint as tokenizer.json",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=None, help=f"the BPE's vocabulary (default: {BPE_VOCAB_DEFAULT})"
+    )
     _add_setting_flags(parser)
     return parser
 
@@ -164,6 +188,28 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
+TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
+
+
+def _saved_tokenizer(ckpt: dict, folder: Path):
+    """The tokenizer a checkpoint was trained with; if its folder holds ``tokenizer.json``, that file
+    must hold the same tokenizer (chapter 13), else a ``ValueError`` naming the file."""
+    tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
+    path = folder / TOKENIZER_NAME
+    if path.is_file():
+        try:
+            saved = load_tokenizer(path)
+        except ValueError as e:
+            raise ValueError(f"{e}; the checkpoint beside it holds its own copy of the tokenizer") from None
+        if tokenizer_checksum(saved) != tokenizer_checksum(tokenizer):
+            raise ValueError(
+                f"{path} holds a different tokenizer from the one the checkpoint was trained with (checksum "
+                f"{tokenizer_checksum(saved)[:12]}, not {tokenizer_checksum(tokenizer)[:12]}): restore that file, "
+                f"or remove it to use the checkpoint's own copy"
+            )
+    return tokenizer
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
@@ -202,8 +248,24 @@ def _train_in_folder(args, file: Path) -> int:
         data_from = f"a pipe ({data_path})"  # read once: a resumed run cannot read it again
     corpus = _read_text(data_path, ckpt, file)
     text_sha256 = sha256_of(corpus.text.encode())
-    tokenizer = CharTokenizer.from_dict(ckpt["tokenizer"]) if ckpt else CharTokenizer.from_text(corpus.text)
-    train_tokens, val_tokens = split_tokens(torch.tensor(tokenizer.encode(corpus.text)), run["val_fraction"])
+    n_train = int(len(corpus.text) * (1.0 - run["val_fraction"]))  # characters; the rest is validation
+    if ckpt:
+        tokenizer = _saved_tokenizer(ckpt, Path(args.out_dir))
+    elif run["tokenizer"] == "bpe":
+        say(f"training a byte-level BPE of {run['vocab_size']} tokens on the training split")
+        tokenizer = train_bpe(corpus.text[:n_train], run["vocab_size"])
+    else:
+        tokenizer = CharTokenizer.from_text(corpus.text)
+    if not ckpt and rank == 0:
+        saved = Path(args.out_dir) / TOKENIZER_NAME
+        if run["tokenizer"] == "bpe":
+            save_tokenizer(tokenizer, saved, force=args.force)
+        elif saved.exists() and not args.force:
+            raise ValueError(f"{saved} holds another run's tokenizer: replace that run with --force")
+        elif saved.exists():
+            saved.unlink()  # --force replaces the run that wrote it
+    train_tokens = torch.tensor(tokenizer.encode(corpus.text[:n_train]), dtype=torch.long)
+    val_tokens = torch.tensor(tokenizer.encode(corpus.text[n_train:]), dtype=torch.long)
 
     wanted = config.device
     if world_size > 1 and torch.cuda.is_available() and wanted == "auto":
@@ -216,12 +278,14 @@ def _train_in_folder(args, file: Path) -> int:
     batches = LMBatches(train_tokens, val_tokens, shape["context_len"], config.batch_size, device=config.device,
                         seed=run["seed"], rank=rank, world_size=world_size)  # fmt: skip
     say(
-        f"{corpus.name}: {len(corpus.text):,} characters, vocabulary {tokenizer.vocab_size}; "
+        f"{corpus.name}: {len(corpus.text):,} characters, {len(train_tokens) + len(val_tokens):,} tokens of a "
+        f"{tokenizer.kind} vocabulary of {tokenizer.vocab_size}; "
         f"GPT with {model.num_params() / 1e6:.2f}M parameters; preset {preset}; device {config.device}"
         + (f" x {world_size} processes" if world_size > 1 else "")
     )
     meta = {"data": str(Path(data_path).resolve()) if data_path and not data_from else None, "data_from": data_from,
-            "corpus": corpus.name, "text_sha256": text_sha256, **run, "preset": run["preset"] or preset}  # fmt: skip
+            "corpus": corpus.name, "text_sha256": text_sha256, **run, "preset": run["preset"] or preset,
+            "tokenizer_sha256": tokenizer_checksum(tokenizer)}  # fmt: skip
     start = time.perf_counter()
     try:
         history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False)
@@ -266,11 +330,13 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        model, tokenizer, _ = load_checkpoint(args.ckpt, device)
+        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
     except FileNotFoundError as e:
         parser.error(str(e))
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
+    folder = Path(args.ckpt) if Path(args.ckpt).is_dir() else Path(args.ckpt).parent
+    tokenizer = _saved_tokenizer(ckpt, folder)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
     for i in range(args.num_samples):
