@@ -63,6 +63,12 @@ SUMMARY = {
     "code_and_output_blocks": 0,
     "blocks_scrolling_sideways": 0,
     "widget_screenshots": [],
+    "widget_sliders": 0,
+    "narrowest_slider_track_px": None,
+    "widget_frames_measured": 0,
+    "lowest_frame_density": None,
+    "smallest_frame_text_px": None,
+    "page_small_print_px": None,
     "self_check_pages": 0,
     "self_checks": 0,
     "self_check_screenshots": [],
@@ -272,6 +278,98 @@ def test_every_widget_control_moves_its_figure(server, browser, page_path):
     context.close()
     assert roots, f"{page_path}: the page holds widgets but none rendered"
     assert not problems, "\n".join(problems[:10])
+
+
+# What a reader needs to use a widget, measured in its visible state: each slider's track (the
+# part a mouse drags), each label and readout (cut off when its text is wider than its box), and
+# the visible frame (its pixels per displayed pixel, and the height of its smallest text as shown,
+# from the data-text-px that tl.viz.frame_widget writes for the frame's own width).
+_USABILITY_JS = """root => {
+    const out = {sliders: [], cut: [], frames: []};
+    for (const s of root.querySelectorAll('.widget-slider, .widget-hslider')) {
+        const track = s.querySelector('.noUi-target, .slider-container');
+        const label = s.querySelector('.widget-label');
+        out.sliders.push({
+            label: label ? label.textContent.trim() : '',
+            track: track ? Math.round(track.getBoundingClientRect().width) : 0,
+        });
+    }
+    for (const el of root.querySelectorAll('.widget-label, .widget-readout, .widget-toggle-button, select')) {
+        if (!el.offsetParent || !el.textContent.trim()) continue;
+        if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0)
+            out.cut.push(`${el.textContent.trim()} (${el.clientWidth} of ${el.scrollWidth} px)`);
+    }
+    for (const img of root.querySelectorAll('img')) {
+        if (!img.offsetParent || !img.naturalWidth) continue;
+        const shown = img.getBoundingClientRect().width;
+        const declared = parseFloat(img.getAttribute('width'));
+        out.frames.push({
+            alt: img.alt,
+            density: img.naturalWidth / shown,
+            text_px: declared ? parseFloat(img.dataset.textPx) * shown / declared : NaN,
+        });
+    }
+    return out;
+}"""
+
+_SMALL_PRINT_JS = """() => {
+    const small = document.createElement('small');
+    small.textContent = 'x';
+    (document.querySelector('article') || document.body).appendChild(small);
+    const px = parseFloat(getComputedStyle(small).fontSize);
+    small.remove();
+    return px;
+}"""
+
+MIN_TRACK_PX = 100
+MIN_DENSITY = 1.9  # drawn at twice the size it is shown at
+
+
+def _record_least(key, value, most=False):
+    old = SUMMARY[key]
+    if old is None or (value > old if most else value < old):
+        SUMMARY[key] = round(value, 2)
+
+
+@pytest.mark.parametrize("page_path", [p for p in pages if WIDGET_VIEW_TYPE in (SITE / p).read_text()])
+def test_every_widget_can_be_used_and_read(server, browser, page_path):
+    """Every slider has a track of MIN_TRACK_PX or more, no label or readout is cut, and every
+    visible frame is drawn at 2x and shown with its smallest text no smaller than the page's
+    small print (the size of a <small> in its text)."""
+    context, page, *_ = _open(server, browser, page_path)
+    small = page.evaluate(_SMALL_PRINT_JS)
+    SUMMARY["page_small_print_px"] = round(small, 2)
+    page.wait_for_function("() => Array.from(document.images).every(i => i.complete)")
+    problems = []
+    widgets = page.locator(".cell_output .jupyter-widgets.widget-vbox")
+    roots = [widgets.nth(i) for i in range(widgets.count())]
+    roots = [w for w in roots if w.evaluate("el => !el.parentElement.closest('.widget-vbox')")]
+    for widget in roots:
+        widget.scroll_into_view_if_needed()
+        where = f"{page_path}, {widget.evaluate(_WHERE_JS)}"
+        found = widget.evaluate(_USABILITY_JS)
+        for slider in found["sliders"]:
+            SUMMARY["widget_sliders"] += 1
+            _record_least("narrowest_slider_track_px", slider["track"])
+            if slider["track"] < MIN_TRACK_PX:
+                problems.append(f"{where}: slider {slider['label']!r} has a {slider['track']} px track")
+        problems += [f"{where}: text cut off: {text}" for text in found["cut"]]
+        if not found["frames"]:
+            problems.append(f"{where}: no visible frame")
+        for frame in found["frames"]:
+            SUMMARY["widget_frames_measured"] += 1
+            _record_least("lowest_frame_density", frame["density"])
+            _record_least("smallest_frame_text_px", frame["text_px"])
+            if frame["density"] < MIN_DENSITY:
+                problems.append(f"{where}, frame {frame['alt']!r}: drawn at {frame['density']:.2f}x, not 2x")
+            if not frame["text_px"] >= small - 0.5:
+                problems.append(
+                    f"{where}, frame {frame['alt']!r}: its smallest text is {frame['text_px']:.1f} px, "
+                    f"below the page's small print ({small:.1f} px)"
+                )
+    context.close()
+    assert roots, f"{page_path}: the page holds widgets but none rendered"
+    assert not problems, "\n".join(problems[:12])
 
 
 CHAPTER_12 = "chapters/12_what_attention_learns.html"
