@@ -354,3 +354,122 @@ LONG_CONTEXT_ERRORS = [
 )
 def test_bad_long_context_input_gives_a_clear_error(call, error, word):
     test_bad_input_gives_a_clear_error(call, error, word)
+
+
+# chapter 12: head indices, query and loss masks, token ids and targets, repeats that do not fit
+def attention_only():
+    torch.manual_seed(0)
+    return tl.AttentionOnly(10, 16, n_layers=2, n_heads=2, d_model=8)
+
+
+REP = tl.repeat_batch(3, 16, 10, 4, generator=torch.Generator().manual_seed(0), return_distance=True)
+IDX, TGT, MASK, DIST = REP
+PATTERN = torch.rand(3, 2, 16, 16).softmax(-1)
+YES = torch.ones(3, dtype=torch.bool)
+
+
+def intervene(heads):
+    with tl.intervene_heads(attention_only(), heads):
+        pass
+
+
+# (name, call, error class, words the message must hold: the argument and the value)
+CH12_ERRORS = [
+    ("intervene: a float head", lambda: intervene({"layers.0": 1.0}), TypeError, ["heads['layers.0']", "1.0"]),
+    ("intervene: a bool head", lambda: intervene({"layers.0": True}), TypeError, ["heads['layers.0']", "True"]),
+    ("intervene: a 0-d tensor head", lambda: intervene({"layers.1": torch.tensor(1)}), TypeError,
+     ["heads['layers.1']", "tensor(1)", "int(...)"]),
+    ("intervene: a float in the list", lambda: intervene({"layers.0": [0, 1.0]}), TypeError,
+     ["heads['layers.0']", "1.0"]),
+    ("intervene: a bool in the list", lambda: intervene({"layers.0": [False]}), TypeError,
+     ["heads['layers.0']", "False"]),
+    ("intervene: a float tensor", lambda: intervene({"layers.0": torch.tensor([1.0])}), TypeError,
+     ["heads['layers.0']", "tensor([1.])"]),
+    ("intervene: a negative head", lambda: intervene({"layers.0": [-1]}), ValueError,
+     ["heads['layers.0']", "head -1", "n_heads=2"]),
+    ("ov_circuit: a float head", lambda: tl.ov_circuit(attention_only(), 0, 1.0), TypeError, ["head", "1.0"]),
+    ("ov_circuit: a bool head", lambda: tl.ov_circuit(attention_only(), 0, True), TypeError, ["head", "True"]),
+    ("ov_circuit: a 0-d tensor layer", lambda: tl.ov_circuit(attention_only(), torch.tensor(0), 1), TypeError,
+     ["layer", "tensor(0)"]),
+    ("ov_circuit: a negative layer", lambda: tl.ov_circuit(attention_only(), -1, 0), ValueError, ["layer -1"]),
+    ("induction_score: queries one short", lambda: tl.induction_score(PATTERN, DIST[:, None], MASK[:, None, :-1]),
+     ValueError, ["queries", "(3, 1, 15)", "T=16"]),
+    ("induction_score: integer queries", lambda: tl.induction_score(PATTERN, DIST[:, None], MASK.long()[:, None]),
+     TypeError, ["queries", "int64"]),
+    ("head_scores: loss_mask one short", lambda: tl.head_scores(attention_only(), IDX, MASK[:, :-1], DIST),
+     ValueError, ["loss_mask", "(3, 15)", "(3, 16)"]),
+    ("head_scores: loss_mask as ints", lambda: tl.head_scores(attention_only(), IDX, MASK.long(), DIST), ValueError,
+     ["loss_mask", "int64"]),
+    ("head_scores: distance one short", lambda: tl.head_scores(attention_only(), IDX, MASK, DIST[:-1]), ValueError,
+     ["distance", "(2,)"]),
+    ("head_scores: a mask before the distance", lambda: tl.head_scores(attention_only(), IDX, MASK, DIST + 15),
+     ValueError, ["loss_mask", "distance"]),
+    ("forward: loss_mask one short", lambda: attention_only()(IDX, TGT, MASK[:, :-1]), ValueError,
+     ["loss_mask", "(3, 15)"]),
+    ("forward: a target past the vocabulary", lambda: attention_only()(IDX, TGT.clamp(max=9) + 1), ValueError,
+     ["targets", "vocab_size=10", "10"]),
+    ("forward: a negative target", lambda: attention_only()(IDX, TGT - 1), ValueError, ["targets", "-1"]),
+    ("forward: a target of -100", lambda: attention_only()(IDX, torch.full_like(TGT, -100)), ValueError,
+     ["targets", "-100"]),
+    ("forward: a negative token id", lambda: attention_only()(IDX - 1), ValueError, ["idx", "-1"]),
+    ("gpt forward: a negative target", lambda: gpt()(IDS, torch.tensor([[1, -1, 2]])), ValueError,
+     ["targets", "-1"]),
+    ("loss_by_position: a target past the vocabulary", lambda: tl.loss_by_position(attention_only(), IDX, TGT + 10),
+     ValueError, ["targets", "vocab_size=10"]),
+    ("loss_by_position: a negative target", lambda: tl.loss_by_position(attention_only(), IDX, -TGT - 1), ValueError,
+     ["targets", "-"]),
+    ("agreement: a negative s_token", lambda: tl.agreement_probability(attention_only(), IDX, YES, -1), ValueError,
+     ["s_token", "-1"]),
+    ("agreement: s_token past the vocabulary", lambda: tl.agreement_probability(attention_only(), IDX, YES, 10),
+     ValueError, ["s_token", "10"]),
+    ("agreement: a float s_token", lambda: tl.agreement_probability(attention_only(), IDX, YES, 1.0), TypeError,
+     ["s_token", "1.0"]),
+    ("train_on_repeats: the context too short",
+     lambda: tl.train_on_repeats(tl.AttentionOnly(10, 8, 1, 1, 8), 1, repeat_len=5), ValueError,
+     ["context_len=8", "repeat_len=5", "10"]),
+    ("train_on_repeats: max_distance too long",
+     lambda: tl.train_on_repeats(tl.AttentionOnly(10, 16, 1, 1, 8), 1, repeat_len=4, max_distance=14), ValueError,
+     ["max_distance=14", "context_len=16"]),
+    ("repeat_batch: seq_len too short", lambda: tl.repeat_batch(2, 8, 10, 5), ValueError,
+     ["seq_len=8", "repeat_len=5"]),
+    ("repeat_batch: min_distance past the length", lambda: tl.repeat_batch(2, 12, 10, 4, min_distance=10),
+     ValueError, ["seq_len=12", "min_distance=10"]),
+    ("repeat_batch: max_distance below min_distance",
+     lambda: tl.repeat_batch(2, 16, 10, 4, min_distance=10, max_distance=6), ValueError,
+     ["max_distance=6", "min_distance=10"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [c[1:] for c in CH12_ERRORS], ids=[c[0] for c in CH12_ERRORS])
+def test_bad_chapter_12_input_names_the_argument_and_the_value(call, error, words):
+    with pytest.raises(Exception) as caught:
+        call()
+    assert type(caught.value) is error, f"{type(caught.value).__name__}: {caught.value}"
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_head_indices_may_be_a_1d_integer_tensor():
+    model = attention_only()
+    with tl.intervene_heads(model, {"layers.0": torch.tensor([1])}):
+        a = model(IDX)[0]
+    with tl.intervene_heads(model, {"layers.0": [1]}):
+        b = model(IDX)[0]
+    assert torch.equal(a, b)
+
+
+def test_captured_weights_are_the_probabilities_before_dropout_in_train_mode():
+    torch.manual_seed(0)
+    layer = tl.MultiHeadAttention(8, 2, dropout=0.5).train()
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(3))
+    with tl.capture_attention(layer) as captured:
+        _, returned = layer(x, x, x, need_weights=True, is_causal=True)
+    probabilities = captured[""]
+    # what the layer returns in train mode is after dropout: zeros, and the rest scaled by 1 / (1 - p)
+    assert (returned == 0).sum() > (probabilities == 0).sum()
+    assert not torch.allclose(returned.sum(-1), torch.ones(2, 2, 6))
+    # what capture_attention records is the probabilities: rows sum to 1, equal to eval mode's
+    assert torch.allclose(probabilities.sum(-1), torch.ones(2, 2, 6))
+    kept = returned != 0
+    assert torch.allclose(returned[kept], probabilities[kept] * 2)
+    layer.eval()
+    assert torch.equal(probabilities, layer(x, x, x, need_weights=True, is_causal=True)[1])

@@ -266,7 +266,7 @@ def test_intervention_errors_name_the_value_and_leave_no_hooks(gen):
     with pytest.raises(ValueError, match="head 4 is out of range for layer 'layers.0', which has n_heads=4"):
         with tl.intervene_heads(model, {"layers.0": [4]}):
             pass
-    with pytest.raises(ValueError, match="head 'a'"):
+    with pytest.raises(TypeError, match=r"heads\['layers.1'\] must be a head index .* got 'a'"):
         with tl.intervene_heads(model, {"layers.1": "a"}):
             pass
     with pytest.raises(ValueError, match="head -1"):

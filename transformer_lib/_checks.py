@@ -38,6 +38,16 @@ def check_int(value, name: str, minimum: int = 1) -> None:
         raise ValueError(f"{name} {rule}, got {value}")
 
 
+def check_index(value, name: str, size: int, of: str) -> None:
+    """``value`` must be an int (not a bool, a float or a tensor) in ``[0, size)``; ``of`` says
+    what it indexes, for the message ("layer 'layers.0', which has n_heads=4")."""
+    if not is_int(value):
+        hint = ": use int(...)" if isinstance(value, Tensor) and value.dim() == 0 else ""
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}){hint}")
+    if not 0 <= value < size:
+        raise ValueError(f"{name} {value} is out of range for {of} (valid: 0 .. {size - 1})")
+
+
 def check_window(window) -> None:
     """``window`` (sliding-window attention, chapter 11) must be None or a positive int."""
     if window is not None:

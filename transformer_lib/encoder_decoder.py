@@ -54,12 +54,20 @@ def _as_index(ids: Tensor) -> Tensor:
     return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
 
 
-def _check_targets(targets: Tensor, ids: Tensor, name: str) -> Tensor:
-    """``targets`` as int64 after checking that they are integers of the shape of ``ids``."""
+def _check_targets(targets: Tensor, ids: Tensor, name: str, vocab_size: int | None = None) -> Tensor:
+    """``targets`` as int64 after checking that they are integers of the shape of ``ids`` and,
+    given ``vocab_size``, in ``[0, vocab_size)`` (a negative target would otherwise be an
+    ``IndexError`` deep in the loss, or, at -100, silently left out of it). The range is read as
+    :func:`check_token_ids` reads it (not while a model trains on a GPU)."""
     if not isinstance(targets, Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise TypeError(f"targets must be an integer tensor, got {getattr(targets, 'dtype', type(targets).__name__)}")
     if targets.shape != ids.shape:
         raise ValueError(f"targets must have the shape of {name} {tuple(ids.shape)}, got {tuple(targets.shape)}")
+    if vocab_size is not None and targets.numel() and not (targets.is_cuda and torch.is_grad_enabled()):
+        if not torch.compiler.is_compiling():
+            lo, hi = (int(v) for v in torch.aminmax(targets))
+            if lo < 0 or hi >= vocab_size:
+                raise ValueError(f"targets must lie in [0, vocab_size={vocab_size}), got values from {lo} to {hi}")
     return targets.long()
 
 

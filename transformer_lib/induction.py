@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_divisible, check_int, is_int, is_real
-from .data.repeats import repeat_batch
+from ._checks import check_bool, check_divisible, check_index, check_int, is_int, is_real
+from .data.repeats import _distance_range, repeat_batch
 from .encoder_decoder import _check_targets, _init_weights, check_token_ids
 from .inspect_heads import _choose, capture_attention, induction_score, previous_token_score
 from .multihead import MultiHeadAttention
@@ -85,7 +85,7 @@ class AttentionOnly(nn.Module):
             if loss_mask is not None:
                 raise ValueError("loss_mask chooses where the loss is taken: pass targets too")
             return logits, None
-        targets = _check_targets(targets, idx, "idx")
+        targets = _check_targets(targets, idx, "idx", self.vocab_size)
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B * T,)
         if loss_mask is None:
             return logits, losses.mean()
@@ -112,11 +112,9 @@ def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
     if not isinstance(model, AttentionOnly):
         raise TypeError(f"ov_circuit reads an AttentionOnly model, got {type(model).__name__}")
     n_layers = len(model.layers)
-    if not is_int(layer) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer!r} is out of range for a model with n_layers={n_layers}")
+    check_index(layer, "layer", n_layers, f"a model with n_layers={n_layers}")
     attn = model.layers[layer]
-    if not is_int(head) or not 0 <= head < attn.n_heads:
-        raise ValueError(f"head {head!r} is out of range for layer {layer}, which has n_heads={attn.n_heads}")
+    check_index(head, "head", attn.n_heads, f"layer {layer}, which has n_heads={attn.n_heads}")
     cols = slice(head * attn.d_k, (head + 1) * attn.d_k)
     W_V = attn.v_proj.weight[cols]  # (d_k, d_model)
     W_O = attn.out_proj.weight[:, cols]  # (d_model, d_k)
@@ -135,6 +133,7 @@ def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tens
     :func:`~transformer_lib.inspect_heads.previous_token_score`, each averaged over the batch.
     The model runs once, in eval mode (its mode is restored).
     """
+    _check_repeat_batch(idx, loss_mask, distance)
     was_training = model.training
     model.eval()
     try:
@@ -148,6 +147,29 @@ def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tens
         scores["induction"][name] = ind.mean(0).tolist()
         scores["previous_token"][name] = previous_token_score(w).mean(0).tolist()
     return scores
+
+
+def _check_repeat_batch(idx: Tensor, loss_mask: Tensor, distance: Tensor) -> None:
+    """``idx (B, T)``, ``loss_mask (B, T)`` bool and ``distance (B,)`` integers, each mask
+    position ``t`` at least ``distance`` (a repeat has an earlier occurrence there)."""
+    if not isinstance(idx, Tensor) or idx.dim() != 2:
+        raise ValueError(f"idx must be a (B, T) tensor of token ids, got {getattr(idx, 'shape', type(idx).__name__)}")
+    shape = tuple(idx.shape)
+    if not isinstance(loss_mask, Tensor) or loss_mask.dtype != torch.bool or tuple(loss_mask.shape) != shape:
+        got = f"{loss_mask.dtype} {tuple(loss_mask.shape)}" if isinstance(loss_mask, Tensor) else repr(loss_mask)
+        raise ValueError(f"loss_mask must be a bool tensor of the shape of idx {shape}, got {got}")
+    if not isinstance(distance, Tensor) or distance.is_floating_point() or distance.dtype == torch.bool:
+        raise TypeError(f"distance must be an integer tensor (B,), got {distance!r}")
+    if tuple(distance.shape) != shape[:1]:
+        got = tuple(distance.shape)
+        raise ValueError(f"distance must have shape (B,) = {shape[:1]}, one per sequence of idx, got {got}")
+    early = loss_mask & (torch.arange(shape[1], device=loss_mask.device) < distance.to(loss_mask.device)[:, None])
+    if early.any():
+        b, t = (int(i) for i in early.nonzero()[0])
+        raise ValueError(
+            f"loss_mask marks position {t} of sequence {b}, before its distance {int(distance[b])}: the repeat there "
+            f"has no earlier occurrence"
+        )
 
 
 def train_on_repeats(
@@ -178,6 +200,8 @@ def train_on_repeats(
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     _choose(model, None)  # the model must have attention layers to score
     V, T = model.vocab_size, model.context_len
+    check_int(repeat_len, "repeat_len", minimum=2)
+    _distance_range(T, repeat_len, min_distance, max_distance, seq_name=f"the model's context_len={T}")
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     if on_log is not None and not callable(on_log):
@@ -248,7 +272,8 @@ def loss_by_position(model: nn.Module, idx: Tensor, targets: Tensor) -> Tensor:
         logits = model(idx)[0]  # (B, T, V)
     finally:
         model.train(was_training)
-    return F.cross_entropy(logits.transpose(1, 2), targets.long(), reduction="none").mean(0)  # (T,)
+    targets = _check_targets(targets, idx, "idx", logits.shape[-1])
+    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0)  # (T,)
 
 
 # Chapter 9's invented language: (singular, plural) nouns and verbs, determiners by number.
@@ -330,11 +355,14 @@ def agreement_probability(model: nn.Module, idx: Tensor, singular: Tensor, s_tok
     """
     if not isinstance(singular, Tensor) or singular.dtype != torch.bool or singular.shape != idx.shape[:1]:
         raise ValueError(f"singular must be a bool tensor of shape (N,) = {tuple(idx.shape[:1])}, got {singular!r}")
+    if not is_int(s_token):
+        raise TypeError(f"s_token must be a token id (an int), got {s_token!r} ({type(s_token).__name__})")
     was_training = model.training
     model.eval()
     try:
         logits = model(idx)[0][:, -1]  # (N, V)
     finally:
         model.train(was_training)
+    check_index(s_token, "s_token", logits.shape[-1], f"a vocabulary of {logits.shape[-1]} tokens")
     p = logits.softmax(-1)[:, s_token]  # (N,)
     return torch.where(singular, p, 1 - p)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from ._checks import is_int
+from ._checks import check_index, is_int
 from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, split_heads
 
@@ -90,9 +90,13 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
     (detached; a layer called twice keeps its last call). ``layers``: names from
     :func:`attention_layers` (default: every attention layer). The model's outputs do not change:
     a forward hook reads each layer's inputs and recomputes its weights with the hand-written
-    attention on the same projected queries and keys, so the weights are bitwise those the layer
-    returns with ``need_weights=True`` (the probabilities before dropout). A layer run with a
-    ``KVCache`` raises ``ValueError``. The hooks are removed when the block ends, also on an error.
+    attention on the same projected queries and keys. The weights recorded are always the
+    attention probabilities before dropout (each row sums to 1, or is zeros where every key is
+    masked): in eval mode, or with no dropout, they are bitwise those the layer returns with
+    ``need_weights=True``; a layer in train mode with dropout returns the weights after dropout
+    (some zeroed, the rest scaled by ``1 / (1 - p)``), and the probabilities are recorded instead.
+    A layer run with a ``KVCache`` raises ``ValueError``. The hooks are removed when the block
+    ends, also on an error.
 
     >>> with capture_attention(model) as weights:
     ...     logits, _ = model(idx)
@@ -103,8 +107,8 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
 
     def recorder(name: str):
         def hook(module, args, kwargs, output):
-            if output[1] is not None:  # the caller asked for the weights: keep those
-                weights[name] = output[1].detach()
+            if output[1] is not None and not (module.training and module.dropout > 0):
+                weights[name] = output[1].detach()  # the caller asked for the weights, before dropout: keep those
                 return
             with torch.no_grad():
                 weights[name] = _recompute_weights(module, args, kwargs)
@@ -155,14 +159,25 @@ def head_activations(model: nn.Module, *args, layers: Iterable[str] | None = Non
 
 
 def _check_heads(chosen: dict[str, MultiHeadAttention], heads: Mapping) -> dict[str, list[int]]:
-    """``{layer name: [head indices]}``, each index an int in ``[0, n_heads)``."""
+    """``{layer name: [head indices]}``, each index an int in ``[0, n_heads)``: an int, a list or
+    tuple of ints, or a 1-d integer tensor; a float, a bool or a 0-d tensor is a ``TypeError``
+    naming the layer and the value."""
     result = {}
     for name, picked in heads.items():
-        picked = [picked] if is_int(picked) else list(picked)
+        label = f"heads[{name!r}]"
+        if isinstance(picked, Tensor) and picked.dim() == 1 and not (picked.is_floating_point() or picked.is_complex()):
+            picked = picked.tolist() if picked.dtype != torch.bool else [picked]  # a bool mask: refused below
+        if is_int(picked):
+            picked = [picked]
+        elif isinstance(picked, (str, bytes, Tensor)) or not isinstance(picked, Iterable):
+            hint = ": use int(...)" if isinstance(picked, Tensor) and picked.dim() == 0 else ""
+            raise TypeError(
+                f"{label} must be a head index (an int) or a list of them, got {picked!r} ({type(picked).__name__})"
+                f"{hint}"
+            )
         n = chosen[name].n_heads
         for i in picked:
-            if not is_int(i) or not 0 <= i < n:
-                raise ValueError(f"head {i!r} is out of range for layer {name!r}, which has n_heads={n}")
+            check_index(i, f"{label}: head", n, f"layer {name!r}, which has n_heads={n}")
         result[name] = sorted({int(i) for i in picked})
     return result
 
@@ -288,7 +303,16 @@ def induction_score(pattern: Tensor, distance=None, queries: Tensor | None = Non
     if queries is None:
         queries = valid
     else:
-        queries = torch.broadcast_to(torch.as_tensor(queries, dtype=torch.bool, device=pattern.device), valid.shape)
+        given = torch.as_tensor(queries, device=pattern.device)
+        if given.dtype != torch.bool:
+            raise TypeError(f"induction_score: queries must be boolean (True: the query counts), got {given.dtype}")
+        try:
+            queries = torch.broadcast_to(given, valid.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"induction_score: queries of shape {tuple(given.shape)} does not broadcast to the pattern's queries "
+                f"{tuple(valid.shape)} (its last axis must have T={T} entries, one per query)"
+            ) from None
         if (queries & ~valid).any():
             raise ValueError("induction_score: queries marks a position t < distance, which has no earlier occurrence")
     keys = (t - d + 1).clamp(0, T - 1)  # (..., T)

@@ -109,7 +109,7 @@ class GPT(nn.Module):
         logits = self._logits(idx, start, need_weights, cache)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
-            targets = _check_targets(targets, idx, "idx")
+            targets = _check_targets(targets, idx, "idx", c.vocab_size)
             loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
         return logits, loss
 

@@ -44,15 +44,7 @@ def repeat_batch(
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("vocab_size", vocab_size)):
         check_int(value, name)
     check_int(repeat_len, "repeat_len", minimum=2)
-    lo = repeat_len if min_distance is None else min_distance
-    hi = seq_len - repeat_len if max_distance is None else max_distance
-    check_int(lo, "min_distance", minimum=repeat_len)
-    check_int(hi, "max_distance", minimum=lo)
-    if hi + repeat_len > seq_len:
-        raise ValueError(
-            f"max_distance={hi} plus repeat_len={repeat_len} is longer than seq_len={seq_len}: "
-            "the second occurrence would not fit"
-        )
+    lo, hi = _distance_range(seq_len, repeat_len, min_distance, max_distance)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     seq = torch.randint(vocab_size, (batch_size, seq_len + 1), generator=generator)  # (B, T + 1)
@@ -65,3 +57,33 @@ def repeat_batch(
         loss_mask[b, s + d : s + d + repeat_len - 1] = True
     idx, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # (B, T) each
     return (idx, targets, loss_mask, distance) if return_distance else (idx, targets, loss_mask)
+
+
+def _distance_range(
+    seq_len: int, repeat_len: int, min_distance: int | None, max_distance: int | None, seq_name: str = ""
+) -> tuple[int, int]:
+    """``(min_distance, max_distance)`` with their defaults, checked to fit two copies of
+    ``repeat_len`` tokens into ``seq_len``; each message names the arguments the caller gave
+    (``seq_name`` says what the length is when the caller did not give ``seq_len``)."""
+    seq_name = seq_name or f"seq_len={seq_len}"
+    if min_distance is not None:
+        check_int(min_distance, "min_distance", minimum=repeat_len)  # the copies would overlap
+    if max_distance is not None:
+        check_int(max_distance, "max_distance")
+    lo = repeat_len if min_distance is None else min_distance
+    hi = seq_len - repeat_len if max_distance is None else max_distance
+    if lo + repeat_len > seq_len:
+        given = "repeat_len" if min_distance is None else f"min_distance={min_distance} plus repeat_len"
+        raise ValueError(
+            f"{seq_name} is too short for the repeats: {given}={repeat_len} needs at least {lo + repeat_len} "
+            f"tokens for both copies"
+        )
+    if hi < lo:
+        floor = f"repeat_len={repeat_len}" if min_distance is None else f"min_distance={min_distance}"
+        raise ValueError(f"max_distance={hi} is below {floor}")
+    if hi + repeat_len > seq_len:
+        raise ValueError(
+            f"max_distance={hi} plus repeat_len={repeat_len} is longer than {seq_name}: the second occurrence "
+            f"would not fit"
+        )
+    return lo, hi
