@@ -2,6 +2,7 @@
 of what it returns and the properties that make its comparison fair. No timing is asserted."""
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import transformer_lib as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not an installed package
 
-from benchmarks import attention, common, cpu_throughput, generation, gpu_training, quality  # noqa: E402
+from benchmarks import attention, common, cpu_throughput, generation, gpu_training, quality, tokenizer  # noqa: E402
 
 TINY_GPT = dict(n_layers=1, n_heads=2, d_model=32, context_len=16)
 
@@ -193,3 +194,35 @@ def test_generation_against_transformers_same_tokens_and_a_limit():
     assert "step / limit" in text and "where a generated token's time goes" in text
     with pytest.raises(ValueError, match="context_len"):
         generation.run_peer_generation((1,), shape=dict(TINY_GPT), prompt_len=10, new_tokens=10, threads=1)
+
+
+def test_tokenizer_benchmark_runs_every_trainer_and_checks_them(tmp_path, capsys):
+    for package in ("tokenizers", "rustbpe", "tiktoken"):
+        pytest.importorskip(package)
+    text = tmp_path / "small.txt"
+    text.write_text(tl.data.SHIPPED_PATH.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
+    results = tmp_path / "RESULTS.md"
+    before = os.sched_getaffinity(0) if tokenizer.can_pin() else None
+    args = ["--data", str(text), "--merges", "200", "--repeat", "1", "--results", str(results)]
+    assert tokenizer.main(args) == 0
+    out = capsys.readouterr().out
+    for label in tokenizer.LABELS.values():
+        assert label in out
+    assert "naive reference == ours: the same 200 merges in the same order" in out
+    assert "rustbpe ranks == ours: equal" in out
+    assert "the same merge at the same index" in out and "the same pairs as a set" in out
+    assert "first difference at merge" in out and ": a tie." in out  # Hugging Face breaks a tie otherwise
+    for encoder in ("ours cold", "ours warm", "tiktoken"):
+        assert encoder in out
+    assert " NO" not in out  # every encoder gave the same ids
+    row = results.read_text().splitlines()[-1]
+    assert "| tokenizer |" in row and "naive_same=200" in row and "hf_same_set@200=" in row
+    if tokenizer.can_pin():
+        assert "pinned to core" in out and os.sched_getaffinity(0) == before  # the pin is undone
+
+
+def test_tokenizer_benchmark_checks_fail_loudly():
+    with pytest.raises(ValueError, match="must be positive"):
+        tokenizer.run_benchmark("abc", (0,))
+    with pytest.raises(ValueError, match="cannot pin to core"):
+        tokenizer.run_benchmark("abc", (1,), core=10_000)
