@@ -363,7 +363,7 @@ def attention_only():
 
 
 REP = tl.repeat_batch(3, 16, 10, 4, generator=torch.Generator().manual_seed(0), return_distance=True)
-IDX, TGT, MASK, DIST = REP
+RIDX, RTGT, RMASK, RDIST = REP
 PATTERN = torch.rand(3, 2, 16, 16).softmax(-1)
 YES = torch.ones(3, dtype=torch.bool)
 
@@ -392,37 +392,37 @@ CH12_ERRORS = [
     ("ov_circuit: a 0-d tensor layer", lambda: tl.ov_circuit(attention_only(), torch.tensor(0), 1), TypeError,
      ["layer", "tensor(0)"]),
     ("ov_circuit: a negative layer", lambda: tl.ov_circuit(attention_only(), -1, 0), ValueError, ["layer -1"]),
-    ("induction_score: queries one short", lambda: tl.induction_score(PATTERN, DIST[:, None], MASK[:, None, :-1]),
+    ("induction_score: queries one short", lambda: tl.induction_score(PATTERN, RDIST[:, None], RMASK[:, None, :-1]),
      ValueError, ["queries", "(3, 1, 15)", "T=16"]),
-    ("induction_score: integer queries", lambda: tl.induction_score(PATTERN, DIST[:, None], MASK.long()[:, None]),
+    ("induction_score: integer queries", lambda: tl.induction_score(PATTERN, RDIST[:, None], RMASK.long()[:, None]),
      TypeError, ["queries", "int64"]),
-    ("head_scores: loss_mask one short", lambda: tl.head_scores(attention_only(), IDX, MASK[:, :-1], DIST),
+    ("head_scores: loss_mask one short", lambda: tl.head_scores(attention_only(), RIDX, RMASK[:, :-1], RDIST),
      ValueError, ["loss_mask", "(3, 15)", "(3, 16)"]),
-    ("head_scores: loss_mask as ints", lambda: tl.head_scores(attention_only(), IDX, MASK.long(), DIST), ValueError,
+    ("head_scores: loss_mask as ints", lambda: tl.head_scores(attention_only(), RIDX, RMASK.long(), RDIST), ValueError,
      ["loss_mask", "int64"]),
-    ("head_scores: distance one short", lambda: tl.head_scores(attention_only(), IDX, MASK, DIST[:-1]), ValueError,
+    ("head_scores: distance one short", lambda: tl.head_scores(attention_only(), RIDX, RMASK, RDIST[:-1]), ValueError,
      ["distance", "(2,)"]),
-    ("head_scores: a mask before the distance", lambda: tl.head_scores(attention_only(), IDX, MASK, DIST + 15),
+    ("head_scores: a mask before the distance", lambda: tl.head_scores(attention_only(), RIDX, RMASK, RDIST + 15),
      ValueError, ["loss_mask", "distance"]),
-    ("forward: loss_mask one short", lambda: attention_only()(IDX, TGT, MASK[:, :-1]), ValueError,
+    ("forward: loss_mask one short", lambda: attention_only()(RIDX, RTGT, RMASK[:, :-1]), ValueError,
      ["loss_mask", "(3, 15)"]),
-    ("forward: a target past the vocabulary", lambda: attention_only()(IDX, TGT.clamp(max=9) + 1), ValueError,
+    ("forward: a target past the vocabulary", lambda: attention_only()(RIDX, RTGT.clamp(max=9) + 1), ValueError,
      ["targets", "vocab_size=10", "10"]),
-    ("forward: a negative target", lambda: attention_only()(IDX, TGT - 1), ValueError, ["targets", "-1"]),
-    ("forward: a target of -100", lambda: attention_only()(IDX, torch.full_like(TGT, -100)), ValueError,
+    ("forward: a negative target", lambda: attention_only()(RIDX, RTGT - 1), ValueError, ["targets", "-1"]),
+    ("forward: a target of -100", lambda: attention_only()(RIDX, torch.full_like(RTGT, -100)), ValueError,
      ["targets", "-100"]),
-    ("forward: a negative token id", lambda: attention_only()(IDX - 1), ValueError, ["idx", "-1"]),
+    ("forward: a negative token id", lambda: attention_only()(RIDX - 1), ValueError, ["idx", "-1"]),
     ("gpt forward: a negative target", lambda: gpt()(IDS, torch.tensor([[1, -1, 2]])), ValueError,
      ["targets", "-1"]),
-    ("loss_by_position: a target past the vocabulary", lambda: tl.loss_by_position(attention_only(), IDX, TGT + 10),
+    ("loss_by_position: a target past the vocabulary", lambda: tl.loss_by_position(attention_only(), RIDX, RTGT + 10),
      ValueError, ["targets", "vocab_size=10"]),
-    ("loss_by_position: a negative target", lambda: tl.loss_by_position(attention_only(), IDX, -TGT - 1), ValueError,
+    ("loss_by_position: a negative target", lambda: tl.loss_by_position(attention_only(), RIDX, -RTGT - 1), ValueError,
      ["targets", "-"]),
-    ("agreement: a negative s_token", lambda: tl.agreement_probability(attention_only(), IDX, YES, -1), ValueError,
+    ("agreement: a negative s_token", lambda: tl.agreement_probability(attention_only(), RIDX, YES, -1), ValueError,
      ["s_token", "-1"]),
-    ("agreement: s_token past the vocabulary", lambda: tl.agreement_probability(attention_only(), IDX, YES, 10),
+    ("agreement: s_token past the vocabulary", lambda: tl.agreement_probability(attention_only(), RIDX, YES, 10),
      ValueError, ["s_token", "10"]),
-    ("agreement: a float s_token", lambda: tl.agreement_probability(attention_only(), IDX, YES, 1.0), TypeError,
+    ("agreement: a float s_token", lambda: tl.agreement_probability(attention_only(), RIDX, YES, 1.0), TypeError,
      ["s_token", "1.0"]),
     ("train_on_repeats: the context too short",
      lambda: tl.train_on_repeats(tl.AttentionOnly(10, 8, 1, 1, 8), 1, repeat_len=5), ValueError,
@@ -451,9 +451,9 @@ def test_bad_chapter_12_input_names_the_argument_and_the_value(call, error, word
 def test_head_indices_may_be_a_1d_integer_tensor():
     model = attention_only()
     with tl.intervene_heads(model, {"layers.0": torch.tensor([1])}):
-        a = model(IDX)[0]
+        a = model(RIDX)[0]
     with tl.intervene_heads(model, {"layers.0": [1]}):
-        b = model(IDX)[0]
+        b = model(RIDX)[0]
     assert torch.equal(a, b)
 
 
@@ -473,3 +473,65 @@ def test_captured_weights_are_the_probabilities_before_dropout_in_train_mode():
     assert torch.allclose(returned[kept], probabilities[kept] * 2)
     layer.eval()
     assert torch.equal(probabilities, layer(x, x, x, need_weights=True, is_causal=True)[1])
+
+
+# A NaN in a masked key's value: its weight is exactly 0, but 0 * NaN is NaN, so it reaches every
+# output row that has a key (as the attention functions' docstrings say); PyTorch's kernel agrees.
+def _nan_value_case():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 1, 4, 8, generator=g) for _ in range(3))
+    v[..., 3, :] = NAN  # the last position: in the future of rows 0..2, and padding below
+    return q, k, v
+
+
+def _mha_value_nan(need_weights):
+    layer = mha()
+    x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(5))
+    xv = x.clone()
+    xv[:, 3] = NAN
+    return layer(x, x, xv, mask=PADDED[:, None, None, :], need_weights=need_weights)[0]
+
+
+PADDED = torch.tensor([[True, True, True, False]])  # (B, T_k): the last key is padding
+CAUSAL = tl.causal_mask(4)
+NAN_VALUE_CASES = {
+    "scaled_dot_product_attention, causal": lambda: tl.scaled_dot_product_attention(*_nan_value_case(), mask=CAUSAL)[0],
+    "scaled_dot_product_attention, padding": lambda: tl.scaled_dot_product_attention(
+        *_nan_value_case(), mask=PADDED[:, None, None, :]
+    )[0],
+    "dot_product_attention, causal": lambda: tl.dot_product_attention(*_nan_value_case(), mask=CAUSAL)[0],
+    "PyTorch's kernel, causal": lambda: torch.nn.functional.scaled_dot_product_attention(
+        *_nan_value_case(), is_causal=True
+    ),
+    "MultiHeadAttention, fused path": lambda: _mha_value_nan(False),
+    "MultiHeadAttention, need_weights path": lambda: _mha_value_nan(True),
+    "SingleHeadAttention, causal": lambda: tl.SingleHeadAttention(8, 8)(
+        torch.randn(1, 4, 8), torch.cat([torch.randn(1, 3, 8), torch.full((1, 1, 8), NAN)], 1), mask=CAUSAL
+    )[0],
+    "AdditiveAttention, causal": lambda: tl.AdditiveAttention(8, 8, 8)(*_nan_value_case(), mask=CAUSAL)[0],
+}
+
+
+@pytest.mark.parametrize("case", NAN_VALUE_CASES)
+def test_a_nan_in_a_masked_value_reaches_every_output_row(case):
+    torch.manual_seed(0)
+    out = NAN_VALUE_CASES[case]()
+    rows = out.isnan().any(-1).flatten()  # one per query
+    assert rows.all(), f"{case}: rows without NaN {(~rows).nonzero().flatten().tolist()}"
+
+
+def test_cleaning_the_padding_first_keeps_the_other_rows_finite():
+    q, k, v = _nan_value_case()
+    out, weights = tl.scaled_dot_product_attention(q, k, v.nan_to_num(), mask=CAUSAL)
+    assert torch.isfinite(out).all() and (weights[..., :3, 3] == 0).all()
+    # and the result is the one a finite value there gives: masked, it had no weight
+    v2 = v.nan_to_num(nan=123.0)
+    assert torch.equal(out[..., :3, :], tl.scaled_dot_product_attention(q, k, v2, mask=CAUSAL)[0][..., :3, :])
+
+
+def test_a_fully_masked_query_still_gets_zeros_but_dot_product_attention_gives_nan():
+    q, k, v = _nan_value_case()
+    none_for_row_0 = CAUSAL.clone()
+    none_for_row_0[0] = False
+    assert (tl.scaled_dot_product_attention(q, k, v, mask=none_for_row_0)[0][..., 0, :] == 0).all()
+    assert tl.dot_product_attention(q, k, v, mask=none_for_row_0)[0][..., 0, :].isnan().all()

@@ -2,6 +2,8 @@
 chapters, every public name's docstring naming its chapter, and the PyTorch range written once."""
 
 import ast
+import importlib
+import pkgutil
 import re
 import subprocess
 import sys
@@ -178,6 +180,36 @@ def test_every_public_function_and_class_names_its_chapter():
         if not re.search(r"\b[Cc]hapters? \d", doc):
             missing.append(name)
     assert not missing, f"docstrings that do not say which chapter introduces them: {missing}"
+
+
+# a shape as the docstrings write it: "(B, T, d_model)", "(..., T_q, T_k)", "(N,)"
+SHAPE = re.compile(r"\((?:B|N|\.\.\.)\b[^()]*\)|\(\.\.\.,[^()]*\)")
+
+
+def public_modules_classes() -> dict[str, type]:
+    """Every class that a public module of the package (the flat namespace, ``exercises``,
+    ``student``) lists in its ``__all__``, by its qualified name."""
+    found = {}
+    for info in pkgutil.walk_packages(tl.__path__, "transformer_lib."):
+        if any(part.startswith("_") for part in info.name.split(".")[1:]):
+            continue
+        module = importlib.import_module(info.name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if isinstance(obj, type):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return found
+
+
+def test_every_public_modules_forward_says_its_shapes():
+    import torch
+
+    classes = {n: c for n, c in public_modules_classes().items() if issubclass(c, torch.nn.Module)}
+    assert "transformer_lib.multihead.MultiHeadAttention" in classes and len(classes) >= 14
+    missing = [n for n, c in classes.items() if not SHAPE.search(c.forward.__doc__ or "")]
+    assert not missing, f"forward methods whose docstring (help()) gives no shape in and out: {missing}"
+    assert SHAPE.search("``query (B, T_q, d_model)``") and SHAPE.search("(..., T_q, d_v)")
+    assert not SHAPE.search("Returns the output.")
 
 
 def torch_range(text: str) -> str:

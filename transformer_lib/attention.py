@@ -20,19 +20,10 @@ from torch import Tensor, nn
 from ._checks import check_float_tensor, check_float_tensors, check_probability
 
 __all__ = [
-    "AdditiveAttention",
-    "SingleHeadAttention",
-    "check_attention_weights",
-    "check_mask",
-    "dot_product_attention",
-    "masked_softmax",
-    "scaled_dot_product_attention",
-    "simple_self_attention",
-    "soft_lookup",
-    "softmax_entropy",
-    "softmax_jacobian",
-    "softmax_with_temperature",
-]
+    "AdditiveAttention", "SingleHeadAttention", "check_attention_weights", "check_mask", "dot_product_attention",
+    "masked_softmax", "scaled_dot_product_attention", "simple_self_attention", "soft_lookup", "softmax_entropy",
+    "softmax_jacobian", "softmax_with_temperature",
+]  # fmt: skip
 
 
 def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
@@ -115,7 +106,10 @@ def scaled_dot_product_attention(
         ``(output, weights)`` of shapes ``(..., T_q, d_v)`` and ``(..., T_q, T_k)``. A query
         whose keys are all masked gets zeros in both, never NaN. A NaN in a query gives NaN in
         that query's row of both (IEEE arithmetic), unless all its keys are masked: a fully masked
-        query's output is zeros whatever the values hold.
+        query's output is zeros whatever the values hold. But a NaN (or inf) in the *value* of a
+        masked key reaches every other output row: its weight is exactly 0, and 0 * NaN is NaN
+        (PyTorch's fused kernel does the same). Masking does not protect from NaN in the values:
+        clean the padding (``v.nan_to_num()``, or zeros) before attention.
 
     q, k and v must be floating-point tensors of one dtype (``TypeError`` otherwise).
     """
@@ -135,9 +129,7 @@ def scaled_dot_product_attention(
 class AdditiveAttention(nn.Module):
     """Bahdanau's additive attention: score(q, k) = w^T tanh(W_q q + W_k k) (chapter 2).
 
-    Queries and keys may have different sizes. Forward takes ``queries (..., T_q, query_size)``,
-    ``keys (..., T_k, key_size)``, ``values (..., T_k, d_v)`` and an optional boolean mask
-    broadcastable to ``(..., T_q, T_k)``; it returns ``(output (..., T_q, d_v), weights (..., T_q, T_k))``.
+    Queries and keys may have different sizes (see :meth:`forward`).
     """
 
     def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0):
@@ -151,6 +143,10 @@ class AdditiveAttention(nn.Module):
     def forward(
         self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
+        """``queries (..., T_q, query_size)``, ``keys (..., T_k, key_size)``, ``values (..., T_k, d_v)``,
+        an optional boolean ``mask`` (True = may attend) broadcastable to ``(..., T_q, T_k)`` ->
+        ``(output (..., T_q, d_v), weights (..., T_q, T_k))``. A NaN in a masked key's value
+        still reaches every output row (its weight is 0, and 0 * NaN is NaN)."""
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
             check_float_tensor(t, name)
             if t.dim() < 2:
@@ -221,6 +217,7 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None =
     Same arguments and results as :func:`scaled_dot_product_attention`, without the division by
     ``sqrt(d_k)``: ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, optional
     boolean mask (True = may attend); returns ``(output (..., T_q, d_v), weights (..., T_q, T_k))``.
+    A NaN in a masked key's value reaches every output row, fully masked queries included.
     """
     _check_qkv(q, k, v)
     scores = q @ k.transpose(-2, -1)  # (..., T_q, T_k)
@@ -240,11 +237,9 @@ def simple_self_attention(x: Tensor, mask: Tensor | None = None) -> tuple[Tensor
 class SingleHeadAttention(nn.Module):
     """One attention head with learned projections W_q, W_k, W_v (chapter 2).
 
-    ``forward(x, context=None, mask=None)``: queries come from ``x (..., T_q, d_model)``; keys and
-    values come from ``context (..., T_k, d_context)``, which defaults to ``x`` itself (then it is
-    *self*-attention; with another sequence it is cross-attention). The same three matrices are
-    applied to every position. Returns ``(output (..., T_q, d_v), weights (..., T_q, T_k))``
-    from :func:`scaled_dot_product_attention`; there is no output projection.
+    Keys and values come from a ``context``, by default the queries' own sequence (then it is
+    *self*-attention; with another sequence it is cross-attention); see :meth:`forward`. The
+    same three matrices are applied to every position; there is no output projection.
     """
 
     def __init__(
@@ -259,6 +254,10 @@ class SingleHeadAttention(nn.Module):
         self.W_v = nn.Linear(d_context, d_v, bias=bias)
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Queries from ``x (..., T_q, d_model)``, keys and values from ``context (..., T_k,
+        d_context)`` (default ``x``), an optional boolean ``mask`` broadcastable to ``(..., T_q,
+        T_k)`` -> ``(output (..., T_q, d_v), weights (..., T_q, T_k))``, from
+        :func:`scaled_dot_product_attention` (NaN in a masked key's value included)."""
         context = x if context is None else context
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")

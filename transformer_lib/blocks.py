@@ -41,9 +41,9 @@ def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model) (chapter 7).
 
-    ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out; every position is transformed alike.
-    ``activation`` is ``"relu"``, ``"gelu"`` (exact, with the normal CDF) or ``"gelu_tanh"``
-    (GPT-2's approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter 10).
+    Every position is transformed alike (see :meth:`forward`). ``activation`` is ``"relu"``,
+    ``"gelu"`` (exact, with the normal CDF) or ``"gelu_tanh"`` (GPT-2's approximation
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter 10).
     """
 
     def __init__(self, d_model: int, d_ff: int, *, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
@@ -61,6 +61,7 @@ class FeedForward(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``: each position's vector through the network."""
         up, act, down, dropout = self.net
         try:
             out = down(act(up(x)))  # (B, T, d_model)
@@ -134,12 +135,8 @@ class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter 7).
 
     ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False,
-    activation="relu", bias=True, n_kv_heads=None)``; ``x (B, T, d_model)`` in, ``(B, T, d_model)``
-    out. ``n_kv_heads`` makes the attention grouped-query (chapter 10).
-
-    ``forward(x, mask=None, need_weights=False)``; ``mask`` (True = may attend) broadcasts to
-    ``(B, h, T, T)`` and is normally a padding mask. With ``need_weights`` the attention weights
-    ``(B, h, T, T)`` are kept in ``self.attn_weights``.
+    activation="relu", bias=True, n_kv_heads=None)``; see :meth:`forward`. ``n_kv_heads`` makes
+    the attention grouped-query (chapter 10).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **options):
@@ -151,6 +148,11 @@ class EncoderLayer(nn.Module):
         self.attn_weights = None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``. ``mask`` (True = may attend) broadcasts to
+        ``(B, h, T, T)``, normally a padding mask (a NaN in a padded position's value still spreads:
+        see :meth:`MultiHeadAttention.forward`). With ``need_weights`` the attention weights
+        ``(B, h, T, T)`` are kept in ``self.attn_weights``."""
+
         def attend(h: Tensor) -> Tensor:
             out, self.attn_weights = self.self_attn(h, h, h, mask=mask, need_weights=need_weights)
             return out
@@ -164,19 +166,10 @@ class DecoderLayer(nn.Module):
 
     ``DecoderLayer(d_model, n_heads, d_ff=None, *, cross_attention=True, dropout=0.0,
     norm_first=False, activation="relu", bias=True, n_kv_heads=None, window=None)``;
-    ``x (B, T, d_model)`` and ``memory (B, T_src, d_model)`` in, ``(B, T, d_model)`` out.
-
-    ``forward(x, memory=None, self_mask=None, memory_mask=None, need_weights=False, cache=None)``.
-    The self-attention is always causal; ``self_mask`` can add a padding mask. With
-    ``cross_attention=False`` the layer has no cross-attention: the block of a decoder-only
-    model such as GPT. With ``need_weights`` the weights are kept in ``self.self_attn_weights``
-    ``(B, h, T, T)`` and ``self.cross_attn_weights`` ``(B, h, T, T_src)``.
-
-    Chapter 10 adds ``n_kv_heads`` (grouped-query attention in every attention of the layer),
-    ``window`` (sliding-window self-attention: each position sees itself and the ``window - 1``
-    before it) and ``cache``, a :class:`LayerCache`: then ``x`` holds only the new positions,
-    which follow the ``cache.self_attn.position`` positions already seen, and a ``self_mask``
-    covers ``T_cached + T`` keys.
+    See :meth:`forward`. With ``cross_attention=False`` the layer has no cross-attention: the
+    block of a decoder-only model such as GPT. Chapter 10 adds ``n_kv_heads`` (grouped-query
+    attention in every attention of the layer), ``window`` (sliding-window self-attention: each
+    position sees itself and the ``window - 1`` before it) and the ``cache`` of :meth:`forward`.
     """
 
     def __init__(
@@ -202,7 +195,13 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
                 cache: LayerCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
-        # _trusted: a model built x, the masks and the cache itself and checked them once per call
+        """``x (B, T, d_model)`` and ``memory (B, T_src, d_model)`` (the encoder's output) ->
+        ``(B, T, d_model)``. The self-attention is always causal; ``self_mask`` can add a padding
+        mask, ``memory_mask`` masks the source. With ``need_weights`` the weights are kept in
+        ``self.self_attn_weights (B, h, T, T)`` and ``self.cross_attn_weights (B, h, T, T_src)``.
+        With ``cache``, a :class:`LayerCache` (chapter 10), ``x`` holds only the new positions,
+        after the ``cache.self_attn.position`` already seen, and ``self_mask`` covers ``T_cached +
+        T`` keys. ``_trusted``: a model built the inputs and checked them once per call."""
         if not _trusted and cache is not None and not isinstance(cache, LayerCache):
             raise TypeError(f"cache must be a LayerCache (layer.new_cache()) or None, got {type(cache).__name__}")
         self_cache = None if cache is None else cache.self_attn
@@ -264,6 +263,7 @@ class Encoder(_Stack):
     layer_class = EncoderLayer
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``, each layer as :meth:`EncoderLayer.forward`."""
         for layer in self.layers:
             x = layer(x, mask=mask, need_weights=need_weights)
         return self.norm(x)  # (B, T, d_model)
@@ -275,11 +275,7 @@ class Decoder(_Stack):
     ``Decoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`DecoderLayer` (``dropout``,
     ``cross_attention``, ``activation``, from chapter 10 ``n_kv_heads``, and from chapter 11 ``window``).
-    ``x (B, T, d_model)`` in and out; ``memory (B, T_src, d_model)`` is the encoder's output.
-
-    ``forward(..., cache=None)`` (chapter 10) takes a :class:`DecoderCache` from
-    :meth:`new_cache`: ``x`` then holds only the new positions, and the cache's ``position``
-    moves on by ``T``.
+    See :meth:`forward`.
     """
 
     layer_class = DecoderLayer
@@ -291,8 +287,11 @@ class Decoder(_Stack):
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
                 cache: DecoderCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
-        # _trusted (a model's own call): the model made x and the cache and checked them, once per
-        # call, so no layer and no attention checks them again
+        """``x (B, T, d_model)`` and ``memory (B, T_src, d_model)``, the encoder's output (None
+        without cross-attention) -> ``(B, T, d_model)``, each layer as :meth:`DecoderLayer.forward`.
+        ``cache`` (chapter 10), a :class:`DecoderCache` from :meth:`new_cache`: ``x`` then holds
+        only the new positions, and the cache's ``position`` moves on by ``T``. ``_trusted``: a
+        model made ``x`` and the cache and checked them, so no layer checks them again."""
         if (
             not _trusted
             and cache is not None

@@ -218,6 +218,10 @@ class Transformer(nn.Module):
     def forward(
         self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
+        """``src (B, T_src)`` and ``tgt (B, T_tgt)`` token ids -> ``(logits (B, T_tgt,
+        tgt_vocab_size), loss)``: the cross-entropy against ``targets (B, T_tgt)`` when given
+        (positions whose target is ``pad_id`` left out), else None. ``need_weights``: each layer
+        keeps its attention weights (see :class:`~transformer_lib.blocks.DecoderLayer`)."""
         memory, src_keep = self.encode(src, need_weights=need_weights)
         logits = self.decode(tgt, memory, src_keep, need_weights=need_weights)
         loss = None

@@ -43,9 +43,7 @@ class AttentionOnly(nn.Module):
     the final stream, after a last LayerNorm if ``layer_norm``. Weights start as GPT-2's,
     N(0, 0.02), from the global generator.
 
-    ``forward(idx (B, T), targets=None, loss_mask=None)`` returns ``(logits (B, T, vocab_size),
-    loss)``: the mean next-token cross-entropy over the positions where ``loss_mask (B, T)``
-    (bool) is True (all positions without a mask), None without ``targets``.
+    :meth:`forward` says what goes in and comes out.
     """
 
     def __init__(
@@ -74,6 +72,9 @@ class AttentionOnly(nn.Module):
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, loss_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
+        """``idx (B, T)`` token ids -> ``(logits (B, T, vocab_size), loss)``: the mean next-token
+        cross-entropy against ``targets (B, T)`` over the positions where ``loss_mask (B, T)``
+        (bool) is True (all positions without a mask), None without ``targets``."""
         check_token_ids(idx, self.vocab_size, self.context_len, "idx")
         T = idx.shape[1]
         x = self.tok_embed(idx.long()) + self.pos_embed(torch.arange(T, device=idx.device))  # (B, T, d_model)

@@ -103,6 +103,12 @@ class GPT(nn.Module):
         self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False,
         cache: DecoderCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """``idx (B, T)`` token ids -> ``(logits (B, T, vocab_size), loss)``: the mean next-token
+        cross-entropy when ``targets (B, T)`` (ids in ``[0, vocab_size)``) are given, else None.
+        ``need_weights``: each layer keeps its attention weights ``(B, h, T, T)`` (in
+        ``model.decoder.layers[i].self_attn_weights``). ``cache`` (chapter 10, from
+        :meth:`new_cache`): ``idx (B, T_new)`` holds only the new tokens, after the
+        ``cache.position`` already cached, and the logits are theirs, ``(B, T_new, vocab_size)``."""
         c = self.config
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
         start = 0 if cache is None else self._cached_positions(idx, cache)

@@ -22,8 +22,7 @@ __all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_head
 
 
 def _sdpa_has_gqa() -> bool:
-    """Does the fused kernel share K/V heads itself (``enable_gqa=True``, PyTorch >= 2.5)? Else
-    they are repeated first. One tiny call decides (a builtin's signature may not be readable)."""
+    """Does the fused kernel share K/V heads itself (``enable_gqa=True``, PyTorch >= 2.5)? One call tells."""
     q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
     try:
         F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
@@ -96,30 +95,11 @@ class MultiHeadAttention(nn.Module):
     single matrix product. ``q_proj``, ``k_proj`` and ``v_proj`` are :class:`Projection` views of
     their rows.
 
-    Forward takes ``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, then by
-    keyword an optional boolean ``mask`` (True = may attend) broadcastable to ``(B, h, T_q, T_k)``
-    and ``is_causal`` to add a causal mask. It returns ``(output (B, T_q, d_model), weights)``
-    where ``weights`` is ``(B, h, T_q, T_k)`` if ``need_weights`` else ``None``.
-
-    Without weights it calls PyTorch's fused kernel
-    (:func:`torch.nn.functional.scaled_dot_product_attention`); with weights it uses the
-    library's hand-written :func:`~transformer_lib.attention.scaled_dot_product_attention`.
-    Both compute the same function, NaN included: a NaN in a query (after projection) gives NaN
-    in that query's output row, as IEEE arithmetic does, while a query whose keys are all
-    masked gets zeros. ``query``, ``key`` and ``value`` must be floating-point tensors of one dtype.
-
-    Added in chapter 10 ("Generation"):
-
-    * ``n_kv_heads`` (keyword, default ``n_heads``): grouped-query attention. Only
-      ``n_kv_heads`` key and value heads are computed, each shared by ``n_heads / n_kv_heads``
-      consecutive query heads (``n_kv_heads = 1``: multi-query attention). ``in_proj_weight`` is
-      then ``(d_model + 2 n_kv_heads d_k, d_model)``, ``k_proj`` and ``v_proj`` map to
-      ``n_kv_heads * d_k`` features. With the default it is standard multi-head attention.
-    * ``forward(..., window=w)`` (with ``is_causal=True``): sliding-window attention, each query
-      sees itself and the ``w - 1`` keys before it (:func:`~transformer_lib.masks.sliding_window_mask`).
-    * ``forward(..., cache=KVCache)``: incremental decoding (:mod:`transformer_lib.kv_cache`):
-      the new queries come last, after ``T_cached`` positions, so masks and ``weights`` have
-      ``T_k = T_cached + T_new`` keys; a filled static cache stands in for ``key`` and ``value``.
+    :meth:`forward` says what goes in and comes out. Chapter 10 adds ``n_kv_heads`` (keyword,
+    default ``n_heads``): grouped-query attention. Only ``n_kv_heads`` key and value heads are
+    computed, each shared by ``n_heads / n_kv_heads`` consecutive query heads (``n_kv_heads =
+    1``: multi-query attention). ``in_proj_weight`` is then ``(d_model + 2 n_kv_heads d_k,
+    d_model)``, ``k_proj`` and ``v_proj`` map to ``n_kv_heads * d_k`` features.
     """
 
     def __init__(
@@ -222,8 +202,24 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False, window: int | None = None, cache: KVCache | None = None, _checked: bool = False,
         _trusted: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        # _checked: the caller checked `window`; _trusted: a model made every input itself and
-        # checked what it was given once per call, so nothing is checked again at every layer
+        """``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, floating point
+        of one dtype -> ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
+
+        ``mask``: boolean (True = may attend), broadcastable to ``(B, h, T_q, T_k)``; ``is_causal``
+        adds a causal mask, ``window=w`` (chapter 11) a sliding window: each query sees itself and
+        the ``w - 1`` keys before it. ``need_weights``: return the weights, computed by the
+        hand-written :func:`~transformer_lib.attention.scaled_dot_product_attention` (after dropout
+        in train mode); without it, PyTorch's fused kernel computes the same function. ``cache``
+        (a :class:`~transformer_lib.kv_cache.KVCache`, chapter 10): the new queries come after
+        ``T_cached`` positions, so masks and weights have ``T_k = T_cached + T_new`` keys; a filled
+        static cache stands in for ``key`` and ``value``.
+
+        NaN: a NaN in a query (after projection) gives NaN in that query's row; a query whose keys
+        are all masked gets zeros. A NaN (or inf) in a masked key's *value* still reaches every
+        other output row: its weight is exactly 0, but 0 * NaN is NaN, in both paths and in
+        PyTorch's own kernel. Masking does not protect from NaN in the values: clean the padding.
+        """
+        # _checked: the caller checked `window`; _trusted: a model checked every input once per call
         if not _trusted:
             self._check_inputs(query, key, value, is_causal, window, cache, _checked)
         B, T_q, _ = query.shape

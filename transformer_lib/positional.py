@@ -69,6 +69,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoidal_encoding(d_model, context_len), persistent=False)
 
     def forward(self, x: Tensor, *, start: int = 0) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``: ``x`` plus the encoding of positions
+        ``start .. start + T - 1`` (``start + T <= context_len``), then dropout."""
         _check_length(x, self.d_model, self.context_len, start)
         return self.dropout(x + self.pe[start : start + x.shape[1]].to(x.dtype))  # (B, T, d_model)
 
@@ -91,6 +93,8 @@ class LearnedPositionalEmbedding(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, *, start: int = 0) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``: ``x`` plus the learned vectors of positions
+        ``start .. start + T - 1`` (``start + T <= context_len``), then dropout."""
         _check_length(x, self.d_model, self.context_len, start)
         x = x + self.embedding.weight[start : start + x.shape[1]]  # (B, T, d_model): rows start, start + 1, ...
         return self.dropout(x) if self.dropout.p and self.training else x  # p = 0: no call at all
@@ -183,6 +187,8 @@ class RotaryEmbedding(nn.Module):
         self.d, self.base = d, base
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """``x (..., T, d)`` -> the same shape, each pair of dimensions rotated by its position's
+        angle; ``positions (T,)`` (default ``0 .. T - 1``). :func:`apply_rotary` with ``base``."""
         if x.shape[-1] != self.d:
             raise ValueError(f"expected last dimension d={self.d}, got shape {tuple(x.shape)}")
         return apply_rotary(x, positions, base=self.base)
