@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import requires_cuda
+from _gpu import requires_cuda
 
 import transformer_lib as tl
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from conftest import requires_cuda
+from _gpu import requires_cuda
 
 import transformer_lib as tl
 

@@ -1,6 +1,7 @@
 """Checks of the repository's own configuration: CI workflow, Binder, table of contents."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -89,3 +90,17 @@ def test_notebook_carries_no_merge_tool_metadata(notebook):
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     leftovers = [i for i, cell in enumerate(cells) if "nbdime-conflicts" in cell.get("metadata", {})]
     assert not leftovers, f"{notebook.name}: cells {leftovers} still hold nbdime-conflicts metadata"
+
+
+def test_python_m_pytest_from_the_root_collects_every_test():
+    """``python -m pytest`` from the repository root: every test file imports (tests/ and
+    tests/browser/ each have a conftest, so no test imports from ``conftest`` by name)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "tests/test_long_context.py::" in done.stdout and "tests/test_models.py::" in done.stdout
+    files = (ROOT / "tests").rglob("*.py")
+    importing = [f.name for f in files if re.search(r"^from conftest import", f.read_text(), re.M)]
+    assert not importing, f"import shared test helpers from a uniquely named module (tests/_gpu.py): {importing}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import requires_cuda
+from _gpu import requires_cuda
 
 import transformer_lib as tl
 from transformer_lib.data import CharTokenizer, LMBatches, Seq2SeqBatches, sequence_task, split_tokens
