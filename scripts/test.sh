@@ -9,10 +9,9 @@ bash scripts/setup.sh
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so two threads do not
 # stall each other when other work shares the cores.
 export PYTHONHASHSEED=0 OMP_WAIT_POLICY=PASSIVE
-# nbgrader, for the graded-course test (tests/test_nbgrader.py), in an environment of its own.
-[ -x .venv-instructors/bin/python ] || "${PYTHON:-python3}" -m venv .venv-instructors
-.venv-instructors/bin/python -m pip install --quiet -r requirements-instructors.txt
-export NBGRADER_REQUIRED=1
+# nbgrader, for the graded-course test (tests/test_nbgrader.py), in an environment of its own
+# (Python 3.11 or newer; skipped with a message below it).
+source scripts/instructors_env.sh
 LINTED=(transformer_lib tests benchmarks scripts _ext)
 .venv/bin/python -m ruff check "${LINTED[@]}"
 .venv/bin/python -m ruff format --check "${LINTED[@]}"

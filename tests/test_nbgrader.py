@@ -3,8 +3,9 @@ assignment (no solution text left in it), submit a right and a wrong copy, autog
 nbgrader's own gradebook, and generate the feedback.
 
 nbgrader lives in its own environment, ``.venv-instructors`` (``requirements-instructors.txt``;
-``scripts/test.sh`` installs it); without it the test is skipped, unless ``NBGRADER_REQUIRED=1``
-(set by ``scripts/test.sh``), when it fails. Notebooks run in a kernel of the book's own Python,
+``scripts/test.sh`` installs it with Python 3.11 or newer); without it the test is skipped,
+unless ``NBGRADER_REQUIRED=1`` (set by ``scripts/test.sh`` once it built that environment), when
+it fails. Notebooks run in a kernel of the book's own Python,
 so they import this checkout's ``transformer_lib`` (the fixture registers it, as the guide says).
 
 The recorded summary ``tests/data/nbgrader_04_masking.txt`` (shown in the instructors' guide) is
@@ -43,6 +44,8 @@ def nbgrader_env(tmp_path_factory):
     if not NBGRADER.exists():
         if os.environ.get("NBGRADER_REQUIRED") == "1":
             pytest.fail(f"nbgrader is not installed at {NBGRADER} (see requirements-instructors.txt)")
+        if sys.version_info < (3, 11):
+            pytest.skip("nbgrader 0.9 needs Python 3.11 or newer (scripts/test.sh skips its environment below it)")
         pytest.skip("nbgrader is not installed in .venv-instructors (bash scripts/test.sh installs it)")
     # The step of the instructors' guide: nbgrader's "python3" kernel is the book's Python.
     prefix = str(NBGRADER.parent.parent)

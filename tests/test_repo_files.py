@@ -1,6 +1,7 @@
 """Checks of the repository's own configuration: CI workflow, Binder, table of contents."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -104,3 +105,29 @@ def test_python_m_pytest_from_the_root_collects_every_test():
     files = (ROOT / "tests").rglob("*.py")
     importing = [f.name for f in files if re.search(r"^from conftest import", f.read_text(), re.M)]
     assert not importing, f"import shared test helpers from a uniquely named module (tests/_gpu.py): {importing}"
+
+
+def test_below_python_3_11_the_test_command_skips_the_instructors_environment(tmp_path):
+    """The README promises Python 3.10; nbgrader needs 3.11: scripts/test.sh then skips that
+    environment with a message, and NBGRADER_REQUIRED stays unset (tests/test_nbgrader.py skips)."""
+    fake = tmp_path / "python3.10"
+    fake.write_text('#!/bin/sh\necho "3 10"\n')  # what the version query prints under Python 3.10
+    fake.chmod(0o755)
+    script = f'source {ROOT / "scripts" / "instructors_env.sh"}; echo "required=${{NBGRADER_REQUIRED:-}}"'
+    env = {k: v for k, v in os.environ.items() if k != "NBGRADER_REQUIRED"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**env, "PYTHON": str(fake)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "required=" and "Python 3.10" in done.stderr and "3.11" in done.stderr
+    assert not (tmp_path / ".venv-instructors").exists()
+    assert "source scripts/instructors_env.sh" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_the_workflow_tests_the_oldest_python_the_readme_promises_and_the_newest():
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    versions = workflow["jobs"]["python-versions"]["strategy"]["matrix"]["python-version"]
+    oldest = re.search(r'requires-python = ">=(3\.\d+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert f"Python {oldest} or newer" in (ROOT / "README.md").read_text()
+    as_tuple = [tuple(map(int, v.split("."))) for v in versions]
+    assert versions[as_tuple.index(min(as_tuple))] == oldest and max(as_tuple) > (3, 11)
+    assert "bash scripts/test.sh" in str(workflow["jobs"]["python-versions"]["steps"])
