@@ -7,15 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-TEX_PACKAGES=(texlive-xetex texlive-latex-extra texlive-fonts-recommended texlive-fonts-extra
-  latexmk fonts-freefont-otf poppler-utils)
-have_tex() {
-  # grep reads all of fc-list (no -q): with pipefail, an early exit would fail the pipe (SIGPIPE)
-  command -v xelatex >/dev/null && command -v latexmk >/dev/null &&
-    kpsewhich bbm.sty >/dev/null && fc-list 2>/dev/null | grep FreeSerif >/dev/null &&
-    command -v pdftotext >/dev/null
-}
-if ! have_tex; then
+source scripts/tex_check.sh
+missing=$(missing_tex)
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "Installing XeLaTeX and fonts from the system's packages: ${TEX_PACKAGES[*]}"
     for attempt in 1 2 3 4 5; do
@@ -28,9 +22,12 @@ if ! have_tex; then
       echo "apt-get failed (attempt $attempt of 5); retrying in 30 s" >&2
       sleep 30
     done
+    missing=$(missing_tex)
   fi
-  if ! have_tex; then
-    echo "error: XeLaTeX not found; install ${TEX_PACKAGES[*]} (Debian/Ubuntu names)" >&2
+  if [ -n "$missing" ]; then
+    echo "error: the PDF edition needs what this system lacks:" >&2
+    while IFS= read -r line; do echo "  - $line" >&2; done <<<"$missing"
+    echo "Install them (Debian/Ubuntu: ${TEX_PACKAGES[*]}), then run this again." >&2
     exit 1
   fi
 fi

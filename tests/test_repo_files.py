@@ -131,3 +131,54 @@ def test_the_workflow_tests_the_oldest_python_the_readme_promises_and_the_newest
     as_tuple = [tuple(map(int, v.split("."))) for v in versions]
     assert versions[as_tuple.index(min(as_tuple))] == oldest and max(as_tuple) > (3, 11)
     assert "bash scripts/test.sh" in str(workflow["jobs"]["python-versions"]["steps"])
+
+
+def _fake_tools(folder: Path, tools: dict[str, str]) -> Path:
+    """A folder of stand-in programs (name: shell body), with grep, for a PATH of them only."""
+    folder.mkdir()
+    for name, body in tools.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    (folder / "grep").symlink_to(shutil.which("grep"))
+    return folder
+
+
+KPSEWHICH_WITHOUT = '[ "$1" = "{sty}" ] && exit 1; echo /texmf/"$1"'
+# (the stand-in tools, the lines build_pdf.sh's check must print: one per missing thing)
+TEX_CASES = {
+    "everything there": (
+        {"xelatex": "", "latexmk": "", "kpsewhich": "echo /texmf/$1", "fc-list": "echo FreeSerif", "pdftotext": ""},
+        [],
+    ),
+    "XeLaTeX there, a LaTeX package missing": (
+        {"xelatex": "", "latexmk": "", "kpsewhich": KPSEWHICH_WITHOUT.format(sty="bbm.sty"),
+         "fc-list": "echo FreeSerif", "pdftotext": ""},
+        ["the LaTeX package bbm (bbm.sty"],
+    ),
+    "XeLaTeX there, the font missing": (
+        {"xelatex": "", "latexmk": "", "kpsewhich": "echo /texmf/$1", "fc-list": "echo DejaVuSans", "pdftotext": ""},
+        ["the font FreeSerif (Debian/Ubuntu: fonts-freefont-otf)"],
+    ),
+    "XeLaTeX there, pdftotext missing": (
+        {"xelatex": "", "latexmk": "", "kpsewhich": "echo /texmf/$1", "fc-list": "echo FreeSerif"},
+        ["the program pdftotext"],
+    ),
+    "no TeX at all": (
+        {"fc-list": "echo FreeSerif", "pdftotext": ""},
+        ["the program xelatex", "the program latexmk"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TEX_CASES)
+def test_the_pdf_build_names_what_is_missing(case, tmp_path):
+    tools, expected = TEX_CASES[case]
+    folder = _fake_tools(tmp_path / "bin", tools)
+    script = f"set -euo pipefail; source {ROOT / 'scripts' / 'tex_check.sh'}; missing_tex"
+    done = subprocess.run([shutil.which("bash"), "-c", script], env={"PATH": str(folder)},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(expected), lines
+    assert all(line.startswith(e) for line, e in zip(lines, expected, strict=True)), lines
+    assert "source scripts/tex_check.sh" in (ROOT / "scripts" / "build_pdf.sh").read_text()
