@@ -110,6 +110,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "decoding, special tokens; tokenizer files are in `transformer_lib.data`.",
     ),
     (
+        "modern_block",
+        ["transformer_lib.modern_block"],
+        "14",
+        "Today's block: RMSNorm, the gated SwiGLU network and the 2/3 rule, rotary positions and query-key "
+        "normalisation applied to the heads' queries and keys.",
+    ),
+    (
         "tokens",
         ["transformer_lib.tokens"],
         "13",

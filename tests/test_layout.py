@@ -18,7 +18,7 @@ PACKAGE = ROOT / "transformer_lib"
 
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
 CONCEPTS = ["_checks", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
-            "sampling", "models", "long_context", "inspect_heads", "bpe"]  # fmt: skip
+            "sampling", "models", "long_context", "inspect_heads", "bpe", "modern_block"]  # fmt: skip
 TOOLS = ["__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "_cli_settings", "viz",
          "exercises", "student", "pretrained", "induction", "tokens"]  # fmt: skip
 # A module a reader can hold in mind: concept modules stay near one chapter's worth of code.

@@ -33,8 +33,8 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 # win, and the layout test checks that no two modules export the same name).
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
-    "long_context", "inspect_heads", "bpe", "cost", "data", "induction", "tokens", "utils", "train_config", "train",
-    "checkpoint", "pretrained", "viz",
+    "long_context", "inspect_heads", "bpe", "modern_block", "cost", "data", "induction", "tokens", "utils",
+    "train_config", "train", "checkpoint", "pretrained", "viz",
 )  # fmt: skip
 
 __all__ = []

@@ -39,7 +39,7 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
     shape = {name: shape_changes.get(name, getattr(defaults, name)) for name in MODEL_SETTINGS}
     given_shape = {k: getattr(args, k) for k in MODEL_SETTINGS if getattr(args, k) is not None}
     if ckpt is not None:
-        shape = {k: ckpt["model_config"][k] for k in MODEL_SETTINGS}
+        shape = {k: ckpt["model_config"].get(k, getattr(defaults, k)) for k in MODEL_SETTINGS}  # older: defaults
         changed = [k for k, v in given_shape.items() if v != shape[k]]
         if changed:
             k = changed[0]

@@ -71,12 +71,26 @@ class FeedForward(nn.Module):
         return dropout(out) if dropout.p and self.training else out  # p = 0: no call at all
 
 
-class _Residual(nn.Module):
-    """One sublayer with its residual connection and LayerNorm, post-LN or pre-LN."""
+# The parts a layer picks by name: GPT-2's here; chapter 14's module (transformer_lib.modern_block)
+# adds "rmsnorm", "swiglu" and "rotary_qk" (rotary positions and query-key norm, applied to q and k).
+_NORMS = {"layernorm": lambda d_model, *, eps, bias: nn.LayerNorm(d_model, eps=eps, bias=bias)}
+_FEED_FORWARDS = {"mlp": lambda d_model, d_ff, *, activation, bias: FeedForward(
+    d_model, 4 * d_model if d_ff is None else d_ff, activation=activation, bias=bias)}  # fmt: skip
+_QK_TRANSFORMS: dict = {}
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, bias: bool = True):
+
+def _pick(table: dict, name: str, setting: str):
+    if name not in table:
+        raise ValueError(f"{setting} must be one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+class _Residual(nn.Module):
+    """One sublayer with its residual connection and its norm (LayerNorm or, chapter 14, RMSNorm), post or pre."""
+
+    def __init__(self, norm: nn.Module, dropout: float, norm_first: bool):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, bias=bias)
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -108,27 +122,33 @@ class _LayerParts:
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
         norm_first: bool = False, activation: str = "relu", bias: bool = True, n_kv_heads: int | None = None,
-        _checked: bool = False,
+        norm: str = "layernorm", norm_eps: float = 1e-5, ffn: str = "mlp", rotary_base: float | None = None,
+        qk_norm: bool = False, _checked: bool = False,
     ):  # fmt: skip
         if not _checked:  # n_kv_heads once per layer, not once per attention (the stack: once)
             _check_kv_heads(d_model, n_heads, n_kv_heads)
         if d_ff is not None:
             check_int(d_ff, "d_ff")
         check_bool(norm_first, "norm_first")
-        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, 4 * d_model if d_ff is None else d_ff
+        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.dropout, self.norm_first, self.activation, self.bias = dropout, norm_first, activation, bias
-        self.n_kv_heads = n_kv_heads
+        self.n_kv_heads, self.norm_eps, self.rotary_base, self.qk_norm = n_kv_heads, norm_eps, rotary_base, qk_norm
+        self.norm, self.ffn = _pick(_NORMS, norm, "norm"), _pick(_FEED_FORWARDS, ffn, "ffn")
 
-    def attention(self) -> MultiHeadAttention:
-        return MultiHeadAttention(
+    def attention(self, self_attention: bool = False) -> MultiHeadAttention:
+        mha = MultiHeadAttention(
             self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, dropout=self.dropout, bias=self.bias, _checked=True
         )
+        if self_attention and (self.rotary_base is not None or self.qk_norm):  # chapter 14, applied to q and k
+            mha.qk_transform = _QK_TRANSFORMS["rotary_qk"](
+                mha.d_k, rotary_base=self.rotary_base, qk_norm=self.qk_norm, eps=self.norm_eps)  # fmt: skip
+        return mha
 
     def residual(self) -> _Residual:
-        return _Residual(self.d_model, self.dropout, self.norm_first, self.bias)
+        return _Residual(self.norm(self.d_model, eps=self.norm_eps, bias=self.bias), self.dropout, self.norm_first)
 
-    def feed_forward(self) -> FeedForward:
-        return FeedForward(self.d_model, self.d_ff, dropout=0.0, activation=self.activation, bias=self.bias)
+    def feed_forward(self) -> nn.Module:
+        return self.ffn(self.d_model, self.d_ff, activation=self.activation, bias=self.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -142,7 +162,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **options):
         super().__init__()
         parts = _LayerParts(d_model, n_heads, d_ff, **options)
-        self.self_attn = parts.attention()
+        self.self_attn = parts.attention(self_attention=True)
         self.ff = parts.feed_forward()
         self.res_attn, self.res_ff = parts.residual(), parts.residual()
         self.attn_weights = None
@@ -170,6 +190,8 @@ class DecoderLayer(nn.Module):
     block of a decoder-only model such as GPT. Chapter 10 adds ``n_kv_heads`` (grouped-query
     attention in every attention of the layer), ``window`` (sliding-window self-attention: each
     position sees itself and the ``window - 1`` before it) and the ``cache`` of :meth:`forward`.
+    Chapter 14 adds ``norm`` ("layernorm" or "rmsnorm"), ``norm_eps``, ``ffn`` ("mlp" or "swiglu"),
+    ``rotary_base`` (rotary positions in the self-attention) and ``qk_norm``.
     """
 
     def __init__(
@@ -181,7 +203,7 @@ class DecoderLayer(nn.Module):
             check_window(window)
         parts = _LayerParts(d_model, n_heads, d_ff, _checked=_checked, **options)
         self.window = window
-        self.self_attn, self.res_self = parts.attention(), parts.residual()
+        self.self_attn, self.res_self = parts.attention(self_attention=True), parts.residual()
         self.cross_attn = parts.attention() if cross_attention else None
         self.res_cross = parts.residual() if cross_attention else None
         self.ff, self.res_ff = parts.feed_forward(), parts.residual()
@@ -249,7 +271,8 @@ class _Stack(nn.Module):
             make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **options)
             for _ in range(n_layers)
         )
-        self.norm = nn.LayerNorm(d_model, bias=bias) if norm_first else nn.Identity()
+        final = _pick(_NORMS, options.get("norm", "layernorm"), "norm")  # chapter 14: or RMSNorm
+        self.norm = final(d_model, eps=options.get("norm_eps", 1e-5), bias=bias) if norm_first else nn.Identity()
 
 
 class Encoder(_Stack):

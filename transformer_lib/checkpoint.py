@@ -25,7 +25,7 @@ from torch import nn
 from .bpe import BPETokenizer
 from .data import CharTokenizer, tokenizer_from_dict
 from .encoder_decoder import Transformer, TransformerConfig
-from .models import GPT, GPTConfig
+from .models import BLOCK_SETTINGS, GPT, GPTConfig
 from .utils import atomic_write, check_writable
 
 __all__ = [
@@ -257,7 +257,12 @@ def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "mo
         config = ckpt["model_config"]
         if not isinstance(config, dict):
             raise ValueError(f"{file} does not record the model's settings (model_config is {config!r})")
-        missing = [f"model_config.{f.name}" for f in fields(MODELS[ckpt["model_class"]][1]) if f.name not in config]
+        optional = BLOCK_SETTINGS if ckpt["model_class"] == "GPT" else ()  # chapter 14's: absent in older checkpoints
+        missing = [
+            f"model_config.{f.name}"
+            for f in fields(MODELS[ckpt["model_class"]][1])
+            if f.name not in config and f.name not in optional
+        ]
         unknown = sorted(set(config) - {f.name for f in fields(MODELS[ckpt["model_class"]][1])})
         if unknown and not missing:
             raise ValueError(f"{file} records the model setting {unknown[0]!r}, which this version does not know")

@@ -52,7 +52,7 @@ from .data import (
     tokenizer_checksum,
     tokenizer_from_dict,
 )
-from .models import GPT, GPTConfig
+from .models import GPT, GPT_CHOICES, GPTConfig
 from .sampling import generate_text
 from .train import train
 from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
@@ -76,19 +76,21 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     shape = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
     model_types = {f.name: f.type for f in fields(GPTConfig)}
     for name, help_ in MODEL_SETTINGS.items():
-        shape.add_argument(_flag(name), type=_TYPES[model_types[name]], default=None, help=help_)
+        _add_flag(shape, name, model_types[name], help_, GPT_CHOICES.get(name))
     group = parser.add_argument_group("training (default: the preset's, or the checkpoint's with --resume)")
     for f in fields(TrainConfig):
-        if f.name == "out_dir":
-            continue
-        kind = f.type.split("|")[0].strip()
-        if kind == "bool":
-            group.add_argument(
-                _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"]
-            )
-        else:
+        if f.name != "out_dir":
             choices = ["auto", *DTYPES] if f.name == "dtype" else None
-            group.add_argument(_flag(f.name), type=_TYPES[kind], default=None, choices=choices, help=f.metadata["help"])
+            _add_flag(group, f.name, f.type, f.metadata["help"], choices)
+
+
+def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
+    """``--name`` for a dataclass field of type ``type_`` (as written): ``--name/--no-name`` for a bool."""
+    kind = type_.split("|")[0].strip()
+    if kind == "bool":
+        group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_)
+    else:
+        group.add_argument(_flag(name), type=_TYPES[kind], default=None, choices=choices, help=help_)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(PRESETS),
         default=None,
         help="'cpu': nanoGPT's baby GPT (4 layers, 4 heads, 128 wide, context 64, 2000 steps); "
-        "'gpu': 6 layers, 6 heads, 384 wide, context 256, 5000 steps (default: gpu if CUDA is "
+        "'gpu': 6 layers, 6 heads, 384 wide, context 256, 5000 steps; 'llama-cpu': cpu's size with "
+        "Llama's block (RMSNorm, SwiGLU, rotary positions, no biases) (default: gpu if CUDA is "
         "available, else cpu)",
     )
     parser.add_argument(

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_temperature, check_window
+from ._checks import check_base, check_bool, check_int, check_temperature, check_window
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .kv_cache import DecoderCache
@@ -20,6 +20,11 @@ from .positional import LearnedPositionalEmbedding
 from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
+
+# Chapter 14: the names each setting of the block accepts (GPT-2's first), and the settings a checkpoint
+# saved before them lacks (it holds GPT-2's block: the defaults are then no guess).
+GPT_CHOICES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "positions": ("learned", "rotary")}
+BLOCK_SETTINGS = ("norm", "norm_eps", "ffn", "d_ff", "positions", "rotary_base", "qk_norm", "tie_embeddings")
 
 
 @dataclass
@@ -36,6 +41,15 @@ class GPTConfig:
     n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
     window: int | None = None  # chapter 11: sliding-window attention over the last `window` positions
     activation: str = "gelu"  # or "gelu_tanh", GPT-2's tanh approximation (chapter 10)
+    # Chapter 14, "Today's block": the defaults are GPT-2's block, the alternatives Llama's.
+    norm: str = "layernorm"  # or "rmsnorm" (no mean, no bias)
+    norm_eps: float = 1e-5  # the eps of every norm (LayerNorm's default; Llama's rms_norm_eps)
+    ffn: str = "mlp"  # Linear, `activation`, Linear; or "swiglu", the gated network
+    d_ff: int | None = None  # the feed-forward width; None: 4 d_model, or for "swiglu" 2/3 of it (swiglu_hidden)
+    positions: str = "learned"  # learned vectors added to the embeddings; or "rotary", applied to q and k
+    rotary_base: float = 10000.0  # the base of the rotary frequencies (Llama's rope_theta)
+    qk_norm: bool = False  # an RMSNorm on each head's queries and keys before the scores
+    tie_embeddings: bool = True  # the output head shares the token embedding's matrix (GPT-2); Llama's does not
 
     def __post_init__(self):
         for name in ("vocab_size", "context_len"):
@@ -46,6 +60,26 @@ class GPTConfig:
         check_window(self.window)
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
+        self._check_block()
+
+    def _check_block(self) -> None:
+        """The settings of chapter 14 (the sizes are checked already)."""
+        for name, allowed in GPT_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {getattr(self, name)!r}")
+        for name in ("qk_norm", "tie_embeddings"):
+            check_bool(getattr(self, name), name)
+        check_base(self.norm_eps, "norm_eps")
+        check_base(self.rotary_base, "rotary_base")
+        if self.d_ff is not None:
+            check_int(self.d_ff, "d_ff")
+        if self.ffn == "swiglu" and self.activation != "gelu":
+            raise ValueError(f"activation={self.activation!r} is the 'mlp' network's: the 'swiglu' one uses SiLU")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "
+                f"{self.d_model // self.n_heads} must be even"
+            )
 
     def to_dict(self) -> dict:
         """The sizes as a plain dict (what a checkpoint stores)."""
@@ -59,7 +93,9 @@ class GPT(nn.Module):
     with the next-token cross-entropy loss when ``targets (B, T)`` are given.
 
     Chapter 10: ``config.n_kv_heads`` (grouped-query attention); chapter 11: ``config.window``
-    (sliding-window attention). Chapter 10: ``forward(idx, cache=model.new_cache())`` runs only the new
+    (sliding-window attention); chapter 14: ``config.norm``, ``ffn``, ``positions``, ``qk_norm``,
+    ``bias`` and ``tie_embeddings`` turn GPT-2's block into Llama's (:mod:`~transformer_lib.modern_block`).
+    Chapter 10: ``forward(idx, cache=model.new_cache())`` runs only the new
     tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
     :meth:`generate` uses it.
     """
@@ -70,12 +106,14 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout)
+        learned = c.positions == "learned"  # chapter 14: rotary positions are applied inside attention instead
+        self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout) if learned else None
+        d_ff = c.d_ff if c.d_ff is not None else 4 * c.d_model if c.ffn == "mlp" else None  # None: swiglu_hidden
         self.decoder = Decoder(
             c.d_model,
             c.n_heads,
             c.n_layers,
-            4 * c.d_model,
+            d_ff,
             dropout=c.dropout,
             norm_first=True,
             cross_attention=False,
@@ -83,16 +121,22 @@ class GPT(nn.Module):
             bias=c.bias,
             n_kv_heads=c.n_kv_heads,
             window=c.window,
+            norm=c.norm,
+            norm_eps=c.norm_eps,
+            ffn=c.ffn,
+            rotary_base=None if learned else c.rotary_base,
+            qk_norm=c.qk_norm,
             _checked=True,  # GPTConfig checked window and n_kv_heads
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
-        self.lm_head.weight = self.tok_embed.weight  # weight tying
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tok_embed.weight  # weight tying
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; by default without the position embeddings (as in MFU estimates)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.pos_embed.embedding.weight.numel() if non_embedding else n
+        return n - self.pos_embed.embedding.weight.numel() if non_embedding and self.pos_embed is not None else n
 
     def new_cache(self) -> DecoderCache:
         """An empty :class:`~transformer_lib.blocks.DecoderCache` for ``forward(..., cache=)``
@@ -122,7 +166,11 @@ class GPT(nn.Module):
     def _logits(self, idx: Tensor, start: int, need_weights: bool, cache: DecoderCache | None) -> Tensor:
         """``(B, T, vocab_size)`` for ids and a cache already checked (once per call, here or by
         :meth:`generate`), the first id at position ``start``."""
-        x = self.pos_embed(self.tok_embed(_as_index(idx)), start=start)  # (B, T_new, d_model)
+        x = self.tok_embed(_as_index(idx))  # (B, T_new, d_model)
+        if self.pos_embed is not None:
+            x = self.pos_embed(x, start=start)
+        elif self.config.dropout and self.training:  # rotary positions (chapter 14): dropout only
+            x = F.dropout(x, self.config.dropout)
         x = self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked once, above
         return self.lm_head(x)  # (B, T, vocab_size)
 

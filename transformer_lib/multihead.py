@@ -126,6 +126,7 @@ class MultiHeadAttention(nn.Module):
                 if proj.bias is not None:
                     nn.init.uniform_(proj.bias, -1 / math.sqrt(d_model), 1 / math.sqrt(d_model))
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.qk_transform = None  # chapter 14: a module applied to q and k (rotary, query-key norm), or None
 
     @property
     def _widths(self) -> tuple[int, int, int]:
@@ -267,6 +268,8 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and cache.filled:
             return _split(self.q_proj(query), self.n_heads), cache.k, cache.v
         q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_new, d_k) twice
+        if self.qk_transform is not None:  # chapter 14: before the cache, so that it holds rotated keys
+            q, k = self.qk_transform(q, k, 0 if cache is None else cache.position)
         if cache is not None:
             k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
         return q, k, v

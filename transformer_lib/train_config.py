@@ -92,12 +92,25 @@ MODEL_SETTINGS = {
     "d_model": "width of the residual stream",
     "context_len": "context length T in characters",
     "dropout": "dropout probability",
+    # chapter 14, "Today's block": GPT-2's block by default, Llama's parts by name
+    "bias": "biases in the linear maps and norms",
+    "n_kv_heads": "key/value heads, grouped-query attention (default: n_heads)",
+    "norm": "the norm of every block: layernorm or rmsnorm",
+    "norm_eps": "the eps of every norm",
+    "ffn": "the feed-forward network: mlp (GELU) or swiglu (gated, 2/3 as wide: equal parameters)",
+    "d_ff": "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)",
+    "positions": "learned (added to the embeddings) or rotary (applied to queries and keys)",
+    "rotary_base": "the base of the rotary frequencies",
+    "qk_norm": "RMSNorm on each head's queries and keys before the scores",
+    "tie_embeddings": "the output head shares the token embedding's matrix",
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig
 # and TrainConfig) and a bigger one for a GPU. Each preset: (GPTConfig changes, TrainConfig).
 PRESETS: dict[str, tuple[dict, TrainConfig]] = {
     "cpu": ({}, TrainConfig()),
+    # chapter 14: the CPU preset's size with Llama's block (RMSNorm, SwiGLU, rotary positions, no biases)
+    "llama-cpu": (dict(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False), TrainConfig()),
     "gpu": (
         dict(n_layers=6, n_heads=6, d_model=384, context_len=256, dropout=0.2),
         TrainConfig(batch_size=64, max_iters=5000, eval_iters=200),

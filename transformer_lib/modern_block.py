@@ -1,0 +1,138 @@
+"""Today's block (chapter 14, "Today's block"): the parts that turn GPT-2's block into a
+Llama-style one.
+
+- :class:`RMSNorm` rescales by the root mean square only: no mean is subtracted, no bias added.
+- :class:`SwiGLU`, the gated feed-forward network ``down(silu(gate(x)) * up(x))``, with
+  :func:`swiglu_hidden`, the 2/3 rule that keeps its parameters equal to a ``4 d_model`` GELU network.
+- :func:`rotate_heads` applies rotary positions (chapter 6's :class:`RotaryEmbedding`) to queries or
+  keys ``(B, h, T, d_k)`` that start at position ``start`` (the tokens a cache already holds).
+- :class:`QKTransform` is what an attention applies to its queries and keys after splitting the
+  heads and before the scores: query-key normalisation (an RMSNorm per head), then rotary positions.
+  A key-value cache then stores keys already rotated.
+
+Importing this module adds ``"rmsnorm"``, ``"swiglu"`` and the query-key transform to the tables
+of :mod:`transformer_lib.blocks`, from which a layer (and so :class:`~transformer_lib.models.GPT`)
+picks its parts by name; GPT-2's parts stay the defaults.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_bool, check_int
+from .blocks import _FEED_FORWARDS, _NORMS, _QK_TRANSFORMS
+from .positional import RotaryEmbedding
+
+__all__ = ["QKTransform", "RMSNorm", "SwiGLU", "rotate_heads", "swiglu_hidden"]
+
+
+def _check_eps(eps: object) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a number > 0 (it keeps the division finite), got {eps!r}")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (chapter 14): ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    ``x (..., d)`` in, the same shape out. Unlike LayerNorm it subtracts no mean and adds no bias:
+    one learned gain ``weight (d,)``, initialised to ones. Equal to ``torch.nn.RMSNorm(d, eps=eps)``.
+    """
+
+    def __init__(self, d: int, *, eps: float = 1e-5):
+        super().__init__()
+        check_int(d, "d")
+        _check_eps(eps)
+        self.d, self.eps = d, float(eps)
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (..., d)`` -> ``(..., d)``: each vector divided by its root mean square, times ``weight``."""
+        if x.shape[-1] != self.d:
+            raise ValueError(f"expected last dimension d={self.d}, got shape {tuple(x.shape)}")
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+
+def swiglu_hidden(d_model: int, *, multiple_of: int = 8) -> int:
+    """The hidden width of a :class:`SwiGLU` as wide in parameters as a ``4 d_model`` GELU network (chapter 14).
+
+    A gated network has three matrices, ``3 d_model d_ff`` weights, against ``2 d_model (4 d_model)``:
+    ``d_ff = 2/3 * 4 d_model`` makes them equal. Llama then rounds up to a ``multiple_of``, which
+    adds at most ``3 d_model (multiple_of - 1)`` weights: for ``d_model = 128``, ``d_ff = 344``.
+    """
+    check_int(d_model, "d_model")
+    check_int(multiple_of, "multiple_of")
+    hidden = int(2 * 4 * d_model / 3)
+    return multiple_of * -(-hidden // multiple_of)  # rounded up
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward network of Llama (chapter 14): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+
+    ``x (B, T, d_model)`` in and out; ``d_ff`` (default :func:`swiglu_hidden`) is the width of the
+    gate and of the values it gates. ``bias`` (default False, as in Llama) adds biases to the three
+    linear maps. The names of the maps are those of ``transformers``' ``LlamaMLP``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, *, bias: bool = False):
+        super().__init__()
+        check_int(d_model, "d_model")
+        d_ff = swiglu_hidden(d_model) if d_ff is None else d_ff
+        check_int(d_ff, "d_ff")
+        check_bool(bias, "bias")
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (B, T, d_model)`` -> ``(B, T, d_model)``: the SiLU of the gate times the up projection, down."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotate_heads(x: Tensor, rotary: RotaryEmbedding, start: int = 0) -> Tensor:
+    """Rotary positions for queries or keys ``x (B, h, T, d_k)`` at positions ``start .. start + T - 1`` (chapter 14).
+
+    ``start`` is the number of tokens a key-value cache already holds, so that a token gets the
+    same rotation whether it is computed with the cache or without. Returns ``(B, h, T, d_k)``.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"rotate_heads expects x of shape (B, h, T, d_k), got {tuple(x.shape)}")
+    check_int(start, "start", minimum=0)
+    return rotary(x, torch.arange(start, start + x.shape[2], device=x.device))
+
+
+class QKTransform(nn.Module):
+    """What an attention does to its queries and keys before the scores (chapter 14).
+
+    ``QKTransform(d_k, *, rotary_base=None, qk_norm=False, eps=1e-5)``: with ``qk_norm`` each
+    head's queries and keys pass an :class:`RMSNorm` of width ``d_k`` (one for queries, one for
+    keys, shared by the heads); with ``rotary_base`` they are then rotated by their positions
+    (:func:`rotate_heads`). ``forward(q (B, h, T, d_k), k (B, h_kv, T, d_k), start)`` returns both,
+    same shapes; :class:`~transformer_lib.multihead.MultiHeadAttention` calls it on the new
+    positions before it appends the keys to its cache, so the cache holds rotated keys.
+    """
+
+    def __init__(self, d_k: int, *, rotary_base: float | None = None, qk_norm: bool = False, eps: float = 1e-5):
+        super().__init__()
+        check_bool(qk_norm, "qk_norm")
+        self.rotary = None if rotary_base is None else RotaryEmbedding(d_k, base=rotary_base)
+        self.q_norm = RMSNorm(d_k, eps=eps) if qk_norm else None
+        self.k_norm = RMSNorm(d_k, eps=eps) if qk_norm else None
+
+    def forward(self, q: Tensor, k: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        """``q (B, h, T, d_k)``, ``k (B, h_kv, T, d_k)`` at positions ``start ..`` -> the same shapes."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = rotate_heads(q, self.rotary, start), rotate_heads(k, self.rotary, start)
+        return q, k
+
+
+# The parts a layer picks by name (transformer_lib.blocks): RMSNorm has no bias, whatever `bias` says.
+_NORMS["rmsnorm"] = lambda d_model, *, eps, bias: RMSNorm(d_model, eps=eps)
+_FEED_FORWARDS["swiglu"] = lambda d_model, d_ff, *, activation, bias: SwiGLU(d_model, d_ff, bias=bias)
+_QK_TRANSFORMS["rotary_qk"] = QKTransform
