@@ -89,6 +89,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("long_context", ["transformer_lib.long_context"], "10", "The online softmax and tiled attention."),
     ("pretrained", ["transformer_lib.pretrained"], "10", "GPT-2 and nanoGPT weights loaded into the book's GPT."),
     (
+        "pretrained_llama",
+        ["transformer_lib.pretrained_llama"],
+        "14",
+        "Llama's weights (`transformers`' `LlamaForCausalLM`) in the book's GPT and back: the rotary convention, "
+        "grouped-query attention, the settings refused by name.",
+    ),
+    (
         "inspect_heads",
         ["transformer_lib.inspect_heads"],
         "12",

@@ -34,7 +34,7 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
     "long_context", "inspect_heads", "bpe", "modern_block", "cost", "data", "induction", "tokens", "utils",
-    "train_config", "train", "checkpoint", "pretrained", "viz",
+    "train_config", "train", "checkpoint", "pretrained", "pretrained_llama", "viz",
 )  # fmt: skip
 
 __all__ = []

@@ -1,0 +1,165 @@
+"""Llama's weights in the book's GPT and back (chapter 14, "Today's block").
+
+With ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"`` and ``bias=False`` the book's
+:class:`~transformer_lib.models.GPT` computes what ``transformers``' ``LlamaForCausalLM`` computes,
+grouped-query attention included (``n_kv_heads``). Converting is a renaming of tensors, with two
+details:
+
+- the rotary convention. The book (chapter 6) rotates the pairs of neighbouring dimensions
+  ``(2i, 2i+1)`` of a head; Hugging Face's Llama rotates dimension ``i`` with ``i + d_k / 2``
+  (``rotate_half``), with the same frequency ``base^(-2i/d_k)``. Reordering the rows of each head
+  of ``W_q`` and ``W_k`` (Llama's row ``i`` becomes the book's ``2i``, row ``i + d_k/2`` its
+  ``2i + 1``) turns one into the other: the scores ``q . k`` are unchanged by a reordering
+  applied to both.
+- the output head. GPT-2 ties it to the token embedding, Llama usually does not:
+  ``tie_embeddings`` follows Llama's ``tie_word_embeddings``.
+
+A setting the GPT cannot follow (rope scaling, biases, an activation other than SiLU, a head width
+other than ``d_model / n_heads``) raises a ``ValueError`` that names it, rather than giving a model
+that is silently wrong. ``transformers`` is imported only by :func:`llama_from_gpt`. Note that
+``transformers`` computes the RMSNorm and the rotary angles in float32 even for float64 weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from .models import GPT, GPTConfig
+
+__all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
+
+
+def _setting(cfg, name: str, default=None):
+    return cfg.get(name, default) if isinstance(cfg, Mapping) else getattr(cfg, name, default)
+
+
+def _rope(cfg) -> float:
+    """The rotary base of a Llama config, refusing any scaling (``rope_parameters`` or the older ``rope_scaling``)."""
+    params = dict(_setting(cfg, "rope_parameters") or {})
+    scaling = _setting(cfg, "rope_scaling")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default" or (scaling and dict(scaling).get("rope_type", dict(scaling).get("type")) != "default"):
+        raise ValueError(f"rope scaling {scaling or params!r} is not supported: the book's rotary positions are plain")
+    return float(params.get("rope_theta", _setting(cfg, "rope_theta", 10000.0)))
+
+
+def gpt_config_from_llama(cfg) -> GPTConfig:
+    """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter 14); unsupported settings raise."""
+    refused = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    for name, ok in refused.items():
+        value = _setting(cfg, name, ok)
+        if value != ok:
+            raise ValueError(f"Llama setting {name}={value!r} is not supported (the book's GPT needs {ok!r})")
+    d_model, n_heads = _setting(cfg, "hidden_size"), _setting(cfg, "num_attention_heads")
+    head_dim = _setting(cfg, "head_dim") or d_model // n_heads
+    if head_dim * n_heads != d_model:
+        raise ValueError(f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads")
+    return GPTConfig(
+        vocab_size=_setting(cfg, "vocab_size"), context_len=_setting(cfg, "max_position_embeddings"),
+        n_layers=_setting(cfg, "num_hidden_layers"), n_heads=n_heads, d_model=d_model, bias=False,
+        n_kv_heads=_setting(cfg, "num_key_value_heads") or n_heads, norm="rmsnorm",
+        norm_eps=float(_setting(cfg, "rms_norm_eps")), ffn="swiglu", d_ff=_setting(cfg, "intermediate_size"),
+        positions="rotary", rotary_base=_rope(cfg), tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
+    )  # fmt: skip
+
+
+def _pair_order(n_heads: int, d_k: int) -> Tensor:
+    """Row ``j`` of the book's ``W_q`` (or ``W_k``) is row ``order[j]`` of Llama's: per head
+    ``0, d_k/2, 1, d_k/2 + 1, ...``, so that Llama's halves become the book's neighbouring pairs."""
+    head = torch.arange(d_k).view(2, d_k // 2).t().reshape(-1)  # (d_k,)
+    return (torch.arange(n_heads)[:, None] * d_k + head).reshape(-1)  # (n_heads * d_k,)
+
+
+def _book_state(c: GPTConfig, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Llama's tensors (``model.`` names) under the book's names, ``W_q`` and ``W_k`` rows reordered."""
+    d_k = c.d_model // c.n_heads
+    q_order, k_order = _pair_order(c.n_heads, d_k), _pair_order(c.n_kv_heads, d_k)
+    out = {"tok_embed.weight": s["model.embed_tokens.weight"], "decoder.norm.weight": s["model.norm.weight"]}
+    out["lm_head.weight"] = s["model.embed_tokens.weight"] if c.tie_embeddings else s["lm_head.weight"]
+    for i in range(c.n_layers):
+        hf, book = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q, k = s[hf + "self_attn.q_proj.weight"][q_order], s[hf + "self_attn.k_proj.weight"][k_order]
+        out[book + "self_attn.in_proj_weight"] = torch.cat([q, k, s[hf + "self_attn.v_proj.weight"]])
+        out[book + "self_attn.out_proj.weight"] = s[hf + "self_attn.o_proj.weight"]
+        out[book + "res_self.norm.weight"] = s[hf + "input_layernorm.weight"]
+        out[book + "res_ff.norm.weight"] = s[hf + "post_attention_layernorm.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            out[book + f"ff.{name}.weight"] = s[hf + f"mlp.{name}.weight"]
+    return out
+
+
+def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT:
+    """The book's :class:`GPT` computing what a Llama computes (chapter 14), in the source's dtype, in eval mode.
+
+    ``source`` is a ``transformers`` ``LlamaForCausalLM`` (its ``config`` is used) or its state
+    dict, with ``config`` a ``LlamaConfig`` or its dict. Logits ``(B, T, vocab_size)`` of the two
+    models agree to rounding (float64: about 1e-15 once ``transformers`` computes its norms and
+    angles in float64 too). Settings the GPT cannot follow raise a ``ValueError`` naming them.
+    """
+    if isinstance(source, nn.Module):
+        config = source.config if config is None else config
+        source = source.state_dict()
+    if config is None:
+        raise ValueError("gpt_from_llama needs the LlamaConfig (or its dict) with a state dict")
+    c = gpt_config_from_llama(config)
+    state = _book_state(c, source) if "model.embed_tokens.weight" in source else None
+    if state is None:
+        raise ValueError("expected a Llama state dict (with 'model.embed_tokens.weight', 'model.layers.0....')")
+    model = GPT(c).to(state["tok_embed.weight"].dtype)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def llama_from_gpt(gpt: GPT) -> nn.Module:
+    """A ``transformers`` ``LlamaForCausalLM`` with the weights of a Llama-style :class:`GPT` (chapter 14).
+
+    The GPT needs ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"``, ``bias=False``, no
+    ``qk_norm`` and no ``window``; anything else raises a ``ValueError`` naming the setting. The
+    model is in the GPT's dtype, in eval mode, with PyTorch's fused attention (``transformers``' eager
+    attention computes the softmax in float32).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = gpt.config
+    needed = {
+        "norm": "rmsnorm",
+        "ffn": "swiglu",
+        "positions": "rotary",
+        "bias": False,
+        "qk_norm": False,
+        "window": None,
+    }
+    for name, value in needed.items():
+        if getattr(c, name) != value:
+            raise ValueError(f"llama_from_gpt needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")
+    d_k = c.d_model // c.n_heads
+    layer0 = gpt.decoder.layers[0].ff if c.n_layers else None
+    cfg = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads or c.n_heads, head_dim=d_k, max_position_embeddings=c.context_len,
+        intermediate_size=layer0.gate_proj.out_features if layer0 is not None else c.d_ff or 1,
+        rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
+        tie_word_embeddings=c.tie_embeddings, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    book = gpt.state_dict()
+    q_back = torch.argsort(_pair_order(c.n_heads, d_k))
+    k_back = torch.argsort(_pair_order(c.n_kv_heads or c.n_heads, d_k))
+    state = {"model.embed_tokens.weight": book["tok_embed.weight"], "model.norm.weight": book["decoder.norm.weight"],
+             "lm_head.weight": book["lm_head.weight"]}  # fmt: skip
+    for i in range(c.n_layers):
+        hf, b = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q, k, v = gpt.decoder.layers[i].self_attn.in_proj_weight.detach().split(
+            [c.d_model, len(k_back), len(k_back)])  # fmt: skip
+        state |= {hf + "self_attn.q_proj.weight": q[q_back], hf + "self_attn.k_proj.weight": k[k_back],
+                  hf + "self_attn.v_proj.weight": v,
+                  hf + "self_attn.o_proj.weight": book[b + "self_attn.out_proj.weight"],
+                  hf + "input_layernorm.weight": book[b + "res_self.norm.weight"],
+                  hf + "post_attention_layernorm.weight": book[b + "res_ff.norm.weight"]}  # fmt: skip
+        state |= {hf + f"mlp.{n}.weight": book[b + f"ff.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")}
+    llama = LlamaForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
+    llama.load_state_dict(state, strict=not c.tie_embeddings)
+    return llama.eval()
