@@ -180,9 +180,10 @@ def frame_widget(draw: Callable, dpi: int = 96, **controls):
     ``dpi`` is the size a frame is shown at, in CSS pixels per inch of the figure: 96, the CSS
     inch, shows a figure at its size in inches and a 10-point label at 13.3 pixels, the size of a
     page's small print. Each frame is drawn at twice that (sharp on a high-density screen) and
-    shown at ``dpi``, never wider than the page; text smaller than ``MIN_TEXT_PT`` (10 points) is
-    drawn at that size. A slider keeps its whole description and a track
-    of at least ``SLIDER_TRACK_PX`` pixels, and the row of controls wraps rather than squeeze one.
+    shown at ``dpi``; a figure wider than ``COLUMN_PX`` (the page's output column) is drawn at that
+    width, and text smaller than ``MIN_TEXT_PT`` (10 points) is drawn at that size. A slider keeps
+    its whole description and a track of at least ``SLIDER_TRACK_PX`` pixels, and the row of
+    controls wraps rather than squeeze one.
 
     Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
     as its last expression or with ``IPython.display.display``.
@@ -218,6 +219,9 @@ SLIDER_TRACK_PX = 120
 # the smallest text a frame shows, in points: 13.3 px at the default 96 px per inch, the size of
 # a page's small print (a <small> in 16 px text)
 MIN_TEXT_PT = 10
+# the width of the book's output column at a 1280-pixel window, in CSS pixels: a wider frame is
+# drawn narrower rather than scaled down by the page
+COLUMN_PX = 680
 _CHAR_PX = 8
 
 
@@ -247,6 +251,7 @@ def _frame(result, dpi: int, title: str):
     fig, caption = result if isinstance(result, tuple) else (result, None)
     if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"draw must return a matplotlib Figure or (Figure, caption), got {type(fig).__name__}")
+    _fit_column(fig, dpi)
     fig.canvas.draw()  # the tick labels get their text and size
     _at_least(fig, MIN_TEXT_PT)
     raw = figure_png(fig, 2 * dpi)  # drawn at twice the size it is shown at
@@ -264,6 +269,25 @@ def _frame(result, dpi: int, title: str):
     if caption is None:
         return image
     return widgets.VBox([image, widgets.Label(str(caption))])
+
+
+def _fit_column(fig, dpi: int) -> None:
+    """Shrink a figure wider than ``COLUMN_PX`` at ``dpi`` to that width (its text keeps its size
+    in points, so the page does not scale it down below the small print), and lay it out again."""
+    import warnings
+
+    for _ in range(3):  # the text keeps its size, so the picture shrinks less than the figure
+        fig.canvas.draw()
+        shown = (fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2) * dpi  # savefig pads 0.1 in
+        if shown <= COLUMN_PX:
+            return
+        width, height = fig.get_size_inches()
+        scale = COLUMN_PX / shown
+        fig.set_size_inches(width * scale, height * scale)
+        if fig.get_layout_engine() is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fig.tight_layout()
 
 
 def _texts(fig) -> list:
