@@ -221,6 +221,24 @@ def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
         assert "max-width: 100%" in frame.value
 
 
+def test_frame_widget_draws_a_wide_figure_at_the_column_width(widgets):
+    """A 12-inch figure would be 1152 px at 96 px per inch: it is drawn COLUMN_PX wide instead,
+    with its text still at MIN_TEXT_PT, so the page never scales the frame (and its text) down."""
+
+    def draw(n):
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3))
+        for ax in axes:
+            ax.plot(range(n))
+            ax.set_title("panel")
+        fig.tight_layout()
+        return fig
+
+    frame = tl.viz.frame_widget(draw, n=[2, 3]).children[1].children[0]
+    shown = int(re.search(r'width="(\d+)"', frame.value).group(1))
+    assert 0.9 * viz.COLUMN_PX <= shown <= viz.COLUMN_PX + 8  # the tight bounding box may add a little
+    assert float(re.search(r'data-text-px="([\d.]+)"', frame.value).group(1)) == 13.3
+
+
 @pytest.mark.parametrize("description", ["n", "temperature", "a long description"])
 def test_frame_widget_gives_every_slider_a_track_and_its_whole_label(widgets, description):
     """The row of controls wraps; a slider is wide enough for its description, a track of
