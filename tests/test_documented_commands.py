@@ -134,6 +134,20 @@ RULES = [
         r"ROMEO:",
     ),
     Rule(
+        r"\.venv/bin/python -m transformer_lib train --preset cpu --tokenizer bpe --vocab-size 512 --out-dir out/bpe",
+        "cheap",
+        "2 steps of a small batch with a BPE of 512 tokens, offline; its tokenizer file beside the checkpoint",
+        TINY,
+        r"checkpoint in out/bpe",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib train --preset llama-cpu --out-dir out/llama",
+        "cheap",
+        "2 steps of a small batch of the Llama-style preset, offline",
+        TINY,
+        r"checkpoint in out/llama",
+    ),
+    Rule(
         r"\.venv/bin/python -m transformer_lib train --preset gpu( --out-dir out/gpu)?",
         "help",
         "the flags are accepted (a real run needs a GPU and hours)",

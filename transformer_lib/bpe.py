@@ -29,8 +29,8 @@ from ._checks import check_int, is_int
 
 __all__ = ["PATTERNS", "BPETokenizer", "bpe_merge", "bytes_per_token", "train_bpe"]
 
-# The pre-split patterns of GPT-2 and of GPT-4 (cl100k_base), which tiktoken and Hugging Face's
-# tokenizers also use; \p{L} is any letter, \p{N} any digit, in any script.
+#: The pre-split patterns of GPT-2 and of GPT-4 (cl100k_base), by name (chapter 13), which
+#: tiktoken and Hugging Face's tokenizers also use; ``\p{L}`` is any letter, ``\p{N}`` any digit.
 PATTERNS = {
     "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
     "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""

@@ -23,9 +23,10 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_int
 from .blocks import _FEED_FORWARDS, _NORMS, _QK_TRANSFORMS
+from .multihead import MultiHeadAttention
 from .positional import RotaryEmbedding
 
-__all__ = ["QKTransform", "RMSNorm", "SwiGLU", "rotate_heads", "swiglu_hidden"]
+__all__ = ["QKTransform", "RMSNorm", "SwiGLU", "attention_logit_max", "rotate_heads", "swiglu_hidden"]
 
 
 def _check_eps(eps: object) -> None:
@@ -136,3 +137,35 @@ class QKTransform(nn.Module):
 _NORMS["rmsnorm"] = lambda d_model, *, eps, bias: RMSNorm(d_model, eps=eps)
 _FEED_FORWARDS["swiglu"] = lambda d_model, d_ff, *, activation, bias: SwiGLU(d_model, d_ff, bias=bias)
 _QK_TRANSFORMS["rotary_qk"] = QKTransform
+
+
+@torch.no_grad()
+def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
+    """The largest attention logit ``|q . k| / sqrt(d_k)`` of each attention layer of ``model`` on
+    ``model(*inputs)`` (chapter 14): ``(n_layers,)``, in the order the layers run.
+
+    The queries and keys are the ones the layer scores, after query-key normalisation and rotary
+    positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
+    """
+    found: list[Tensor] = []
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+    def recording(layer: MultiHeadAttention):
+        project = layer._project_cached
+
+        def run(*args, **kwargs):
+            q, k, v = project(*args, **kwargs)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
+            k_all = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, h, T_k, d_k)
+            found.append((q @ k_all.transpose(-2, -1)).abs().amax() / q.shape[-1] ** 0.5)
+            return q, k, v
+
+        return run
+
+    for layer in layers:
+        layer._project_cached = recording(layer)
+    try:
+        model(*inputs)
+    finally:
+        for layer in layers:
+            del layer._project_cached  # the class's method again
+    return torch.stack(found) if found else torch.zeros(0)

@@ -22,7 +22,8 @@ from .models import GPT, GPTConfig
 
 __all__ = ["TOKEN_RUN", "bits_per_byte", "token_byte_lengths", "token_run"]
 
-# The chapter's comparison: one model shape, one budget of steps and tokens, for both tokenizers.
+#: The settings of chapter 13's comparison: one model shape, one budget of steps and tokens, for
+#: both tokenizers, and the BPE's vocabulary.
 TOKEN_RUN = dict(
     n_layers=2, n_heads=4, d_model=64, context_len=64, batch_size=16, steps=300, lr=3e-3,
     val_fraction=0.1, bpe_vocab=512,
@@ -91,23 +92,27 @@ def token_run(
     batch_size: int = TOKEN_RUN["batch_size"],
     lr: float = TOKEN_RUN["lr"],
     dtype: torch.dtype = torch.float32,
+    **model_options,
 ) -> dict:
     """Train a :class:`~transformer_lib.models.GPT` on ``train_text`` read by ``tokenizer`` and
     measure it on ``val_text`` (chapter 13). Both tokenizers get the same model shape, the same
     steps and the same tokens per step; only the vocabulary (its embedding rows) differs.
 
     AdamW at a constant ``lr`` with no weight decay; batches of random windows from a generator
-    seeded with ``seed``. Returns the validation loss of :func:`bits_per_byte`, the training time,
-    the model (trained, in eval mode) and its token embeddings before training.
+    seeded with ``seed``. ``model_options`` are further :class:`~transformer_lib.models.GPTConfig`
+    settings (chapter 14's block: ``norm``, ``ffn``, ``positions``, ``qk_norm``, ``bias``). Returns
+    the validation loss of :func:`bits_per_byte`, the training loss of every step (``losses``), the
+    training time, the model (trained, in eval mode) and its token embeddings before training.
     """
     train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(tokenizer.vocab_size, context_len, n_layers, n_heads, d_model)).to(dtype)
+    config = GPTConfig(tokenizer.vocab_size, context_len, n_layers, n_heads, d_model, **model_options)
+    model = GPT(config).to(dtype)
     initial = model.tok_embed.weight.detach().clone()
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
+    start, losses = time.perf_counter(), []
     model.train()
     for _ in range(steps):
         starts = torch.randint(len(train_ids) - context_len, (batch_size,), generator=generator)
@@ -116,12 +121,14 @@ def token_run(
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
+        losses.append(loss.item())
     seconds = time.perf_counter() - start
     model.eval()
     return {
         **bits_per_byte(model, val_ids, token_byte_lengths(tokenizer)),
         "train_tokens": len(train_ids),
         "seconds": seconds,
+        "losses": losses,
         "model": model,
         "initial_embedding": initial,
     }
