@@ -1,11 +1,11 @@
 """The recorded results chapter 14 reads: the block sweep (``scripts/block_sweep.py``), checked for
 completeness and re-run in part."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 import transformer_lib as tl
 
@@ -13,15 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "transformer_lib" / "data" / "ch14" / "block_sweep.json"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("block_sweep", ROOT / "scripts" / "block_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_sweep_holds_every_row_and_seed_at_the_current_settings():
-    script, sweep = load_script(), json.loads(SWEEP.read_text())
+    script, sweep = load_script("block_sweep"), json.loads(SWEEP.read_text())
     assert sweep["settings"] == tl.TOKEN_RUN
     rows = sweep["ablation"]["rows"]
     assert [r["name"] for r in rows] == [name for name, _ in script.ABLATION]
@@ -47,7 +40,7 @@ def test_the_first_row_is_chapter_13s_character_model():
 @pytest.mark.slow
 def test_a_re_run_of_the_llama_block_reproduces_the_recorded_numbers(one_thread):
     """The Llama-style row, seed 0, re-run (float32: the last digits may move on another CPU)."""
-    script = load_script()
+    script = load_script("block_sweep")
     row = next(r for r in json.loads(SWEEP.read_text())["ablation"]["rows"] if r["name"] == "+ no biases")
     fresh = script.one_run(row["options"], 0)
     old = row["runs"][0]

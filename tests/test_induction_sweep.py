@@ -1,26 +1,19 @@
 """The recorded results chapter 12 reads: the multi-seed sweep (``scripts/induction_sweep.py``,
 re-run in part and compared) and the shipped Shakespeare checkpoint (loaded and evaluated)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from _scripts import load_script
 
 import transformer_lib as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "transformer_lib" / "data" / "ch12"
 SWEEP = DATA / "induction_sweep.json"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("induction_sweep", ROOT / "scripts" / "induction_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_sweep_holds_every_part_and_seed():
@@ -44,7 +37,7 @@ def test_a_re_run_of_seed_0_reproduces_the_recorded_numbers(one_thread):
     nats) whose value swings with small changes of the weights and with which heads pass the
     0.3 threshold, so for them the test checks what the chapter claims from them (above ln 48,
     and the best induction head alone far below the whole layer), not their digits."""
-    script = load_script()
+    script = load_script("induction_sweep")
     fresh = script.main(["--parts", "repeats", "agreement", "--seeds", "0", "--dry-run", "--out", str(SWEEP)])
     recorded = json.loads(SWEEP.read_text())
     # the file's other seeds come back merged in: compare the re-run seed only

@@ -1,23 +1,16 @@
 """The recorded results chapter 13 reads: the character-against-BPE sweep
 (``scripts/token_sweep.py``), checked for completeness and re-run in part."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 import transformer_lib as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "transformer_lib" / "data" / "ch13" / "token_sweep.json"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("token_sweep", ROOT / "scripts" / "token_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_sweep_holds_every_seed_of_both_tokenizers_at_the_current_settings():
@@ -34,7 +27,7 @@ def test_the_sweep_holds_every_seed_of_both_tokenizers_at_the_current_settings()
 def test_a_re_run_of_seed_0_reproduces_the_recorded_numbers(one_thread):
     """Seed 0 of both tokenizers, re-run: float32 training, so another CPU may move the last digits;
     0.05 bits per byte is far below the gap the chapter reports between the two."""
-    script = load_script()
+    script = load_script("token_sweep")
     fresh = script.main(["--seeds", "0", "--dry-run"])["runs"]
     recorded = {r["tokenizer"]: r for r in json.loads(SWEEP.read_text())["runs"] if r["seed"] == 0}
     for new in fresh:
