@@ -194,10 +194,10 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
 
 
-def _saved_tokenizer(ckpt: dict, folder: Path):
-    """The tokenizer a checkpoint was trained with; if its folder holds ``tokenizer.json``, that file
-    must hold the same tokenizer (chapter 13), else a ``ValueError`` naming the file."""
-    tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
+def _saved_tokenizer(tokenizer, folder: Path):
+    """``tokenizer``, the one a checkpoint holds; if the checkpoint's folder also holds
+    ``tokenizer.json``, that file must hold the same tokenizer (chapter 13), else a ``ValueError``
+    naming the file."""
     path = folder / TOKENIZER_NAME
     if path.is_file():
         try:
@@ -253,7 +253,7 @@ def _train_in_folder(args, file: Path) -> int:
     text_sha256 = sha256_of(corpus.text.encode())
     n_train = int(len(corpus.text) * (1.0 - run["val_fraction"]))  # characters; the rest is validation
     if ckpt:
-        tokenizer = _saved_tokenizer(ckpt, Path(args.out_dir))
+        tokenizer = _saved_tokenizer(tokenizer_from_dict(ckpt["tokenizer"]), Path(args.out_dir))
     elif run["tokenizer"] == "bpe":
         say(f"training a byte-level BPE of {run['vocab_size']} tokens on the training split")
         tokenizer = train_bpe(corpus.text[:n_train], run["vocab_size"])
@@ -333,13 +333,13 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
+        model, tokenizer, _ = load_checkpoint(args.ckpt, device)
     except FileNotFoundError as e:
         parser.error(str(e))
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
     folder = Path(args.ckpt) if Path(args.ckpt).is_dir() else Path(args.ckpt).parent
-    tokenizer = _saved_tokenizer(ckpt, folder)
+    tokenizer = _saved_tokenizer(tokenizer, folder)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
     for i in range(args.num_samples):

@@ -64,6 +64,7 @@ def _merge_mistake(ids: list[int], pair: tuple[int, int], new_id: int, actual: l
 def check_merge(fn: Callable) -> None:
     """Chapter 13, exercise 13.1: check ``fn(ids, pair, new_id) -> list``, one BPE merge.
 
+    ``fn`` is given a list of ints, a pair ``(a, b)`` and the new id, and returns a new list.
     Compared with :func:`transformer_lib.bpe_merge` on overlapping runs, pairs at both ends, a
     pair that never occurs, an empty and a one-id list; ``ids`` must be left unchanged.
     """
@@ -126,7 +127,7 @@ def _one_pass(ids: list[int], tok: BPETokenizer) -> list[int]:
 def check_encode_chunk(fn: Callable) -> None:
     """Chapter 13, exercise 13.2: check ``fn(ids, ranks) -> list``, a chunk encoded by merge rank.
 
-    ``ids`` are a chunk's bytes and ``ranks`` maps each merged pair to the id it made; compared
+    ``fn`` is given ``ids``, a chunk's bytes, and ``ranks``, which maps each merged pair to the id it made; compared
     with the book's encoder (a tokenizer trained on a passage of Shakespeare) on every chunk of
     the passage and on a few made-up words.
     """
@@ -172,7 +173,8 @@ def check_encode_chunk(fn: Callable) -> None:
 def check_bits_per_byte(fn: Callable) -> None:
     """Chapter 13, exercise 13.3: check ``fn(nats_per_token, n_tokens, n_bytes) -> float``.
 
-    Bits per byte is ``nats_per_token * n_tokens / (n_bytes * ln 2)``; compared on a character
+    ``fn`` is given the mean loss per token in nats and the text's tokens and bytes. Bits per byte
+    is ``nats_per_token * n_tokens / (n_bytes * ln 2)``; compared on a character
     model's numbers (one byte per token) and on BPE models' (several bytes per token).
     """
     cases = [(2.0, 1000, 1000), (3.7, 1000, 1880), (3.96, 59_400, 111_539), (0.5, 3, 7)]

@@ -29,6 +29,7 @@ def _first_mistake(wrong: dict[str, Tensor], actual: Tensor, right: Tensor) -> s
 def check_rms_norm(fn: Callable) -> None:
     """Chapter 14, exercise 14.1: check ``fn(x (..., d), weight (d,), eps) -> (..., d)``, RMSNorm.
 
+    ``fn`` is given ``x``, the gain ``weight`` and ``eps``, and returns the normalised ``x``.
     Compared with ``torch.nn.functional.rms_norm`` on inputs with a large mean (where RMSNorm and
     LayerNorm differ), small values (where ``eps`` matters), a batch of sequences and float64.
     """
