@@ -37,8 +37,9 @@ def text() -> str:
 
 
 def flat() -> str:
-    """The text with hyphenation and line breaks undone, for phrase searches."""
-    return re.sub(r"\s+", " ", re.sub(r"-\n\s*", "", text()))
+    """The text with hyphenation and line breaks undone and LaTeX's typographic apostrophe (U+2019)
+    written as the notebooks write it, for phrase searches."""
+    return re.sub(r"\s+", " ", re.sub(r"-\n\s*", "", text())).replace("\u2019", "'")
 
 
 def _title(path: Path) -> str:
