@@ -158,7 +158,9 @@ def test_a_bpe_run_trains_its_tokenizer_on_the_training_split_and_keeps_it(tmp_p
     tok = tl.load_tokenizer(out_dir / cli.TOKENIZER_NAME)
     assert isinstance(tok, tl.BPETokenizer) and tok.vocab_size == 300
     n_train = int(len(text_file.read_text()) * 0.9)
-    assert tok == tl.train_bpe(text_file.read_text()[:n_train], 300)  # the validation text never trains it
+    # the validation text never trains it; <|endoftext|> is its one special token, the last id (as in GPT-2)
+    assert tok == tl.train_bpe(text_file.read_text()[:n_train], 300, specials=("<|endoftext|>",))
+    assert tok.eos_id == 299
     model, from_ckpt, ckpt = tl.load_checkpoint(out_dir)
     assert from_ckpt == tok and model.config.vocab_size == 300
     assert ckpt["meta"]["tokenizer"] == "bpe" and ckpt["meta"]["tokenizer_sha256"] == tl.tokenizer_checksum(tok)
@@ -178,7 +180,7 @@ def test_a_bpe_run_trains_its_tokenizer_on_the_training_split_and_keeps_it(tmp_p
     ("flags", "words"),
     [
         (["--vocab-size", "300"], ["--vocab-size 300 is for --tokenizer bpe"]),
-        (["--tokenizer", "bpe", "--vocab-size", "256"], ["at least 257", "256"]),
+        (["--tokenizer", "bpe", "--vocab-size", "256"], ["at least 258", "256"]),
     ],
 )
 def test_tokenizer_flags_are_checked_before_training(tmp_path, text_file, capsys, flags, words):

@@ -98,9 +98,10 @@ def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
             )
         if out["tokenizer"] == "bpe":
             out["vocab_size"] = BPE_VOCAB_DEFAULT if out["vocab_size"] is None else out["vocab_size"]
-            if out["vocab_size"] < 257:
+            if out["vocab_size"] < 258:
                 raise ValueError(
-                    f"--vocab-size must be at least 257 (the 256 bytes and one merge), got {out['vocab_size']}"
+                    f"--vocab-size must be at least 258 (the 256 bytes, one merge and <|endoftext|>), "
+                    f"got {out['vocab_size']}"
                 )
         return out
     meta, out = ckpt.get("meta") or {}, {}

@@ -192,6 +192,8 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
 
 
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
+# A BPE run's one special token, after the merges as in GPT-2; chapter 15 ends each fine-tuning response with it
+END_OF_TEXT = "<|endoftext|>"
 
 
 def _saved_tokenizer(tokenizer, folder: Path):
@@ -256,7 +258,7 @@ def _train_in_folder(args, file: Path) -> int:
         tokenizer = _saved_tokenizer(tokenizer_from_dict(ckpt["tokenizer"]), Path(args.out_dir))
     elif run["tokenizer"] == "bpe":
         say(f"training a byte-level BPE of {run['vocab_size']} tokens on the training split")
-        tokenizer = train_bpe(corpus.text[:n_train], run["vocab_size"])
+        tokenizer = train_bpe(corpus.text[:n_train], run["vocab_size"], specials=(END_OF_TEXT,))
     else:
         tokenizer = CharTokenizer.from_text(corpus.text)
     if not ckpt and rank == 0:
