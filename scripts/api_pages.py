@@ -79,7 +79,18 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "Temperature, top-k and top-p filtering, and generating text.",
     ),
     ("models", ["transformer_lib.models"], "9 and 10", "The decoder-only `GPT` and its configuration."),
-    ("cli", ["transformer_lib.cli"], "9", "The command line, `python -m transformer_lib train` and `sample`."),
+    (
+        "cli",
+        [
+            "transformer_lib.cli",
+            "transformer_lib.cli.train",
+            "transformer_lib.cli.sample",
+            "transformer_lib.cli.settings",
+        ],
+        "9",
+        "The command line, `python -m transformer_lib train` and `sample`: one module per command, and the flags "
+        "and settings they share.",
+    ),
     (
         "kv_cache",
         ["transformer_lib.kv_cache"],

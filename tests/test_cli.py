@@ -1,4 +1,4 @@
-"""Tests for the command line (transformer_lib/cli.py, python -m transformer_lib train|sample):
+"""Tests for the command line (transformer_lib/cli/, python -m transformer_lib train|sample):
 a few-step training run writes a checkpoint that the sample command loads; --resume continues
 it; --help works. Offline and on a small temporary text, so they are fast."""
 

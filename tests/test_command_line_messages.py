@@ -74,17 +74,17 @@ def interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-# (command, the function that meets the Ctrl-C, the exact line on stderr)
+# (command, the function that meets the Ctrl-C as MODULE.NAME in transformer_lib.cli, the exact line on stderr)
 CTRL_C_CASES = {
-    "sample while generating": (["sample", "--ckpt", "{out}"], "generate_text", "interrupted (Ctrl-C)"),
+    "sample while generating": (["sample", "--ckpt", "{out}"], "sample.generate_text", "interrupted (Ctrl-C)"),
     "train while reading its text": (
         ["train", *TINY, "--out-dir", "{out}2", "--data", "{text}"],
-        "load_corpus",
+        "train.load_corpus",
         "interrupted (Ctrl-C); no checkpoint was written",
     ),
     "train --resume while reading its text": (
         ["train", "--resume", "--out-dir", "{out}", "--max-iters", "4"],
-        "load_corpus",
+        "train.load_corpus",
         "interrupted (Ctrl-C); no checkpoint was written",
     ),
 }
@@ -95,7 +95,8 @@ def test_a_ctrl_c_outside_the_training_loop_is_one_line(case, run, capsys, monke
     args, where, message = CTRL_C_CASES[case]
     out, text = run
     before = (out / "ckpt.pt").read_bytes()
-    monkeypatch.setattr(cli, where, interrupt)
+    module, name = where.split(".")
+    monkeypatch.setattr(getattr(cli, module), name, interrupt)
     capsys.readouterr()
     assert cli.main([a.format(out=out, text=text) for a in args]) == 130
     assert one_line(capsys) == message

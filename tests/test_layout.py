@@ -19,10 +19,12 @@ PACKAGE = ROOT / "transformer_lib"
 # Concept modules in chapter order: each may import only the ones before it, and never a tool.
 CONCEPTS = ["_checks", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
             "sampling", "models", "long_context", "inspect_heads", "bpe", "modern_block"]  # fmt: skip
-TOOLS = ["__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "_cli_settings", "viz",
+TOOLS = ["__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz",
          "exercises", "student", "pretrained", "pretrained_llama", "induction", "tokens"]  # fmt: skip
-# A module a reader can hold in mind: concept modules stay near one chapter's worth of code.
+# A module a reader can hold in mind: concept modules stay near one chapter's worth of code, and
+# so do the command line's modules (cli/: one per command, the dispatcher and their shared settings).
 MAX_CONCEPT_LINES, MAX_MODULE_LINES = 350, 400
+SHORT_PACKAGES = ["cli"]  # tool packages whose modules keep to MAX_CONCEPT_LINES
 
 
 def module_name(path: Path) -> str:
@@ -147,7 +149,7 @@ def test_modules_stay_short():
     too_long = []
     for path in sorted(PACKAGE.rglob("*.py")):
         lines = len(path.read_text().splitlines())
-        limit = MAX_CONCEPT_LINES if top(module_name(path)) in CONCEPTS else MAX_MODULE_LINES
+        limit = MAX_CONCEPT_LINES if top(module_name(path)) in CONCEPTS + SHORT_PACKAGES else MAX_MODULE_LINES
         if lines > limit:
             too_long.append(f"{path.relative_to(PACKAGE)}: {lines} lines (at most {limit})")
     assert not too_long, "modules to split: " + "; ".join(too_long)

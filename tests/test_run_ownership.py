@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib import _cli_settings, cli
 from transformer_lib import checkpoint as ckpt_module
+from transformer_lib import cli
 
 TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "8", "--batch-size", "2", "--context-len", "8",
         "--eval-iters", "1", "--eval-interval", "2", "--device", "cpu", "--no-progress", "--warmup-iters", "0",
@@ -299,4 +299,4 @@ def test_resume_keeps_the_device_dtype_and_compilation_it_started_with(text, tmp
 def test_resume_on_a_machine_without_the_runs_device_says_how_to_continue(tmp_path):
     args = cli.build_parser().parse_args(["--resume", "--out-dir", str(tmp_path)])
     with pytest.raises(ValueError, match=r"trained on device 'cuda:64'.*--device cpu"):
-        _cli_settings._recorded_process({"train_config": {"device": "cuda:64"}}, args, tmp_path / "ckpt.pt")
+        cli.settings._recorded_process({"train_config": {"device": "cuda:64"}}, args, tmp_path / "ckpt.pt")

@@ -1,30 +1,64 @@
-"""The training command's settings (chapter 9): what ``python -m transformer_lib train`` takes
+"""The command line's flags and settings (chapter 9): the parser every command uses, the flags
+made from the fields of :class:`~transformer_lib.models.GPTConfig` and
+:class:`~transformer_lib.train_config.TrainConfig`, what ``python -m transformer_lib train`` takes
 from its preset, its flags and, with ``--resume``, from the checkpoint it continues; and the
 flags it refuses before anything is read or written (an empty ``--out-dir``, contradictory
-flags, a seed out of range). The command itself is :mod:`transformer_lib.cli`.
+flags, a seed out of range). The commands themselves are in :mod:`transformer_lib.cli`.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CHECKPOINT_NAME, check_recorded
-from .models import GPTConfig
-from .train import _PROCESS_SETTINGS
-from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
-from .utils import check_fields, pick_device
+from ..checkpoint import CHECKPOINT_NAME, check_recorded
+from ..models import GPT_CHOICES, GPTConfig
+from ..train import _PROCESS_SETTINGS
+from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
+from ..utils import DTYPES, check_fields, pick_device
 
 # TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
 _RUNTIME = _PROCESS_SETTINGS
 _SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
                 "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
+_TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
+    prints the usage too), like every other error of the command."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per GPTConfig shape setting and per TrainConfig field, default None (= the preset's)."""
+    shape = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
+    model_types = {f.name: f.type for f in fields(GPTConfig)}
+    for name, help_ in MODEL_SETTINGS.items():
+        _add_flag(shape, name, model_types[name], help_, GPT_CHOICES.get(name))
+    group = parser.add_argument_group("training (default: the preset's, or the checkpoint's with --resume)")
+    for f in fields(TrainConfig):
+        if f.name != "out_dir":
+            choices = ["auto", *DTYPES] if f.name == "dtype" else None
+            _add_flag(group, f.name, f.type, f.metadata["help"], choices)
+
+
+def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
+    """``--name`` for a dataclass field of type ``type_`` (as written): ``--name/--no-name`` for a bool."""
+    kind = type_.split("|")[0].strip()
+    if kind == "bool":
+        group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_)
+    else:
+        group.add_argument(_flag(name), type=_TYPES[kind], default=None, choices=choices, help=help_)
 
 
 def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:

@@ -1,16 +1,7 @@
-"""The command line (chapter 9, "A GPT from scratch"): train a GPT on characters or (chapter 13) on
-byte-level BPE tokens, and sample from it.
-
-::
-
-    python -m transformer_lib train --preset cpu   # or: transformer-train
-    python -m transformer_lib train --resume       # continue out/ckpt.pt
-    python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
-
-Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
-(or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
-from those fields and the presets are values of them. Under ``torchrun`` the command joins the
-process group and each rank trains on its own share of every batch.
+"""The ``train`` command (chapter 9, "A GPT from scratch"; chapter 13's BPE tokens):
+``python -m transformer_lib train [flags]`` trains a GPT on characters or on byte-level BPE
+tokens and saves checkpoints; under ``torchrun`` it joins the process group and each rank trains
+on its own share of every batch. Its flags and settings are in :mod:`transformer_lib.cli.settings`.
 """
 
 from __future__ import annotations
@@ -18,30 +9,19 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-import sys
 import time
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ._cli_settings import (
-    BPE_VOCAB_DEFAULT,
-    _check_flags,
-    _check_seed,
-    _data_path,
-    _flag,
-    _resumable,
-    _run_settings,
-    _settings,
-)
-from .bpe import train_bpe
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, own_folder, read_checkpoint, tensor_checksum
-from .data import (
+from ..bpe import train_bpe
+from ..checkpoint import CHECKPOINT_NAME, own_folder, read_checkpoint, tensor_checksum
+from ..data import (
     PATH_ENV,
     CharTokenizer,
     LMBatches,
@@ -52,45 +32,23 @@ from .data import (
     tokenizer_checksum,
     tokenizer_from_dict,
 )
-from .models import GPT, GPT_CHOICES, GPTConfig
-from .sampling import generate_text
-from .train import train
-from .train_config import MODEL_SETTINGS, PRESETS, TrainConfig
-from .utils import DTYPES, pick_device, set_seed
+from ..models import GPT, GPTConfig
+from ..train import train
+from ..train_config import PRESETS
+from ..utils import pick_device, set_seed
+from .settings import (
+    BPE_VOCAB_DEFAULT,
+    _add_setting_flags,
+    _check_flags,
+    _check_seed,
+    _data_path,
+    _Parser,
+    _resumable,
+    _run_settings,
+    _settings,
+)
 
-__all__ = ["build_parser", "main", "sample_main", "train_main"]
-
-_TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
-    prints the usage too), like every other error of the command."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per GPTConfig shape setting and per TrainConfig field, default None (= the preset's)."""
-    shape = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
-    model_types = {f.name: f.type for f in fields(GPTConfig)}
-    for name, help_ in MODEL_SETTINGS.items():
-        _add_flag(shape, name, model_types[name], help_, GPT_CHOICES.get(name))
-    group = parser.add_argument_group("training (default: the preset's, or the checkpoint's with --resume)")
-    for f in fields(TrainConfig):
-        if f.name != "out_dir":
-            choices = ["auto", *DTYPES] if f.name == "dtype" else None
-            _add_flag(group, f.name, f.type, f.metadata["help"], choices)
-
-
-def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
-    """``--name`` for a dataclass field of type ``type_`` (as written): ``--name/--no-name`` for a bool."""
-    kind = type_.split("|")[0].strip()
-    if kind == "bool":
-        group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_)
-    else:
-        group.add_argument(_flag(name), type=_TYPES[kind], default=None, choices=choices, help=help_)
+__all__ = ["END_OF_TEXT", "TOKENIZER_NAME", "build_parser", "train_main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,79 +266,3 @@ def _train_in_folder(args, file: Path) -> int:
         say(f"model FLOPs utilisation {100 * history.mfu:.1f}% of the GPU's bf16 peak")
     say(f"{time.perf_counter() - start:.1f} s; checkpoint in {Path(args.out_dir) / CHECKPOINT_NAME}")
     return 0
-
-
-def sample_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
-    parser = _Parser(
-        prog="python -m transformer_lib sample",
-        description="Generate text from a GPT checkpoint written by python -m transformer_lib train.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--ckpt", default="out", help="a checkpoint file or the folder holding ckpt.pt")
-    parser.add_argument("--prompt", default="\n", help="text the sample continues")
-    parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
-    parser.add_argument("--temperature", type=float, default=0.8, help="below 1: safer, above 1: wilder")
-    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely characters")
-    parser.add_argument(
-        "--top-p", type=float, default=None, help="sample only among the most likely characters that reach this mass"
-    )
-    parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
-    parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
-    parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
-    args = parser.parse_args(argv)
-    if args.num_samples < 1:
-        raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
-    _check_seed(args.seed)
-
-    device = pick_device(args.device)
-    try:
-        model, tokenizer, _ = load_checkpoint(args.ckpt, device)
-    except FileNotFoundError as e:
-        parser.error(str(e))
-    if not isinstance(model, GPT) or tokenizer is None:
-        parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
-    folder = Path(args.ckpt) if Path(args.ckpt).is_dir() else Path(args.ckpt).parent
-    tokenizer = _saved_tokenizer(tokenizer, folder)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
-    for i in range(args.num_samples):
-        if i:
-            print("\n" + "-" * 40)
-        try:
-            print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, **options))
-        except ValueError as e:  # a prompt character the model never saw, a bad temperature, top-k or top-p
-            parser.error(str(e))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point (chapter 9): ``sample ...`` generates text from a checkpoint; ``train ...`` (or
-    no command) trains.
-
-    A bad setting, a missing or unreadable file or a diverging run ends with one line on stderr
-    that names the problem, and exit status 2; ``--debug`` shows the Python traceback instead.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    command = sample_main if argv[:1] == ["sample"] else train_main
-    try:
-        return command(argv[1:] if argv[:1] in (["sample"], ["train"]) else argv)
-    except KeyboardInterrupt:  # a Ctrl-C outside the training loop (which saves and says how to resume)
-        if debug:
-            raise
-        said = "; no checkpoint was written" if command is train_main else ""
-        print(f"interrupted (Ctrl-C){said}", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as e:
-        if debug:
-            raise
-        message = " ".join(str(e).split()) or type(e).__name__
-        print(f"error: {message} (run with --debug for the traceback)", file=sys.stderr)
-        return 2
-
-
-# python -m transformer_lib.cli ...: the same as python -m transformer_lib ...
-if __name__ == "__main__":
-    sys.exit(main())
