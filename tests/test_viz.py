@@ -155,7 +155,7 @@ def test_frame_widget_shows_the_frame_of_the_chosen_options(widgets, n_index, la
     alt, title, png = _picture(image)
     assert alt == title == f"n = {n.label}, label = {label.label}"
     assert caption.value == f"{label.value}: {n.value} bars"
-    assert png == tl.viz.figure_png(bars(n.value, label.value)[0], dpi=2 * 96)  # drawn at 2x
+    assert png == tl.viz.figure_png(bars(n.value, label.value)[0], dpi=viz.FRAME_DENSITY * 96)
     assert plt.get_fignums() == []
 
 
@@ -200,8 +200,8 @@ def test_frame_widget_escapes_option_labels_in_the_alt_text(widgets):
     assert alt == title == 'label = say "hi" <b>'
 
 
-def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
-    """A frame is drawn at 2 x dpi and shown at dpi, with the height its smallest text then has;
+def test_frame_widget_draws_at_frame_density_times_the_size_it_shows(widgets):
+    """A frame is drawn at FRAME_DENSITY x dpi (1.5 x) and shown at dpi, with the height its smallest text then has;
     text below MIN_TEXT_PT (a 6-point title here) is raised to it."""
     from PIL import Image
 
@@ -211,14 +211,73 @@ def test_frame_widget_draws_at_twice_the_size_it_shows(widgets):
         ax.set_title("small", fontsize=6)
         return fig
 
-    assert viz.MIN_TEXT_PT == 10
+    assert viz.MIN_TEXT_PT == 10 and viz.FRAME_DENSITY == 1.5
     for dpi, text_px in ((96, 13.3), (72, 10.0)):
         frame = tl.viz.frame_widget(draw, dpi=dpi, n=[2, 3]).children[1].children[0]
         png = Image.open(io.BytesIO(_picture(frame)[2]))
         shown = int(re.search(r'width="(\d+)"', frame.value).group(1))
-        assert shown == (png.size[0] + 1) // 2 and 2.8 * dpi < shown < 3.1 * dpi  # a 3-inch figure
+        assert shown == round(png.size[0] / 1.5) and 2.8 * dpi < shown < 3.1 * dpi  # a 3-inch figure
         assert float(re.search(r'data-text-px="([\d.]+)"', frame.value).group(1)) == text_px
         assert "max-width: 100%" in frame.value
+
+
+def test_frame_widget_frames_share_one_layout_and_style(widgets):
+    """Every frame, caption and stack of a widget uses one Layout (and one style per kind), so the
+    notebook saves those models once rather than once per frame."""
+    box = tl.viz.frame_widget(bars, n=[1, 2], label=widgets.Dropdown(options=["a", "b", "c"]))
+    stacks = [box.children[1], *box.children[1].children]
+    frames = [frame for stack in stacks[1:] for frame in stack.children]
+    parts = [part for frame in frames for part in frame.children]
+    assert len(frames) == 6 and all(isinstance(f, widgets.VBox) for f in frames)
+    assert len({id(w.layout) for w in stacks + frames + parts}) == 1
+    assert len({id(p.style) for p in parts if isinstance(p, widgets.HTML)}) == 1
+    assert len({id(p.style) for p in parts if isinstance(p, widgets.Label)}) == 1
+    assert box.children[0].layout is not stacks[0].layout  # the controls keep their own
+
+
+def test_palette_png_and_inline_figures():
+    """An opaque PNG becomes a palette PNG of at most 256 colours with no metadata; a transparent
+    one is left alone; IPython's PNG formatter shows matplotlib figures through palette_png."""
+    from PIL import Image
+
+    from transformer_lib.viz import _inline
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.imshow(np.linspace(0, 1, 600).reshape(20, 30))
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=100)
+    small = _inline.palette_png(raw.getvalue())
+    picture = Image.open(io.BytesIO(small))
+    assert picture.mode == "P" and len(picture.getcolors()) <= 256 and "Software" not in picture.info
+    assert len(small) < len(raw.getvalue())
+    clear = io.BytesIO()
+    fig.savefig(clear, format="png", dpi=50, transparent=True)
+    assert _inline.palette_png(clear.getvalue()) == clear.getvalue()
+
+    class Formatter:  # the part of IPython's PNG formatter that compact_inline_figures uses
+        def lookup(self, obj):
+            return lambda figure: base64.b64encode(raw.getvalue()).decode("ascii")
+
+    class Shell:
+        display_formatter = type("Display", (), {"formatters": {"image/png": Formatter()}})()
+
+    class IPython:
+        get_ipython = staticmethod(lambda: Shell)
+
+    import sys
+
+    saved = sys.modules.get("IPython")
+    sys.modules["IPython"] = IPython
+    try:
+        assert _inline.compact_inline_figures() and _inline.compact_inline_figures()  # once only
+    finally:
+        if saved is not None:
+            sys.modules["IPython"] = saved
+        else:
+            del sys.modules["IPython"]
+    formatter = Shell.display_formatter.formatters["image/png"]
+    assert base64.b64decode(formatter.lookup(fig)(fig)) == small
+    assert formatter.lookup(3)(3) == base64.b64encode(raw.getvalue()).decode("ascii")  # not a figure
 
 
 def test_frame_widget_draws_a_wide_figure_at_the_column_width(widgets):

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ._common import pyplot as _pyplot
 from ._common import to_numpy
+from ._inline import compact_inline_figures, palette_picture_png
 
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt
@@ -134,14 +135,10 @@ def figure_png(fig: plt.Figure, dpi: int = 72) -> bytes:
 
     if not isinstance(fig, _pyplot().Figure):
         raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
-    raw = io.BytesIO()
-    fig.savefig(raw, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    raw = io.BytesIO()  # compressed once, by palette_picture_png, rather than twice
+    fig.savefig(raw, format="png", dpi=dpi, bbox_inches="tight", pil_kwargs={"compress_level": 0})
     _pyplot().close(fig)
-    raw.seek(0)
-    small = io.BytesIO()
-    picture = Image.open(raw).convert("RGB").quantize(256, dither=Image.Dither.NONE)
-    picture.save(small, format="png", optimize=True)
-    return small.getvalue()
+    return palette_picture_png(Image.open(raw).convert("RGB"))
 
 
 def _choices(name: str, control) -> tuple[str, list[tuple[str, object]]]:
@@ -179,11 +176,11 @@ def frame_widget(draw: Callable, dpi: int = 96, **controls):
 
     ``dpi`` is the size a frame is shown at, in CSS pixels per inch of the figure: 96, the CSS
     inch, shows a figure at its size in inches and a 10-point label at 13.3 pixels, the size of a
-    page's small print. Each frame is drawn at twice that (sharp on a high-density screen) and
-    shown at ``dpi``; a figure wider than ``COLUMN_PX`` (the page's output column) is drawn at that
-    width, and text smaller than ``MIN_TEXT_PT`` (10 points) is drawn at that size. A slider keeps
-    its whole description and a track of at least ``SLIDER_TRACK_PX`` pixels, and the row of
-    controls wraps rather than squeeze one.
+    page's small print. Each frame is drawn at ``FRAME_DENSITY`` (1.5) times that, sharp on a
+    high-density screen, and shown at ``dpi``; a figure wider than ``COLUMN_PX`` (the page's
+    output column) is drawn at that width, and text smaller than ``MIN_TEXT_PT`` (10 points) is
+    drawn at that size. A slider keeps its whole description and a track of at least
+    ``SLIDER_TRACK_PX`` pixels, and the row of controls wraps rather than squeeze one.
 
     Returns an ``ipywidgets.VBox`` (a row of controls, then the frames); a notebook cell shows it
     as its last expression or with ``IPython.display.display``.
@@ -202,13 +199,14 @@ def frame_widget(draw: Callable, dpi: int = 96, **controls):
     described = [_choices(name, control) for name, control in controls.items()]
     for control, (label, pairs) in zip(controls.values(), described, strict=True):
         _give_room(control, label, [option for option, _ in pairs])
+    shared = _Shared()
     frames = {}
     for combination in product(*(range(len(pairs)) for _, pairs in described)):
         chosen = [pairs[i] for (_, pairs), i in zip(described, combination, strict=True)]
         values = {name: value for name, (_, value) in zip(controls, chosen, strict=True)}
         title = ", ".join(f"{label} = {option}" for (label, _), (option, _) in zip(described, chosen, strict=True))
-        frames[combination] = _frame(draw(**values), dpi, title)
-    stack = _nest(list(controls.values()), frames, ())
+        frames[combination] = _frame(draw(**values), dpi, title, shared)
+    stack = _nest(list(controls.values()), frames, (), shared)
     row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
     return widgets.VBox([row, stack])
 
@@ -222,7 +220,23 @@ MIN_TEXT_PT = 10
 # the width of the book's output column at a 1280-pixel window, in CSS pixels: a wider frame is
 # drawn narrower rather than scaled down by the page
 COLUMN_PX = 680
+# the pixels a frame is drawn with per pixel it is shown at: 10-point text gets 20 device pixels,
+# sharp on a high-density screen, and a frame takes about 70 % of the bytes it would at 2x
+FRAME_DENSITY = 1.5
 _CHAR_PX = 8
+
+
+class _Shared:
+    """The one layout and the styles that every frame, caption and stack of a widget shares: the
+    notebook saves each widget model once, so a frame adds its picture and little else."""
+
+    def __init__(self):
+        import ipywidgets as widgets
+        from ipywidgets.widgets.widget_string import HTMLStyle, LabelStyle
+
+        self.layout = widgets.Layout()
+        self.html_style = HTMLStyle()
+        self.label_style = LabelStyle()
 
 
 def _give_room(control, label: str, options: list[str]) -> None:
@@ -242,7 +256,7 @@ def _give_room(control, label: str, options: list[str]) -> None:
     control.layout.flex = "0 0 auto"
 
 
-def _frame(result, dpi: int, title: str):
+def _frame(result, dpi: int, title: str, shared: _Shared):
     """One precomputed frame: the figure ``draw`` returned, as an image whose alt text and title
     are ``title``, with its caption below it."""
     import ipywidgets as widgets
@@ -254,9 +268,9 @@ def _frame(result, dpi: int, title: str):
     _fit_column(fig, dpi)
     fig.canvas.draw()  # the tick labels get their text and size
     _at_least(fig, MIN_TEXT_PT)
-    raw = figure_png(fig, 2 * dpi)  # drawn at twice the size it is shown at
+    raw = figure_png(fig, FRAME_DENSITY * dpi)  # drawn at FRAME_DENSITY times the size it is shown at
     smallest = _smallest_text_pt(fig)
-    width = (Image.open(io.BytesIO(raw)).size[0] + 1) // 2
+    width = round(Image.open(io.BytesIO(raw)).size[0] / FRAME_DENSITY)
     png = base64.b64encode(raw).decode("ascii")
     text = html.escape(title, quote=True)
     # an <img> in an HTML widget rather than an Image widget: the page's widget manager cannot
@@ -264,11 +278,14 @@ def _frame(result, dpi: int, title: str):
     # data-text-px: the smallest text's height when the frame is shown at its width
     image = widgets.HTML(
         f'<img src="data:image/png;base64,{png}" alt="{text}" title="{text}" width="{width}" '
-        f'style="max-width: 100%; height: auto" data-text-px="{smallest * dpi / 72:.1f}">'
+        f'style="max-width: 100%; height: auto" data-text-px="{smallest * dpi / 72:.1f}">',
+        layout=shared.layout,
+        style=shared.html_style,
     )
     if caption is None:
         return image
-    return widgets.VBox([image, widgets.Label(str(caption))])
+    label = widgets.Label(str(caption), layout=shared.layout, style=shared.label_style)
+    return widgets.VBox([image, label], layout=shared.layout)
 
 
 def _fit_column(fig, dpi: int) -> None:
@@ -314,15 +331,15 @@ def _smallest_text_pt(fig) -> float:
     return min((t.get_fontsize() for t in _texts(fig)), default=10.0)
 
 
-def _nest(controls: list, frames: dict, prefix: tuple):
+def _nest(controls: list, frames: dict, prefix: tuple, shared: _Shared):
     """The stack for the controls after ``prefix``: its pages are the next control's options."""
     import ipywidgets as widgets
 
     if len(prefix) == len(controls):
         return frames[prefix]
     control = controls[len(prefix)]
-    pages = [_nest(controls, frames, (*prefix, i)) for i in range(len(control.options))]
-    stack = widgets.Stack(pages, selected_index=control.index)
+    pages = [_nest(controls, frames, (*prefix, i), shared) for i in range(len(control.options))]
+    stack = widgets.Stack(pages, selected_index=control.index, layout=shared.layout)
     widgets.jslink((control, "index"), (stack, "selected_index"))
     return stack
 
@@ -332,3 +349,6 @@ def _nest(controls: list, frames: dict, prefix: tuple):
 from .diagrams import plot_architecture, plot_head_split  # noqa: E402
 from .head_tables import plot_against_uniform  # noqa: E402
 from .tokens import plot_tokens  # noqa: E402
+
+# in a notebook, the plots cells show are saved as palette PNGs too
+compact_inline_figures()
