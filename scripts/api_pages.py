@@ -64,10 +64,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.corpus",
             "transformer_lib.data.batches",
             "transformer_lib.data.repeats",
+            "transformer_lib.data.speeches",
+            "transformer_lib.data.instructions",
         ],
-        "8, 9 and 12",
+        "8, 9, 12 and 15",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
-        "batches and the sequences with a repeated segment.",
+        "batches, the sequences with a repeated segment, and chapter 15's labelled speeches and "
+        "prompt/response pairs.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
@@ -140,6 +143,20 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "13",
         "Bits per byte, the loss that compares models across vocabularies, and the training run that compares a "
         "character model with a BPE model.",
+    ),
+    (
+        "lora",
+        ["transformer_lib.lora"],
+        "15",
+        "Low-rank adapters on any weight matrix, by name: the update (alpha / r) B A, merging and unmerging, "
+        "and adapter files that refuse a model of another shape.",
+    ),
+    (
+        "finetune",
+        ["transformer_lib.finetune"],
+        "15",
+        "A classifier on a pretrained GPT, what to train (head, LoRA, everything), a labelled task's batches, "
+        "accuracy with its Wilson interval, and greedy answers up to the end token.",
     ),
     (
         "viz",

@@ -9,7 +9,8 @@ attention weights, intervening on heads, scoring patterns) and ``bpe`` (13: byte
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
-``train``, ``checkpoint``, ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
+``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
+GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
 ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
 command line) and ``student`` (the student edition and nbgrader course of the notebooks).
 
@@ -34,7 +35,7 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 _MODULES = (
     "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
     "long_context", "inspect_heads", "bpe", "modern_block", "cost", "data", "induction", "tokens", "utils",
-    "train_config", "train", "checkpoint", "pretrained", "pretrained_llama", "viz",
+    "train_config", "train", "checkpoint", "lora", "finetune", "pretrained", "pretrained_llama", "viz",
 )  # fmt: skip
 
 __all__ = []

@@ -21,6 +21,21 @@ from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
 
+
+def _check_loss_mask(loss_mask, targets: Tensor) -> Tensor:
+    """``loss_mask``, checked: a bool tensor of ``targets``' shape that marks at least one target."""
+    if not isinstance(loss_mask, Tensor) or loss_mask.dtype != torch.bool:
+        raise TypeError(
+            f"loss_mask must be a bool tensor (True: the target counts), got {type(loss_mask).__name__}"
+            + (f" of {loss_mask.dtype}" if isinstance(loss_mask, Tensor) else "")
+        )
+    if loss_mask.shape != targets.shape:
+        raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}, the targets {tuple(targets.shape)}")
+    if not bool(loss_mask.any()):
+        raise ValueError("loss_mask marks no target: the loss would be 0 / 0")
+    return loss_mask.to(targets.device)
+
+
 # Chapter 14: the names each setting of the block accepts (GPT-2's first), and the settings a checkpoint
 # saved before them lacks (it holds GPT-2's block: the defaults are then no guess).
 GPT_CHOICES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "positions": ("learned", "rotary")}
@@ -145,10 +160,12 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False,
-        cache: DecoderCache | None = None,
+        cache: DecoderCache | None = None, *, loss_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
         """``idx (B, T)`` token ids -> ``(logits (B, T, vocab_size), loss)``: the mean next-token
         cross-entropy when ``targets (B, T)`` (ids in ``[0, vocab_size)``) are given, else None.
+        ``loss_mask (B, T)`` (chapter 15, booleans): the mean is over the targets it marks
+        ``True`` only (a response's tokens, not its prompt's or the padding).
         ``need_weights``: each layer keeps its attention weights ``(B, h, T, T)`` (in
         ``model.decoder.layers[i].self_attn_weights``). ``cache`` (chapter 10, from
         :meth:`new_cache`): ``idx (B, T_new)`` holds only the new tokens, after the
@@ -156,23 +173,35 @@ class GPT(nn.Module):
         c = self.config
         check_token_ids(idx, c.vocab_size, c.context_len, "idx")
         start = 0 if cache is None else self._cached_positions(idx, cache)
-        logits = self._logits(idx, start, need_weights, cache)  # (B, T, vocab_size)
+        logits = self.lm_head(self._hidden(idx, start, need_weights, cache))  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             targets = _check_targets(targets, idx, "idx", c.vocab_size)
-            loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
+            if loss_mask is None:
+                loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
+            else:
+                keep = _check_loss_mask(loss_mask, targets).reshape(-1)
+                each = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1), reduction="none")
+                loss = each[keep].mean()  # the mean over the marked targets only
+        elif loss_mask is not None:
+            raise ValueError("loss_mask is given without targets: it marks which targets count in the loss")
         return logits, loss
 
-    def _logits(self, idx: Tensor, start: int, need_weights: bool, cache: DecoderCache | None) -> Tensor:
-        """``(B, T, vocab_size)`` for ids and a cache already checked (once per call, here or by
+    def hidden(self, idx: Tensor) -> Tensor:
+        """``idx (B, T)`` -> the last layer's output after the final norm, ``(B, T, d_model)``: the
+        features the output head reads, and a classifier's input (chapter 15)."""
+        check_token_ids(idx, self.config.vocab_size, self.config.context_len, "idx")
+        return self._hidden(idx, 0, False, None)
+
+    def _hidden(self, idx: Tensor, start: int, need_weights: bool, cache: DecoderCache | None) -> Tensor:
+        """``(B, T, d_model)`` for ids and a cache already checked (once per call, here or by
         :meth:`generate`), the first id at position ``start``."""
         x = self.tok_embed(_as_index(idx))  # (B, T_new, d_model)
         if self.pos_embed is not None:
             x = self.pos_embed(x, start=start)
         elif self.config.dropout and self.training:  # rotary positions (chapter 14): dropout only
             x = F.dropout(x, self.config.dropout)
-        x = self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked once, above
-        return self.lm_head(x)  # (B, T, vocab_size)
+        return self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked once, above
 
     def _cached_positions(self, idx: Tensor, cache: DecoderCache) -> int:
         """The position of the first new token of ``idx (B, T_new)``: the ``cache.position``
@@ -245,7 +274,7 @@ class GPT(nn.Module):
             if step == 0:
                 logits, _ = self(idx[:, -L:], cache=cache)  # prefill, the prompt checked: (B, T, vocab_size)
             elif idx.shape[1] <= L:  # the model's own token, at the position after the cache
-                logits = self._logits(idx[:, -1:], idx.shape[1] - 1, False, cache)  # (B, 1, vocab_size)
+                logits = self.lm_head(self._hidden(idx[:, -1:], idx.shape[1] - 1, False, cache))  # (B, 1, vocab)
             else:
                 logits, _ = self(idx[:, -L:])  # past context_len: the cropped window, uncached
             nxt = _sample(logits[:, -1, :], temperature, top_k, generator, top_p)  # (B, 1)

@@ -40,7 +40,7 @@ from .checkpoint import (
 )
 from .cost import estimate_mfu, gpu_peak_flops
 from .train_config import TrainConfig, configure_optimizer, lr_at, make_scheduler
-from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, world
+from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, run_batch, world
 
 __all__ = [
     "History",
@@ -90,7 +90,7 @@ def estimate_loss(
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
             with autocast(device, autocast_dtype):
-                _, loss = model(*batch_on(get_batch(split), device))
+                _, loss = run_batch(model, batch_on(get_batch(split), device))
             losses[k] = loss.float()
         mean = losses.mean()
         if world_size > 1:
@@ -260,7 +260,7 @@ class _Run:
         """One optimizer step on one training batch; returns the batch's inputs."""
         batch = batch_on(self.get_batch("train"), self.device)
         with autocast(self.device, self.dtype):
-            _, loss = step_model(*batch)
+            _, loss = run_batch(step_model, batch)
         self.point("forward")
         self.scaler.scale(loss).backward()
         self.point("backward")
@@ -276,7 +276,7 @@ class _Run:
         self.pending.append(loss.detach())
         self.point("counter")
         self.step, self.eval_pending = self.step + 1, True
-        return batch[0]
+        return next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
 
     def log(self, bar, inputs: Tensor, timer: tuple[float, int], peak: float | None) -> tuple[float, int]:
         """Read the losses, show them (and the MFU on a GPU); returns the new timer."""

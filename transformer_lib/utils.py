@@ -11,7 +11,7 @@ import random
 import signal
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -113,9 +113,14 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def batch_on(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The batch on ``device``, tensors already there not copied (chapter 9); the targets (the
-    last tensor) must have the shape of the inputs before them, else a ``ValueError``."""
+def batch_on(batch, device: torch.device):
+    """The batch on ``device``, tensors already there not copied (chapter 9): a tuple of tensors,
+    whose targets (the last) must have the shape of the inputs before them, else a ``ValueError``;
+    or (chapter 15) a dict of tensors, the model's keyword arguments."""
+    if isinstance(batch, Mapping):
+        if not all(isinstance(t, torch.Tensor) for t in batch.values()):
+            raise TypeError("get_batch must return tensors: a dict of them holds something else")
+        return {k: t if t.device == device else t.to(device, non_blocking=True) for k, t in batch.items()}
     if isinstance(batch, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in batch):
         raise TypeError(f"get_batch must return a tuple of tensors, got {type(batch).__name__}")
     if len(batch) >= 2 and batch[-1].shape != batch[-2].shape:
@@ -124,6 +129,11 @@ def batch_on(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
             f"get_batch must return targets of the inputs' shape"
         )
     return tuple(t if t.device == device else t.to(device, non_blocking=True) for t in batch)
+
+
+def run_batch(model, batch):
+    """``model(*batch)`` for a tuple, ``model(**batch)`` for a dict (chapter 15)."""
+    return model(**batch) if isinstance(batch, Mapping) else model(*batch)
 
 
 def world() -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
-dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling.
+dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling;
+chapter 15's labelled speeches and prompt/response pairs.
 
 Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
 path or downloaded once into a cache folder (see :mod:`.corpus`).
@@ -28,7 +29,9 @@ from .grammar import (
     grammar_regex,
     grammar_text,
 )
+from .instructions import PROMPT_END, InstructionBatches, date_pairs, encode_pair, read_pairs, write_pairs
 from .repeats import repeat_batch
+from .speeches import LabelledTexts, Speech, encode_texts, speaker_task, speeches, word_order_task
 from .tasks import (
     DATE_FIRST,
     DATE_FORMATS,
@@ -55,6 +58,18 @@ from .tokenizer import (
 )
 
 __all__ = [
+    "PROMPT_END",
+    "InstructionBatches",
+    "LabelledTexts",
+    "Speech",
+    "date_pairs",
+    "encode_pair",
+    "encode_texts",
+    "read_pairs",
+    "speaker_task",
+    "speeches",
+    "word_order_task",
+    "write_pairs",
     "CACHE_ENV",
     "TOY_GRAMMAR",
     "Choice",
