@@ -88,11 +88,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.cli",
             "transformer_lib.cli.train",
             "transformer_lib.cli.sample",
+            "transformer_lib.cli.finetune",
             "transformer_lib.cli.settings",
         ],
-        "9",
-        "The command line, `python -m transformer_lib train` and `sample`: one module per command, and the flags "
-        "and settings they share.",
+        "9 and 15",
+        "The command line, `python -m transformer_lib train`, `sample` and `finetune`: one module per command, and "
+        "the flags and settings they share.",
     ),
     (
         "kv_cache",

@@ -158,7 +158,13 @@ RULES = [
         "the flags are accepted (a real run takes minutes)",
     ),
     Rule(
-        r"python -m transformer_lib (train|sample)",
+        r"\.venv/bin/python -m transformer_lib finetune --ckpt out/bpe --data pairs\.jsonl --out-dir out/lora "
+        r"--lora-rank 8",
+        "help",
+        "the flags are accepted (it needs a file of pairs: tests/test_cli_finetune.py runs it on tiny ones)",
+    ),
+    Rule(
+        r"python -m transformer_lib (train|sample|finetune)",
         "help",
         "the command exists",
         ".venv/bin/python -m transformer_lib {0} --help",

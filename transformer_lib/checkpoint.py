@@ -290,6 +290,13 @@ def load_checkpoint(
     bad = next((k for k, t in ckpt["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
     if bad is not None:
         raise ValueError(f"{where}: the model's {bad} holds values that are not finite (NaN or inf): a diverged model")
+    if any(".parametrizations." in k for k in ckpt["model"]):  # chapter 15: a model with LoRA adapters
+        base = (ckpt.get("meta") or {}).get("base") or "BASE"
+        raise ValueError(
+            f"{where} holds a model with LoRA adapters (a fine-tuning run's): load its base checkpoint and the "
+            f"adapter file beside it (load_adapter), or on the command line: python -m transformer_lib sample "
+            f"--ckpt {base} --adapter {Path(str(where)).parent / 'adapter.pt'}"
+        )
     model.load_state_dict(ckpt["model"])
     tokenizer = tokenizer_from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
     return model.to(device).eval(), tokenizer, ckpt

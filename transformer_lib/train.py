@@ -125,11 +125,12 @@ def exact_match(model: nn.Module, src: Tensor, tgt: Tensor, batch_size: int = 50
 class _Run:
     """The state of one training run: what the loop reads and changes, and what a checkpoint holds."""
 
-    def __init__(self, model, get_batch, config: TrainConfig, tokenizer, meta: dict | None):
+    def __init__(self, model, get_batch, config: TrainConfig, tokenizer, meta: dict | None, on_save=None):
         sampled = getattr(get_batch, "batch_size", None)  # the truth, whatever config.batch_size says
         if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 and sampled != config.batch_size:
             config = replace(config, batch_size=sampled)
         self.model, self.get_batch, self.config, self.tokenizer, self.meta = model, get_batch, config, tokenizer, meta
+        self.on_save = on_save or (lambda: None)  # after each checkpoint (the finetune command's adapter file)
         self.changes: list[dict] = []  # settings changed on resume: (step, setting, from, to)
         self.rank, self.world_size = world()
         self.device = pick_device(config.device)
@@ -204,6 +205,7 @@ class _Run:
                   "history": asdict(self.history), "meta": self.meta or {}, "changes": self.changes}  # fmt: skip
         save_checkpoint(state, self.ckpt_path)
         self.saved = (self.step, self.eval_pending)
+        self.on_save()
 
     def last_good(self) -> str:
         """Where the last good state is, in words."""
@@ -361,6 +363,7 @@ def train(
     meta: dict | None = None,
     resume: bool | dict = False,
     until: int | None = None,
+    on_save: Callable[[], None] | None = None,
 ) -> History:
     """Train ``model`` on batches from ``get_batch(split)`` (chapter 9); returns the :class:`History`.
 
@@ -374,12 +377,13 @@ def train(
     that checkpoint exactly (the same steps, batches and random numbers as a run that never
     stopped); ``resume`` may also be the checkpoint dict itself, already read, so the file is read
     once. ``until`` stops early after that many steps (of ``config.max_iters``, whose schedule is
-    kept), as if interrupted.
+    kept), as if interrupted. ``on_save()`` is called after each checkpoint is written (chapter 15's
+    ``finetune`` command writes its adapter file beside it then).
     """
     config = config or TrainConfig()
     owned = own_folder(config.out_dir) if config.out_dir and world()[0] == 0 else nullcontext()
     with owned:  # no other run writes in out_dir while this one lives
-        run = _Run(model, get_batch, config, tokenizer, meta)
+        run = _Run(model, get_batch, config, tokenizer, meta, on_save)
         if resume is not False:
             run.resume(resume if isinstance(resume, dict) else None)
         with InterruptFlag() as flag:

@@ -1,5 +1,8 @@
 """The ``sample`` command (chapter 9): ``python -m transformer_lib sample --ckpt out`` prints
-text generated from a checkpoint that ``python -m transformer_lib train`` wrote.
+text generated from a checkpoint that ``python -m transformer_lib train`` wrote. A fine-tuned
+model (chapter 15: a ``finetune`` run's checkpoint, or a base with ``--adapter``) is given the
+prompt in its fine-tuning format, ``prompt + PROMPT_END``, and its response is printed, up to the
+end token.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
+from ..data.instructions import PROMPT_END
+from ..lora import load_adapter
 from ..models import GPT
 from ..sampling import generate_text
 from ..utils import pick_device
@@ -38,6 +43,9 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
+    parser.add_argument("--adapter", default=None, help="a LoRA adapter file of python -m transformer_lib finetune, "
+                        "added to the model of --ckpt, the base it was trained on (chapter 15)")  # fmt: skip
+    parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1)")
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
@@ -45,20 +53,50 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        model, tokenizer, _ = load_checkpoint(args.ckpt, device)
+        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
     except FileNotFoundError as e:
         parser.error(str(e))
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
-    folder = Path(args.ckpt) if Path(args.ckpt).is_dir() else Path(args.ckpt).parent
-    tokenizer = _saved_tokenizer(tokenizer, folder)
+    tokenizer = _saved_tokenizer(tokenizer, checkpoint_file(args.ckpt).parent)
+    if args.adapter is not None:
+        _add_adapter(model, ckpt, args)
+    finetuned = args.adapter is not None or bool((ckpt.get("meta") or {}).get("finetune"))
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    top_k = 1 if args.greedy else args.top_k
+    options = dict(temperature=args.temperature, top_k=top_k, top_p=args.top_p, generator=generator)
     for i in range(args.num_samples):
         if i:
             print("\n" + "-" * 40)
         try:
-            print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, **options))
+            if finetuned:
+                print(_response(model, tokenizer, args.prompt, args.max_new_tokens, options))
+            else:
+                print(generate_text(model, tokenizer, args.prompt, args.max_new_tokens, **options))
         except ValueError as e:  # a prompt character the model never saw, a bad temperature, top-k or top-p
             parser.error(str(e))
     return 0
+
+
+def _add_adapter(model: GPT, ckpt: dict, args) -> None:
+    """Add the adapter of ``--adapter`` to the base model, refused when it was trained on another base."""
+    if not Path(args.adapter).is_file():
+        raise FileNotFoundError(f"--adapter: no adapter file at {args.adapter}")
+    meta = read_checkpoint(args.adapter).get("meta") or {}
+    if meta.get("base_sha256") not in (None, ckpt["checksum"]):
+        raise ValueError(
+            f"{args.adapter} was trained on the base {meta.get('base')} (checksum {meta['base_sha256'][:12]}), not "
+            f"{checkpoint_file(args.ckpt)} (checksum {ckpt['checksum'][:12]}): give that base with --ckpt"
+        )
+    load_adapter(model, args.adapter)
+
+
+@torch.no_grad()
+def _response(model: GPT, tokenizer, prompt: str, max_new_tokens: int, options: dict) -> str:
+    """A fine-tuned model's response to ``prompt`` (chapter 15): the tokens written after
+    ``prompt + PROMPT_END``, up to the end token."""
+    prompt_ids = tokenizer.encode(prompt + PROMPT_END)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=next(model.parameters()).device)
+    new = model.generate(idx, max_new_tokens, **options)[0, len(prompt_ids) :].tolist()
+    eos = tokenizer.eos_id
+    return tokenizer.decode(new[: new.index(eos)] if eos in new else new)

@@ -39,13 +39,15 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per GPTConfig shape setting and per TrainConfig field, default None (= the preset's)."""
-    shape = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
-    model_types = {f.name: f.type for f in fields(GPTConfig)}
-    for name, help_ in MODEL_SETTINGS.items():
-        _add_flag(shape, name, model_types[name], help_, GPT_CHOICES.get(name))
-    group = parser.add_argument_group("training (default: the preset's, or the checkpoint's with --resume)")
+def _add_setting_flags(parser: argparse.ArgumentParser, shape: bool = True, defaults: str = "the preset's") -> None:
+    """One flag per GPTConfig shape setting (unless not ``shape``) and per TrainConfig field, default
+    None (= ``defaults``, or the checkpoint's with --resume)."""
+    if shape:
+        group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
+        model_types = {f.name: f.type for f in fields(GPTConfig)}
+        for name, help_ in MODEL_SETTINGS.items():
+            _add_flag(group, name, model_types[name], help_, GPT_CHOICES.get(name))
+    group = parser.add_argument_group(f"training (default: {defaults}, or the checkpoint's with --resume)")
     for f in fields(TrainConfig):
         if f.name != "out_dir":
             choices = ["auto", *DTYPES] if f.name == "dtype" else None
@@ -81,6 +83,14 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
                 f"--resume cannot change the model's shape: the run in {file} has {_flag(k)} {shape[k]}, "
                 f"not {given_shape[k]}"
             )
+    shape.update(given_shape)
+    check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
+    return preset, shape, _train_config(args, config, ckpt, file)  # out_dir: --out-dir, default "out"
+
+
+def _train_config(args, config: TrainConfig, ckpt: dict | None, file: Path) -> TrainConfig:
+    """``config`` (the defaults), then on resume the checkpoint's settings, then the flags given."""
+    if ckpt is not None:
         saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in _RUNTIME}
         names = {f.name for f in fields(TrainConfig)} - _RUNTIME
         missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
@@ -89,10 +99,8 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
                 f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
             raise ValueError(f"{file} {what} (a checkpoint from another version?)")
         config = replace(config, **saved, **_recorded_process(ckpt, args, file))
-    shape.update(given_shape)
-    check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
-    return preset, shape, replace(config, **given)  # out_dir: --out-dir, default "out"
+    return replace(config, **given)
 
 
 def _recorded_process(ckpt: dict, args, file: Path) -> dict:
@@ -149,10 +157,15 @@ def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
                 )
             out[name] = _RUN_DEFAULTS.get(name) if value is None else value
         elif value is not None and value != recorded:
-            raise ValueError(f"--resume cannot change {_flag(name)}: the run in {file} uses {recorded}, not {value}")
+            raise _changed(name, recorded, value, file)
         else:
             out[name] = recorded
     return out
+
+
+def _changed(name: str, recorded, value, file: Path) -> ValueError:
+    """The refusal of a flag that ``--resume`` was given with another value than the run in ``file`` records."""
+    return ValueError(f"--resume cannot change {_flag(name)}: the run in {file} uses {recorded}, not {value}")
 
 
 def _data_path(args, ckpt: dict | None, file: Path) -> str | None:

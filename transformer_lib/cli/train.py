@@ -173,6 +173,18 @@ def _saved_tokenizer(tokenizer, folder: Path):
     return tokenizer
 
 
+def _write_tokenizer(tokenizer, folder: Path, force: bool) -> None:
+    """A fresh run's ``tokenizer.json`` beside its checkpoint (a BPE's; None: no file). Another
+    run's file there is refused, or with ``force`` replaced or removed (its run is replaced)."""
+    saved = folder / TOKENIZER_NAME
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, saved, force=force)
+    elif saved.exists() and not force:
+        raise ValueError(f"{saved} holds another run's tokenizer: replace that run with --force")
+    elif saved.exists():
+        saved.unlink()
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
@@ -220,13 +232,7 @@ def _train_in_folder(args, file: Path) -> int:
     else:
         tokenizer = CharTokenizer.from_text(corpus.text)
     if not ckpt and rank == 0:
-        saved = Path(args.out_dir) / TOKENIZER_NAME
-        if run["tokenizer"] == "bpe":
-            save_tokenizer(tokenizer, saved, force=args.force)
-        elif saved.exists() and not args.force:
-            raise ValueError(f"{saved} holds another run's tokenizer: replace that run with --force")
-        elif saved.exists():
-            saved.unlink()  # --force replaces the run that wrote it
+        _write_tokenizer(tokenizer if run["tokenizer"] == "bpe" else None, Path(args.out_dir), args.force)
     train_tokens = torch.tensor(tokenizer.encode(corpus.text[:n_train]), dtype=torch.long)
     val_tokens = torch.tensor(tokenizer.encode(corpus.text[n_train:]), dtype=torch.long)
 
