@@ -58,6 +58,7 @@ POINTS: dict[str, int] = {
     "ex-12-1": 3, "ex-12-2": 4, "ex-12-3": 2, "ex-12-4": 3,
     "ex-13-1": 2, "ex-13-2": 3, "ex-13-3": 2, "ex-13-4": 2, "ex-13-5": 3,
     "ex-14-1": 2, "ex-14-2": 3, "ex-14-3": 2, "ex-14-4": 3,
+    "ex-15-1": 2, "ex-15-2": 3, "ex-15-3": 2,
 }  # fmt: skip
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
