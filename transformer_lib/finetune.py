@@ -10,8 +10,11 @@ The training loop is :func:`~transformer_lib.train.train`, unchanged: a
 
 from __future__ import annotations
 
+import copy
 import math
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -19,19 +22,34 @@ from torch.nn import functional as F
 
 from ._checks import check_int
 from .data.batches import _Batches
+from .data.instructions import InstructionBatches, encode_pair
+from .data.speeches import encode_texts
 from .lora import add_lora, count_parameters
 from .models import GPT
+from .train import train
+from .train_config import TrainConfig
 
 __all__ = [
     "FINETUNE_METHODS",
     "LORA_TARGETS",
+    "PRETRAINED_PATH",
     "ClassBatches",
     "GPTClassifier",
     "accuracy",
+    "CLASSIFIER_LR",
+    "INSTRUCTION_VARIANTS",
     "answers",
+    "classifier_run",
+    "instruction_run",
     "prepare_finetune",
+    "window_loss",
     "wilson_interval",
 ]
+
+#: Chapter 15's pretrained GPT (``scripts/pretrain_ch15.py``: the training command on the first 90 %
+#: of Tiny Shakespeare, BPE tokens), shipped with the package; ``pretrained.json`` beside it
+#: records how it was made and its validation loss.
+PRETRAINED_PATH = Path(__file__).parent / "data" / "ch15" / "pretrained.pt"
 
 #: What each method trains: the head only, low-rank adapters and the head, or every weight.
 FINETUNE_METHODS = ("head", "lora", "full")
@@ -168,3 +186,109 @@ def answers(model: GPT, tokenizer, prompts: Sequence[list[int]], max_new_tokens:
             stop = ids.index(eos) if eos in ids else None
             out[i] = (ids if stop is None else ids[:stop], stop is not None)
     return out
+
+
+#: Chapter 15's settings for each way of training a classifier: learning rate (peak of a short
+#: warm-up and a cosine decay to a tenth of it). ``"scratch"`` trains every weight of a new model.
+CLASSIFIER_LR = {"head": 3e-3, "lora": 3e-3, "full": 5e-4, "scratch": 1e-3}
+
+#: The instruction-tuning variants of chapter 15: the right recipe and one mistake each.
+INSTRUCTION_VARIANTS = {
+    "right": dict(mask_prompt=True, mask_padding=True, end=True),
+    "prompt in the loss": dict(mask_prompt=False, mask_padding=True, end=True),
+    "padding in the loss": dict(mask_prompt=True, mask_padding=False, end=True),
+    "no end token": dict(mask_prompt=True, mask_padding=True, end=False),
+}
+
+
+def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: int = 32, seed: int = 0) -> float:
+    """The mean next-token loss of ``model`` on ``batches`` batches of random windows of ``tokens``
+    (drawn with ``seed``, so two models are measured on the same windows): chapter 15 measures
+    what fine-tuning costs the language model with it."""
+    T = model.config.context_len
+    g = torch.Generator().manual_seed(seed)
+    was, total = model.training, 0.0
+    model.eval()
+    with torch.no_grad():
+        for _ in range(batches):
+            starts = torch.randint(len(tokens) - T, (batch_size,), generator=g)
+            rows = torch.stack([tokens[s : s + T + 1] for s in starts.tolist()])
+            total += model(rows[:, :-1], rows[:, 1:])[1].item()
+    model.train(was)
+    return total / batches
+
+
+def _config(steps: int, lr: float, batch_size: int) -> TrainConfig:
+    return TrainConfig(batch_size=batch_size, max_iters=steps, lr=lr, min_lr=lr / 10, warmup_iters=min(20, steps),
+                       weight_decay=0.0, eval_interval=0, device="cpu", progress=False, verbose=False)  # fmt: skip
+
+
+def classifier_run(
+    base: GPT, tokenizer, task, method: str, seed: int, *, steps: int = 150, batch_size: int = 32, rank: int = 4,
+    dtype: torch.dtype = torch.float64,
+) -> dict:  # fmt: skip
+    """Train a :class:`GPTClassifier` on ``task`` (a :class:`~transformer_lib.data.LabelledTexts`)
+    by ``method`` (one of :data:`FINETUNE_METHODS`, or ``"scratch"``: every weight of a new GPT of
+    ``base``'s shape) for ``steps`` steps with ``seed``, and score it on the test split (chapter 15).
+    ``base`` is left as it was. Returns ``{"accuracy", "correct", "n", "trainable", "seconds",
+    "model"}``."""
+    torch.manual_seed(seed)
+    gpt = GPT(base.config) if method == "scratch" else copy.deepcopy(base)
+    model = GPTClassifier(gpt.to(dtype), len(task.classes)).train()
+    trainable = prepare_finetune(
+        model, "full" if method == "scratch" else method, rank=rank, alpha=2.0 * rank, seed=seed
+    )
+    T, pad = base.config.context_len, tokenizer.eos_id
+    split = {}
+    for part in ("train", "test"):
+        texts, labels = task.split(part)
+        split[part] = (*encode_texts(tokenizer, texts, T, pad), torch.tensor(labels))
+    start = time.perf_counter()
+    train(model, ClassBatches(split["train"], split["test"], batch_size, seed=seed),
+          _config(steps, CLASSIFIER_LR[method], batch_size))  # fmt: skip
+    seconds = time.perf_counter() - start
+    correct = round(accuracy(model, *split["test"]) * len(split["test"][0]))
+    n = len(split["test"][0])
+    return {"accuracy": correct / n, "correct": correct, "n": n, "trainable": trainable, "seconds": seconds,
+            "model": model}  # fmt: skip
+
+
+def instruction_run(
+    base: GPT, tokenizer, train_pairs, test_pairs, variant: str, seed: int, *, steps: int = 300,
+    batch_size: int = 16, lr: float = 1e-3, lora_rank: int | None = None, max_new_tokens: int = 16,
+    dtype: torch.dtype = torch.float64,
+) -> dict:  # fmt: skip
+    """Fine-tune a copy of ``base`` on prompt/response pairs the way ``variant`` (a key of
+    :data:`INSTRUCTION_VARIANTS`) says, every weight or (``lora_rank``) adapters only, and answer
+    ``test_pairs``' prompts greedily (chapter 15). Returns ``{"exact_match"`` (the answer before the
+    end token equals the response, and the end token came), ``"correct_start"`` (the answer
+    starts with the response), ``"stopped"`` (the end token came within ``max_new_tokens``),
+    ``"model"}``."""
+    if variant not in INSTRUCTION_VARIANTS:
+        raise ValueError(f"variant must be one of {list(INSTRUCTION_VARIANTS)}, got {variant!r}")
+    how = INSTRUCTION_VARIANTS[variant]
+    torch.manual_seed(seed)
+    model = copy.deepcopy(base).to(dtype).train()
+    if lora_rank is not None:
+        add_lora(model, list(LORA_TARGETS), rank=lora_rank, alpha=2.0 * lora_rank, seed=seed)
+    rows = [encode_pair(tokenizer, p, r, end=how["end"]) for p, r in train_pairs]
+    masks = {k: how[k] for k in ("mask_prompt", "mask_padding")}
+    batches = InstructionBatches(rows, rows[:batch_size], base.config.context_len, batch_size, tokenizer.eos_id,
+                                 seed=seed, **masks)  # fmt: skip
+    train(model, batches, _config(steps, lr, batch_size))
+    model.eval()
+    prompts = []
+    for p, r in test_pairs:
+        ids, n_prompt = encode_pair(tokenizer, p, r, end=False)
+        prompts.append(ids[:n_prompt])
+    got = answers(model, tokenizer, prompts, max_new_tokens)
+    texts = [tokenizer.decode(ids) for ids, _ in got]
+    want = [r for _, r in test_pairs]
+    n = len(test_pairs)
+    return {
+        "exact_match": sum(t == w and s for t, w, (_, s) in zip(texts, want, got, strict=True)) / n,
+        "correct_start": sum(t.startswith(w) for t, w in zip(texts, want, strict=True)) / n,
+        "stopped": sum(s for _, s in got) / n,
+        "answers": texts[:5],
+        "model": model,
+    }

@@ -1,0 +1,210 @@
+"""Chapter 15's fine-tuning runs over seeds, recorded in one JSON file.
+
+Everything starts from the shipped pretrained GPT (``transformer_lib/data/ch15/pretrained.pt``,
+made by ``scripts/pretrain_ch15.py`` on the first 90 % of Tiny Shakespeare):
+
+- classification: two tasks from the last 10 % (who speaks, among five speakers; is the word
+  order real), each trained four ways (the head only, LoRA and the head, every weight, and a new
+  model of the same shape from scratch), five seeds each; the majority class and a character
+  n-gram logistic regression beside them; the language model's validation loss after each run;
+- contamination: the pretrained model trained further on the last 10 % (the text that holds the
+  test speeches) or, as the control, on as much text from the first 90 %, then the same
+  classifier on each;
+- instructions: chapter 8's dates as prompt/response pairs, fine-tuned the right way and with
+  each of three mistakes, three seeds each; exact match, answers that stop, and the language
+  model's validation loss after.
+
+The chapter reads the results here and re-runs seed 0 of some of them live;
+``tests/test_finetune_sweep.py`` (marked slow) re-runs others and compares.
+
+    python scripts/finetune_sweep.py              # everything (about 20 minutes on one core)
+    python scripts/finetune_sweep.py --only instructions --seeds 0 --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import transformer_lib as tl  # noqa: E402
+
+OUT = ROOT / "transformer_lib" / "data" / "ch15" / "finetune_sweep.json"
+PRETRAINED = ROOT / "transformer_lib" / "data" / "ch15" / "pretrained.pt"
+SEEDS = [0, 1, 2, 3, 4]
+INSTRUCTION_SEEDS = [0, 1, 2]
+DTYPE_NAME = "float32"  # one core; the chapter prints these results, read from here, not recomputed
+DTYPE = getattr(torch, DTYPE_NAME)
+METHODS = ["head", "lora", "full", "scratch"]
+#: the settings of every run, recorded with the results
+SETTINGS = {
+    "classifier_steps": 150, "classifier_batch": 16, "lora_rank": 4, "dtype": DTYPE_NAME,
+    "contamination_steps": 500, "contamination_method": "head",
+    "instruction_steps": 600, "instruction_batch": 16, "instruction_lr": 1e-3,
+    "date_formats": ["dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy"],
+    "n_train_pairs": 2000, "n_test_pairs": 200, "max_new_tokens": 16,
+}  # fmt: skip
+
+
+def text() -> str:
+    return tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
+
+
+def tasks() -> dict:
+    t = text()
+    return {"speaker": tl.speaker_task(t), "word_order": tl.word_order_task(t)}
+
+
+def val_tokens(tokenizer) -> torch.Tensor:
+    t = text()
+    return torch.tensor(tokenizer.encode(t[int(len(t) * 0.9) :]))
+
+
+def base() -> tuple:
+    model, tokenizer, _ = tl.load_checkpoint(PRETRAINED)
+    return model.to(DTYPE), tokenizer
+
+
+def baselines(task) -> dict:
+    """The majority class of the training split, and a logistic regression on character n-grams."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = task.split("train")
+    xt, yt = task.split("test")
+    majority = max(set(y), key=y.count)
+    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, 5), sublinear_tf=True, min_df=2)
+    clf = LogisticRegression(max_iter=5000, C=10.0).fit(vectorizer.fit_transform(x), y)
+    predicted = clf.predict(vectorizer.transform(xt))
+    n = len(yt)
+    return {
+        "majority": {"correct": sum(v == majority for v in yt), "n": n},
+        "ngram": {"correct": int((predicted == np.array(yt)).sum()), "n": n},
+    }
+
+
+def classification(seeds) -> dict:
+    model, tokenizer = base()
+    before = tl.window_loss(model, val_tokens(tokenizer))
+    out = {"val_loss_before": before}
+    for name, task in tasks().items():
+        rows = []
+        for method in METHODS:
+            for seed in seeds:
+                r = tl.classifier_run(model, tokenizer, task, method, seed, steps=SETTINGS["classifier_steps"],
+                                      batch_size=SETTINGS["classifier_batch"], rank=SETTINGS["lora_rank"],
+                                      dtype=DTYPE)  # fmt: skip
+                after = tl.window_loss(r["model"].gpt, val_tokens(tokenizer)) if method != "scratch" else None
+                rows.append({"method": method, "seed": seed, "val_loss_after": after,
+                             **{k: r[k] for k in ("accuracy", "correct", "n", "trainable", "seconds")}})  # fmt: skip
+                print(name, rows[-1], flush=True)
+        out[name] = {"classes": task.classes, "n_train": len(task.train), "n_test": len(task.test),
+                     "runs": rows, **baselines(task)}  # fmt: skip
+    return out
+
+
+def further_pretraining(model, tokens: torch.Tensor, seed: int, steps: int) -> tl.GPT:
+    """A copy of ``model`` trained ``steps`` more steps on windows of ``tokens``."""
+    import copy
+
+    model = copy.deepcopy(model).train()
+    T = model.config.context_len
+    n = int(len(tokens) * 0.95)
+    batches = tl.LMBatches(tokens[:n], tokens[n:], T, 12, seed=seed)
+    config = tl.TrainConfig(max_iters=steps, lr=3e-4, min_lr=3e-5, warmup_iters=20, eval_interval=0,
+                            device="cpu", progress=False, verbose=False)  # fmt: skip
+    tl.train(model, batches, config)
+    return model.eval()
+
+
+def contamination(seeds) -> dict:
+    model, tokenizer = base()
+    t = text()
+    cut = int(len(t) * 0.9)
+    seen = torch.tensor(tokenizer.encode(t[cut:]))  # holds every test speech, with its speaker's name
+    control = torch.tensor(tokenizer.encode(t[cut - (len(t) - cut) : cut]))  # as much text, from the training split
+    out = {}
+    for kind, tokens in (("saw the test texts", seen), ("control", control)):
+        further = further_pretraining(model, tokens, 0, SETTINGS["contamination_steps"])
+        out[kind] = {}
+        for name, task in tasks().items():
+            rows = []
+            for seed in seeds:
+                r = tl.classifier_run(
+                    further, tokenizer, task, SETTINGS["contamination_method"], seed,
+                    steps=SETTINGS["classifier_steps"], batch_size=SETTINGS["classifier_batch"], dtype=DTYPE,
+                )  # fmt: skip
+                rows.append({"seed": seed, "accuracy": r["accuracy"], "correct": r["correct"], "n": r["n"]})
+                print(kind, name, rows[-1], flush=True)
+            out[kind][name] = rows
+    return out
+
+
+def date_splits() -> tuple[list, list]:
+    """Training and test pairs of the dates task, no date in both."""
+    pairs = tl.date_pairs(SETTINGS["n_train_pairs"] + 2 * SETTINGS["n_test_pairs"], seed=0,
+                          formats=SETTINGS["date_formats"])  # fmt: skip
+    test = pairs[-SETTINGS["n_test_pairs"] :]
+    held = {r for _, r in test}
+    train = [p for p in pairs[: -SETTINGS["n_test_pairs"]] if p[1] not in held][: SETTINGS["n_train_pairs"]]
+    return train, test
+
+
+def instructions(seeds) -> dict:
+    model, tokenizer = base()
+    train_pairs, test_pairs = date_splits()
+    before = tl.window_loss(model, val_tokens(tokenizer))
+    rows = []
+    for method, rank in (("full", None), ("lora", SETTINGS["lora_rank"])):
+        for variant in tl.INSTRUCTION_VARIANTS if method == "full" else ["right"]:
+            for seed in seeds:
+                start = time.perf_counter()
+                r = tl.instruction_run(
+                    model, tokenizer, train_pairs, test_pairs, variant, seed, steps=SETTINGS["instruction_steps"],
+                    batch_size=SETTINGS["instruction_batch"], lr=SETTINGS["instruction_lr"], lora_rank=rank,
+                    max_new_tokens=SETTINGS["max_new_tokens"], dtype=DTYPE,
+                )  # fmt: skip
+                rows.append({"method": method, "variant": variant, "seed": seed,
+                             "seconds": time.perf_counter() - start,
+                             "val_loss_after": tl.window_loss(r["model"], val_tokens(tokenizer)),
+                             **{k: r[k] for k in ("exact_match", "correct_start", "stopped", "answers")}})  # fmt: skip
+                print(rows[-1], flush=True)
+    return {"val_loss_before": before, "n_train": len(train_pairs), "n_test": len(test_pairs), "runs": rows}
+
+
+PARTS = {"classification": classification, "contamination": contamination, "instructions": instructions}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=list(PARTS), action="append", help="run only these parts")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="print the results, write nothing")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    done = {}
+    for name in args.only or list(PARTS):
+        seeds = args.seeds or (INSTRUCTION_SEEDS if name == "instructions" else SEEDS)
+        done[name] = PARTS[name](seeds)
+    # read the file again only now: the parts may be run as separate processes at once
+    record = json.loads(OUT.read_text()) if OUT.exists() else {}
+    record.update(settings=SETTINGS, **done)
+    text_out = json.dumps(record, indent=1) + "\n"
+    if args.dry_run:
+        print(text_out)
+    else:
+        tl.utils.atomic_write(OUT, lambda tmp: Path(tmp).write_text(text_out))
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
