@@ -224,8 +224,8 @@ def _config(steps: int, lr: float, batch_size: int) -> TrainConfig:
 
 
 def classifier_run(
-    base: GPT, tokenizer, task, method: str, seed: int, *, steps: int = 150, batch_size: int = 32, rank: int = 4,
-    dtype: torch.dtype = torch.float64,
+    base: GPT, tokenizer, task, method: str, seed: int, *, steps: int = 150, batch_size: int = 16, rank: int = 4,
+    dtype: torch.dtype = torch.float32,
 ) -> dict:  # fmt: skip
     """Train a :class:`GPTClassifier` on ``task`` (a :class:`~transformer_lib.data.LabelledTexts`)
     by ``method`` (one of :data:`FINETUNE_METHODS`, or ``"scratch"``: every weight of a new GPT of
