@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from tests.test_cli import offline_one_thread  # noqa: F401 (autouse: offline, one thread)
+from tests.test_run_ownership import same_state, state
 from transformer_lib import cli
-from transformer_lib import data as D
 from transformer_lib.cli.finetune import ADAPTER_NAME, FINETUNE_DEFAULTS
 from transformer_lib.data.instructions import PROMPT_END, encode_pair
 from transformer_lib.finetune import LORA_TARGETS, answers
@@ -24,17 +25,6 @@ TINY = "--batch-size 4 --eval-interval 2 --eval-iters 1 --device cpu --no-progre
 TINY += ["--lr-decay-iters", "6", "--max-iters", "6"]
 TEXT = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: Ay me!\n" * 30
 WORDS = ["ROMEO", "JULIET", "light", "soft", "window", "breaks", "yonder", "what", "me", "Ay", "But", "through"]
-
-
-@pytest.fixture(autouse=True)
-def offline_one_thread(monkeypatch, tmp_path):
-    monkeypatch.setenv(D.OFFLINE_ENV, "1")
-    monkeypatch.setenv(D.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.delenv(D.PATH_ENV, raising=False)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -136,20 +126,6 @@ def test_lora_trains_only_the_adapters_and_sample_adapter_gives_the_same_answer(
     # an adapter trained on another base is refused by name
     code, printed = sample(capsys, "--ckpt", str(base / "char"), "--adapter", str(out / ADAPTER_NAME))
     assert code == 2 and "was trained on the base" in printed.err and printed.err.count("\n") == 1
-
-
-def state(out):
-    ckpt = tl.read_checkpoint(out)
-    return ckpt["step"], ckpt["model"], ckpt["optimizer"]["state"]
-
-
-def same_state(a, b):
-    return (
-        a[0] == b[0]
-        and a[1].keys() == b[1].keys()
-        and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
-        and all(torch.equal(a[2][i][k], b[2][i][k]) for i in a[2] for k in a[2][i])
-    )
 
 
 @pytest.mark.parametrize("lora", [[], ["--lora-rank", "2"]], ids=["full", "lora"])

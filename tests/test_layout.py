@@ -20,7 +20,8 @@ PACKAGE = ROOT / "transformer_lib"
 CONCEPTS = ["_checks", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
             "sampling", "models", "long_context", "inspect_heads", "bpe", "modern_block"]  # fmt: skip
 TOOLS = ["__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz",
-         "exercises", "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "finetune"]  # fmt: skip
+         "exercises", "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora",
+         "finetune"]  # fmt: skip
 # A module a reader can hold in mind: concept modules stay near one chapter's worth of code, and
 # so do the command line's modules (cli/: one per command, the dispatcher and their shared settings).
 MAX_CONCEPT_LINES, MAX_MODULE_LINES = 350, 400

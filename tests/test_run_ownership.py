@@ -45,6 +45,7 @@ def state(out):
 def same_state(a, b):
     return (
         a[0] == b[0]
+        and a[1].keys() == b[1].keys()
         and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
         and all(torch.equal(a[2][i][k], b[2][i][k]) for i in a[2] for k in a[2][i])
     )

@@ -17,7 +17,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checkpoint import CHECKPOINT_NAME, checkpoint_file, load_checkpoint, own_folder, read_checkpoint
+from ..checkpoint import checkpoint_file, load_checkpoint, own_folder, read_checkpoint
 from ..data import sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
 from ..finetune import LORA_TARGETS
@@ -25,7 +25,7 @@ from ..lora import add_lora, count_parameters, save_adapter
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
-from .settings import _add_setting_flags, _changed, _check_flags, _check_seed, _data_path, _Parser, _train_config
+from .settings import _add_setting_flags, _changed, _check_seed, _data_path, _parse, _Parser, _train_config
 from .train import _saved_tokenizer, _write_tokenizer
 
 __all__ = ["ADAPTER_NAME", "FINETUNE_DEFAULTS", "finetune_main"]
@@ -81,11 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 def finetune_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib finetune``: fine-tune a GPT on prompt/response pairs (chapter 15)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    _check_flags(args)
-    file = Path(args.out_dir) / CHECKPOINT_NAME
-    if args.resume and not file.is_file():
-        parser.error(f"--resume: no checkpoint at {file}")
+    args, file = _parse(parser, argv)
     if not args.resume and (args.ckpt is None or args.data is None):
         parser.error("give the base checkpoint with --ckpt and the pairs with --data FILE.jsonl")
     _check_seed(args.seed)

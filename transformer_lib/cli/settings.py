@@ -221,3 +221,14 @@ def _check_flags(args) -> None:
     for first, second, why in _CONTRADICTIONS:
         if getattr(args, first) and getattr(args, second):
             raise ValueError(f"{_flag(first)} and {_flag(second)} contradict each other: {why}")
+
+
+def _parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, Path]:
+    """The flags of a training command (train or finetune), checked, and its checkpoint's path;
+    ``--resume`` without a checkpoint there is a usage error."""
+    args = parser.parse_args(argv)
+    _check_flags(args)
+    file = Path(args.out_dir) / CHECKPOINT_NAME
+    if args.resume and not file.is_file():
+        parser.error(f"--resume: no checkpoint at {file}")
+    return args, file

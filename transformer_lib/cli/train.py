@@ -39,9 +39,9 @@ from ..utils import pick_device, set_seed
 from .settings import (
     BPE_VOCAB_DEFAULT,
     _add_setting_flags,
-    _check_flags,
     _check_seed,
     _data_path,
+    _parse,
     _Parser,
     _resumable,
     _run_settings,
@@ -188,11 +188,7 @@ def _write_tokenizer(tokenizer, folder: Path, force: bool) -> None:
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    _check_flags(args)
-    file = Path(args.out_dir) / CHECKPOINT_NAME
-    if args.resume and not file.is_file():
-        parser.error(f"--resume: no checkpoint at {file}")
+    args, file = _parse(parser, argv)
     _check_seed(args.seed)
     if args.device is not None:
         pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
