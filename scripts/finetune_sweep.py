@@ -7,9 +7,10 @@ made by ``scripts/pretrain_ch15.py`` on the first 90 % of Tiny Shakespeare):
   order real), each trained four ways (the head only, LoRA and the head, every weight, and a new
   model of the same shape from scratch), five seeds each; the majority class and a character
   n-gram logistic regression beside them; the language model's validation loss after each run;
-- contamination: the pretrained model trained further on the last 10 % (the text that holds the
-  test speeches) or, as the control, on as much text from the first 90 %, then the same
-  classifier on each;
+- contamination: the pretrained model trained further (three seeds) on the last 10 % (the text
+  that holds the test speeches) or, as the control, on as much text from the first 90 %; then
+  its loss on the test texts, a zero-shot word-order test that reads only that loss, and the
+  same classifier (the head alone) on each;
 - instructions: chapter 8's dates as prompt/response pairs, fine-tuned the right way and with
   each of three mistakes, three seeds each; exact match, answers that stop, and the language
   model's validation loss after.
@@ -40,7 +41,7 @@ import transformer_lib as tl  # noqa: E402
 OUT = ROOT / "transformer_lib" / "data" / "ch15" / "finetune_sweep.json"
 PRETRAINED = ROOT / "transformer_lib" / "data" / "ch15" / "pretrained.pt"
 SEEDS = [0, 1, 2, 3, 4]
-INSTRUCTION_SEEDS = [0, 1, 2]
+THREE_SEEDS = [0, 1, 2]
 DTYPE_NAME = "float32"  # one core; the chapter prints these results, read from here, not recomputed
 DTYPE = getattr(torch, DTYPE_NAME)
 METHODS = ["head", "lora", "full", "scratch"]
@@ -125,26 +126,56 @@ def further_pretraining(model, tokens: torch.Tensor, seed: int, steps: int) -> t
     return model.eval()
 
 
+def text_losses(model, tokenizer, texts) -> list[float]:
+    """Each text's mean next-token loss over its first ``context_len + 1`` tokens."""
+    T = model.config.context_len
+    out = []
+    with torch.no_grad():
+        for t in texts:
+            ids = torch.tensor([tokenizer.encode(t)[: T + 1]])
+            out.append(model(ids[:, :-1], ids[:, 1:])[1].item())
+    return out
+
+
+def zero_shot_word_order(model, tokenizer, task) -> dict:
+    """Real or shuffled without training: a text is called real when the language model's loss on
+    it is below a threshold, the one that does best on the training split."""
+    x, y = task.split("train")
+    xt, yt = task.split("test")
+    train_loss, test_loss = text_losses(model, tokenizer, x), text_losses(model, tokenizer, xt)
+    best = max(
+        sorted(train_loss), key=lambda c: sum((v <= c) == (label == 1) for v, label in zip(train_loss, y, strict=True))
+    )
+    correct = sum((v <= best) == (label == 1) for v, label in zip(test_loss, yt, strict=True))
+    return {"correct": correct, "n": len(yt), "accuracy": correct / len(yt)}
+
+
 def contamination(seeds) -> dict:
     model, tokenizer = base()
     t = text()
     cut = int(len(t) * 0.9)
     seen = torch.tensor(tokenizer.encode(t[cut:]))  # holds every test speech, with its speaker's name
     control = torch.tensor(tokenizer.encode(t[cut - (len(t) - cut) : cut]))  # as much text, from the training split
-    out = {}
+    all_tasks = tasks()
+    test_texts = [all_tasks["word_order"].texts[i] for i in all_tasks["word_order"].test
+                  if all_tasks["word_order"].labels[i] == 1]  # fmt: skip
+    out = {"pretrained": {"test_text_loss": sum(text_losses(model, tokenizer, test_texts)) / len(test_texts),
+                          "zero_shot": zero_shot_word_order(model, tokenizer, all_tasks["word_order"])}}  # fmt: skip
     for kind, tokens in (("saw the test texts", seen), ("control", control)):
-        further = further_pretraining(model, tokens, 0, SETTINGS["contamination_steps"])
-        out[kind] = {}
-        for name, task in tasks().items():
-            rows = []
-            for seed in seeds:
+        out[kind] = {name: [] for name in all_tasks} | {"runs": []}
+        for seed in seeds:
+            further = further_pretraining(model, tokens, seed, SETTINGS["contamination_steps"])
+            run = {"seed": seed, "test_text_loss": sum(text_losses(further, tokenizer, test_texts)) / len(test_texts),
+                   "zero_shot": zero_shot_word_order(further, tokenizer, all_tasks["word_order"])}  # fmt: skip
+            out[kind]["runs"].append(run)
+            print(kind, run, flush=True)
+            for name, task in all_tasks.items():
                 r = tl.classifier_run(
                     further, tokenizer, task, SETTINGS["contamination_method"], seed,
                     steps=SETTINGS["classifier_steps"], batch_size=SETTINGS["classifier_batch"], dtype=DTYPE,
                 )  # fmt: skip
-                rows.append({"seed": seed, "accuracy": r["accuracy"], "correct": r["correct"], "n": r["n"]})
-                print(kind, name, rows[-1], flush=True)
-            out[kind][name] = rows
+                out[kind][name].append({"seed": seed, "accuracy": r["accuracy"], "correct": r["correct"], "n": r["n"]})
+                print(kind, name, out[kind][name][-1], flush=True)
     return out
 
 
@@ -192,7 +223,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     done = {}
     for name in args.only or list(PARTS):
-        seeds = args.seeds or (INSTRUCTION_SEEDS if name == "instructions" else SEEDS)
+        seeds = args.seeds or (THREE_SEEDS if name != "classification" else SEEDS)
         done[name] = PARTS[name](seeds)
     # read the file again only now: the parts may be run as separate processes at once
     record = json.loads(OUT.read_text()) if OUT.exists() else {}

@@ -24,10 +24,12 @@ def test_the_sweep_holds_every_run_at_the_current_settings():
         assert got == sorted((m, s) for m in script.METHODS for s in script.SEEDS)
         assert all(r["n"] == len(task.test) and 0 <= r["correct"] <= r["n"] for r in part["runs"])
         for kind in ("control", "saw the test texts"):
-            assert [r["seed"] for r in sweep["contamination"][kind][name]] == script.SEEDS
+            assert [r["seed"] for r in sweep["contamination"][kind][name]] == script.THREE_SEEDS
+    for kind in ("control", "saw the test texts"):
+        assert [r["seed"] for r in sweep["contamination"][kind]["runs"]] == script.THREE_SEEDS
     runs = sweep["instructions"]["runs"]
-    want = [("full", v, s) for v in tl.INSTRUCTION_VARIANTS for s in script.INSTRUCTION_SEEDS]
-    want += [("lora", "right", s) for s in script.INSTRUCTION_SEEDS]
+    want = [("full", v, s) for v in tl.INSTRUCTION_VARIANTS for s in script.THREE_SEEDS]
+    want += [("lora", "right", s) for s in script.THREE_SEEDS]
     assert sorted((r["method"], r["variant"], r["seed"]) for r in runs) == sorted(want)
 
 

@@ -256,7 +256,7 @@ def classifier_run(
 def instruction_run(
     base: GPT, tokenizer, train_pairs, test_pairs, variant: str, seed: int, *, steps: int = 300,
     batch_size: int = 16, lr: float = 1e-3, lora_rank: int | None = None, max_new_tokens: int = 16,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype = torch.float32,
 ) -> dict:  # fmt: skip
     """Fine-tune a copy of ``base`` on prompt/response pairs the way ``variant`` (a key of
     :data:`INSTRUCTION_VARIANTS`) says, every weight or (``lora_rank``) adapters only, and answer
