@@ -39,13 +39,18 @@ def test_a_new_adapter_changes_nothing_bitwise(rank, targets):
                for lora in tl.lora_weights(model).values())  # fmt: skip
 
 
-def test_merged_equals_unmerged_and_unmerge_restores_the_weights_bitwise():
+def adapted_gpt():
+    """``(model with adapters whose B is random, its weights before them, inputs, its logits)``."""
     model = small_gpt().eval()
     frozen = {k: v.clone() for k, v in model.state_dict().items()}
     tl.add_lora(model, TARGETS, rank=4, alpha=8)
     randomise_b(model)
     x = ids(T=16, vocab_size=31)
-    unmerged = model(x)[0]
+    return model, frozen, x, model(x)[0]
+
+
+def test_merged_equals_unmerged_and_unmerge_restores_the_weights_bitwise():
+    model, frozen, x, unmerged = adapted_gpt()
     assert not torch.allclose(unmerged, small_gpt().eval()(x)[0])  # the adapter does change the model
     tl.merge_lora(model)
     assert torch.equal(model(x)[0], unmerged)
@@ -92,12 +97,7 @@ def test_gradients_reach_only_the_adapters_and_the_count_is_r_in_plus_out():
 
 
 def test_saved_adapters_load_exactly_and_refuse_another_shape(tmp_path):
-    model = small_gpt().eval()
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    tl.add_lora(model, TARGETS, rank=4, alpha=8)
-    randomise_b(model)
-    x = ids(T=16, vocab_size=31)
-    want = model(x)[0]
+    model, base, x, want = adapted_gpt()
     path = tl.save_adapter(model, tmp_path / "adapter.pt", meta={"note": "test"})
     assert path.stat().st_size < sum(v.numel() for v in base.values()) * 8 / 3  # far less than the model
     fresh = small_gpt().eval()
