@@ -158,10 +158,18 @@ RULES = [
         "the flags are accepted (a real run takes minutes)",
     ),
     Rule(
+        r"\.venv/bin/python -c .import transformer_lib as tl; "
+        r"tl\.write_pairs\(tl\.date_pairs\(2000\), .pairs\.jsonl.\).",
+        "run",
+        "writes the 2,000 pairs the next command fine-tunes on",
+    ),
+    Rule(
         r"\.venv/bin/python -m transformer_lib finetune --ckpt out/bpe --data pairs\.jsonl --out-dir out/lora "
         r"--lora-rank 8",
-        "help",
-        "the flags are accepted (it needs a file of pairs: tests/test_cli_finetune.py runs it on tiny ones)",
+        "cheap",
+        "2 steps of LoRA on the BPE checkpoint and the pairs above",
+        TINY,
+        r"adapter",
     ),
     Rule(
         r"python -m transformer_lib (train|sample|finetune)",
