@@ -123,7 +123,7 @@ def test_each_method_trains_exactly_its_parameters(method):
 
 
 def test_speeches_and_the_two_tasks():
-    all_speeches = tl.speeches(TEXT)
+    all_speeches = tl.split_speeches(TEXT)
     assert len(all_speeches) > 7000 and all_speeches[0].speaker == "First Citizen"
     assert TEXT[all_speeches[0].start :].startswith("First Citizen:\n" + all_speeches[0].text)
     cut = int(len(TEXT) * 0.9)

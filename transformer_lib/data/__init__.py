@@ -31,7 +31,7 @@ from .grammar import (
 )
 from .instructions import PROMPT_END, InstructionBatches, date_pairs, encode_pair, read_pairs, write_pairs
 from .repeats import repeat_batch
-from .speeches import LabelledTexts, Speech, encode_texts, speaker_task, speeches, word_order_task
+from .speeches import LabelledTexts, Speech, encode_texts, speaker_task, split_speeches, word_order_task
 from .tasks import (
     DATE_FIRST,
     DATE_FORMATS,
@@ -67,7 +67,7 @@ __all__ = [
     "encode_texts",
     "read_pairs",
     "speaker_task",
-    "speeches",
+    "split_speeches",
     "word_order_task",
     "write_pairs",
     "CACHE_ENV",

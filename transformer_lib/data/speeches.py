@@ -1,7 +1,7 @@
 """Labelled tasks from the shipped text (chapter 15, "Fine-tuning"): Tiny Shakespeare is a
 sequence of speeches, each under its speaker's name, so every speech carries a label.
 
-:func:`speeches` splits a text into :class:`Speech` records; :func:`speaker_task` picks the
+:func:`split_speeches` splits a text into :class:`Speech` records; :func:`speaker_task` picks the
 speeches of the most frequent speakers of one part of the text and splits them, stratified by
 speaker, into a training and a test set; :func:`word_order_task` labels each speech as it is
 (1) or with the words of each line shuffled (0), a task that only knowledge of the language
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .._checks import check_int
 
-__all__ = ["LabelledTexts", "Speech", "encode_texts", "speaker_task", "speeches", "word_order_task"]
+__all__ = ["LabelledTexts", "Speech", "encode_texts", "speaker_task", "split_speeches", "word_order_task"]
 
 # a speaker's name on a line of its own, ending with a colon: "KING RICHARD III:"
 _SPEAKER = re.compile(r"^([A-Z][A-Za-z' ]*[A-Za-z]):\n", re.MULTILINE)
@@ -55,7 +55,7 @@ class LabelledTexts:
         return [self.texts[i] for i in rows], [self.labels[i] for i in rows]
 
 
-def speeches(text: str) -> list[Speech]:
+def split_speeches(text: str) -> list[Speech]:
     """Every speech of ``text``, in order: a speaker's name alone on a line, ending with ``:``,
     then the lines up to the next blank line (chapter 15)."""
     if not isinstance(text, str):
@@ -98,7 +98,7 @@ def speaker_task(
     _check_fraction(start_fraction, "start_fraction")
     _check_fraction(test_fraction, "test_fraction")
     cut = int(len(text) * start_fraction)
-    part = [s for s in speeches(text) if s.start >= cut]
+    part = [s for s in split_speeches(text) if s.start >= cut]
     counts = Counter(s.speaker for s in part).most_common()
     if len(counts) < n_speakers:
         raise ValueError(f"the text after {start_fraction:.0%} has {len(counts)} speakers, fewer than {n_speakers}")
@@ -136,7 +136,7 @@ def word_order_task(
     _check_fraction(start_fraction, "start_fraction")
     _check_fraction(test_fraction, "test_fraction")
     cut = int(len(text) * start_fraction)
-    part = [s.text for s in speeches(text) if s.start >= cut and len(s.text.split()) >= 10]
+    part = [s.text for s in split_speeches(text) if s.start >= cut and len(s.text.split()) >= 10]
     if len(part) < n_speeches:
         raise ValueError(f"the text after {start_fraction:.0%} has {len(part)} speeches of ten words, not {n_speeches}")
     rng = np.random.default_rng(seed)
