@@ -14,10 +14,11 @@ restores the frozen ``W`` bit for bit (it keeps a copy).
 
 ::
 
-    names = add_lora(model, ["*.self_attn.in_proj_weight", "*.ff.net.*.weight"], rank=4, alpha=8)
-    ... train: only the adapters' A and B require gradients ...
-    save_adapter(model, "adapter.pt")            # kilobytes, not the whole model
-    load_adapter(fresh_model, "adapter.pt")      # refuses a model of another shape, by name
+    targets = ["*.self_attn.in_proj_weight", "*.ff.net.*.weight"]
+    names = add_lora(model, targets, rank=4, alpha=8)
+    ...  # train: only the adapters' A and B require gradients
+    save_adapter(model, "adapter.pt")  # kilobytes, not the model
+    load_adapter(fresh_model, "adapter.pt")  # refuses another shape
 """
 
 from __future__ import annotations
