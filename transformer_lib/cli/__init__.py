@@ -6,8 +6,7 @@ byte-level BPE tokens, sample from it, and (chapter 15) fine-tune it on prompt/r
     python -m transformer_lib train --preset cpu   # or: transformer-train
     python -m transformer_lib train --resume       # continue out/ckpt.pt
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
-    python -m transformer_lib finetune --ckpt out --data pairs.jsonl \
-        --out-dir out/lora --lora-rank 4
+    python -m transformer_lib finetune --ckpt out --data pairs.jsonl
 
 Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
 (or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
