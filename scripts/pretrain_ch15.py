@@ -44,20 +44,11 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def val_loss(model: tl.GPT, tokenizer, batches: int = 50, seed: int = 0) -> float:
-    """The mean next-token loss on the validation split (the last 10 %), on fixed random windows."""
+def val_loss(model: tl.GPT, tokenizer) -> float:
+    """The mean next-token loss on the validation split (the last 10 %), on 50 fixed batches of
+    random windows (:func:`transformer_lib.window_loss`, generator seed 0)."""
     text = tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
-    val = torch.tensor(tokenizer.encode(text[int(len(text) * 0.9) :]))
-    T = model.config.context_len
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    with torch.no_grad():
-        for _ in range(batches):
-            starts = torch.randint(len(val) - T, (32,), generator=g)
-            x = torch.stack([val[s : s + T] for s in starts])
-            y = torch.stack([val[s + 1 : s + T + 1] for s in starts])
-            losses.append(model(x, y)[1].item())
-    return sum(losses) / len(losses)
+    return tl.window_loss(model, torch.tensor(tokenizer.encode(text[int(len(text) * 0.9) :])), batches=50)
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,6 @@ runs on a tiny BPE base, the adapter file and ``sample --adapter``, resume (afte
 equal to an uninterrupted run bit for bit, and a one-line refusal with exit status 2 for every
 bad input. Offline, tiny models and a few steps, so they are fast."""
 
-import json
 import signal
 import sys
 
@@ -39,8 +38,7 @@ def base(tmp_path_factory):
 
 
 def write_pairs(path, pairs):
-    path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in pairs))
-    return path
+    return tl.write_pairs(pairs, path)
 
 
 @pytest.fixture

@@ -172,6 +172,10 @@ def test_prompt_response_files_are_read_or_refused_by_line(tmp_path, lines, word
 def test_pairs_written_are_read_back_with_a_bom_and_blank_lines(tmp_path):
     pairs = [("ROMEO:", "But soft"), ("ünïcödé ✓", "line\nbreak")]
     path = tl.write_pairs(pairs, tmp_path / "p.jsonl")
+    assert tl.write_pairs(pairs, path) == path  # the same pairs again: nothing to lose
+    with pytest.raises(FileExistsError, match="p.jsonl exists"):
+        tl.write_pairs(pairs[:1], path)
+    assert tl.read_pairs(path) == pairs
     path.write_text("\ufeff" + path.read_text(encoding="utf-8") + "\n\n", encoding="utf-8")
     assert tl.read_pairs(path) == pairs
 
@@ -214,13 +218,5 @@ def test_the_shipped_pretrained_model_loads_and_reaches_its_recorded_loss():
     assert sum(p.numel() for p in model.parameters()) == record["params"]
     assert record["command"].startswith("python -m transformer_lib train --preset cpu --tokenizer bpe")
     val = torch.tensor(tok.encode(TEXT[int(len(TEXT) * 0.9) :]))
-    T = model.config.context_len
-    g = torch.Generator().manual_seed(0)  # the windows the record was measured on
-    losses = []
-    with torch.no_grad():
-        for _ in range(50):
-            starts = torch.randint(len(val) - T, (32,), generator=g)
-            x = torch.stack([val[s : s + T] for s in starts])
-            y = torch.stack([val[s + 1 : s + T + 1] for s in starts])
-            losses.append(model(x, y)[1].item())
-    assert abs(sum(losses) / len(losses) - record["val_loss"]) < 1e-4
+    # the windows the record was measured on (scripts/pretrain_ch15.py)
+    assert abs(tl.window_loss(model, val, batches=50) - record["val_loss"]) < 1e-4

@@ -54,11 +54,15 @@ def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
     return pairs
 
 
-def write_pairs(pairs: Sequence[tuple[str, str]], path: str | os.PathLike) -> Path:
-    """Write ``pairs`` to ``path`` as JSON Lines (the ``finetune`` command's input) (chapter 15)."""
+def write_pairs(pairs: Sequence[tuple[str, str]], path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``pairs`` to ``path`` as JSON Lines (the ``finetune`` command's input) (chapter 15),
+    atomically; an existing file that holds anything else is kept unless ``force``."""
     from ..utils import atomic_write
 
+    path = Path(path)
     lines = "".join(json.dumps({"prompt": p, "response": r}, ensure_ascii=False) + "\n" for p, r in pairs)
+    if path.exists() and not force and (not path.is_file() or path.read_text(encoding="utf-8") != lines):
+        raise FileExistsError(f"{path} exists and holds something else: choose another path, or force=True")
     return atomic_write(path, lambda tmp: Path(tmp).write_text(lines, encoding="utf-8"))
 
 
