@@ -76,6 +76,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
     ("checkpoint", ["transformer_lib.checkpoint"], "9", "Checkpoints written atomically and checked on loading."),
     (
+        "run",
+        ["transformer_lib.run"],
+        "9 and 15",
+        "A run's folder, the record of what the run is, what `--resume` may change, and `load_run`.",
+    ),
+    (
         "sampling",
         ["transformer_lib.sampling"],
         "9 and 10",
@@ -139,6 +145,20 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "normalisation applied to the heads' queries and keys.",
     ),
     (
+        "recipe",
+        ["transformer_lib.recipe"],
+        "14",
+        "A block's recipe: every choice of GPT-2's or Llama's block in one frozen object, the parts it makes, "
+        "and the named recipes.",
+    ),
+    (
+        "parts",
+        ["transformer_lib.parts"],
+        "15",
+        "A model's parts by role (attention, feed-forward, norm, embedding, head): what LoRA, the inspection "
+        "tools and the converters ask for instead of attribute paths.",
+    ),
+    (
         "tokens",
         ["transformer_lib.tokens"],
         "13",
@@ -158,6 +178,14 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "15",
         "A classifier on a pretrained GPT, what to train (head, LoRA, everything), a labelled task's batches, "
         "accuracy with its Wilson interval, and greedy answers up to the end token.",
+    ),
+    (
+        "experiments",
+        ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
+        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 16)],
+        "12, 13, 14 and 15",
+        "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
+        "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
     (
         "viz",

@@ -1,147 +1,16 @@
-"""Chapter 14's experiments over seeds, recorded in one JSON file: GPT-2's block turned into a
-Llama-style one, one change at a time.
+"""Chapter 14's recorded experiment, under the name the chapter gives it: the same as
+``python -m transformer_lib.experiments ch14``, which runs it (see transformer_lib/experiments/ch14.py).
 
-Every run is the chapter 13 comparison's small GPT (``tl.TOKEN_RUN``: 2 layers, 4 heads, width
-64, context 64, 300 steps of 16 windows, AdamW at 3e-3, no weight decay) on Tiny Shakespeare's
-characters, measured on the last 10 % in bits per byte. The chapter trains one configuration
-live and reads the rest here; ``tests/test_block_sweep.py`` (marked slow) re-runs one and compares.
-
-    python scripts/block_sweep.py                  # everything: three seeds (about 10 minutes, 1 core)
-    python scripts/block_sweep.py --parts lr --seeds 0 --dry-run   # print only
-
-Parts:
-
-* ``ablation``: GPT-2's block, then each change added to the one before: RMSNorm, SwiGLU (the
-  2/3 rule), rotary positions, no biases, query-key normalisation; the validation loss at the
-  trained context (64) and, for rotary positions, at twice it (128; learned positions have no
-  vector there);
-* ``lr``: the Llama-style block at ten times the learning rate (3e-2), without and with query-key
-  normalisation: the loss, the largest jump of the training loss over its best so far, and the
-  largest attention logit at the end.
+    python scripts/block_sweep.py                  # everything, merged into transformer_lib/data/ch14/
+    python scripts/block_sweep.py --parts lr --seeds 0 --dry-run
 """
 
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import transformer_lib as tl  # noqa: E402
-
-OUT = ROOT / "transformer_lib" / "data" / "ch14" / "block_sweep.json"
-SEEDS = [0, 1, 2]
-# each row adds one change to the row before; the first is GPT-2's block
-ABLATION = [
-    ("GPT-2 block", {}),
-    ("+ RMSNorm", {"norm": "rmsnorm"}),
-    ("+ SwiGLU", {"ffn": "swiglu"}),
-    ("+ rotary", {"positions": "rotary"}),
-    ("+ no biases", {"bias": False}),
-    ("+ QK-norm", {"qk_norm": True}),
-]
-HIGH_LR = 3e-2
-
-
-def texts() -> tuple[str, str]:
-    text = tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
-    n = int(len(text) * (1 - tl.TOKEN_RUN["val_fraction"]))
-    return text[:n], text[n:]
-
-
-def options(row: int) -> dict:
-    """The GPTConfig settings of ablation row ``row`` (the changes of every row up to it)."""
-    out: dict = {}
-    for _, change in ABLATION[: row + 1]:
-        out.update(change)
-    return out
-
-
-def one_run(row_options: dict, seed: int, steps: int | None = None, lr: float | None = None) -> dict:
-    train_text, val_text = texts()
-    tokenizer = tl.CharTokenizer.from_text(train_text)
-    settings = {k: v for k, v in tl.TOKEN_RUN.items() if k not in ("val_fraction", "bpe_vocab")}
-    if steps is not None:
-        settings["steps"] = steps
-    if lr is not None:
-        settings["lr"] = lr
-    r = tl.token_run(tokenizer, train_text, val_text, seed, **settings, **row_options)
-    model, losses = r["model"], r["losses"]
-    val_ids = torch.tensor(tokenizer.encode(val_text[:20_000]), dtype=torch.long)
-    best, jump = float("inf"), 0.0
-    for loss in losses:
-        jump, best = max(jump, loss - best), min(best, loss)
-    out = {
-        "seed": seed,
-        "params": sum(p.numel() for p in model.parameters()),
-        "bits_per_byte": r["bits_per_byte"],
-        "largest_jump": jump,
-        "final_train_loss": sum(losses[-20:]) / 20,
-        "attention_logit_max": float(tl.attention_logit_max(model, val_ids[None, :64]).max()),
-    }
-    if row_options.get("positions") == "rotary":  # the same weights, read over twice the context
-        T = model.config.context_len
-        longer = tl.GPT(tl.GPTConfig(**{**model.config.__dict__, "context_len": 2 * T}))
-        longer.load_state_dict(model.state_dict())
-        lengths = tl.token_byte_lengths(tokenizer)
-        out["bits_per_byte_2x"] = tl.bits_per_byte(longer.eval(), torch.tensor(tokenizer.encode(val_text)), lengths)[
-            "bits_per_byte"
-        ]
-    return out
-
-
-def ablation(seeds=SEEDS, steps=None) -> dict:
-    rows = []
-    for i, (name, _) in enumerate(ABLATION):
-        runs = []
-        for seed in seeds:
-            runs.append(one_run(options(i), seed, steps))
-            print(f"{name:>12} seed {seed}: {runs[-1]['bits_per_byte']:.4f} bits/byte", flush=True)
-        rows.append({"name": name, "options": options(i), "runs": runs})
-    return {"rows": rows}
-
-
-def lr(seeds=SEEDS, steps=None) -> dict:
-    base = options(ABLATION.index(("+ no biases", {"bias": False})))
-    out = {"lr": HIGH_LR, "base_lr": tl.TOKEN_RUN["lr"], "options": base, "runs": []}
-    for qk_norm in (False, True):
-        for seed in seeds:
-            r = one_run({**base, "qk_norm": qk_norm}, seed, steps, HIGH_LR)
-            out["runs"].append({"qk_norm": qk_norm, **r})
-            print(f"lr {HIGH_LR} qk_norm={qk_norm} seed {seed}: {r['bits_per_byte']:.4f} bits/byte, "
-                  f"jump {r['largest_jump']:.3f}, logit {r['attention_logit_max']:.1f}", flush=True)  # fmt: skip
-    return out
-
-
-PARTS = {"ablation": ablation, "lr": lr}
-
-
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
-    parser.add_argument("--steps", type=int, default=None, help="training steps (a smoke test; not recorded)")
-    parser.add_argument("--out", type=Path, default=OUT, help="the JSON to update (default: %(default)s)")
-    parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
-    args = parser.parse_args(argv)
-    if args.steps is not None and not args.dry_run:
-        parser.error("--steps changes the recorded settings: use it with --dry-run")
-    torch.set_num_threads(1)  # the thread count changes the rounding of sums
-    result = json.loads(args.out.read_text()) if args.out.exists() else {}
-    result.update({"torch": torch.__version__, "threads": 1, "settings": tl.TOKEN_RUN})
-    for part in args.parts:
-        result[part] = PARTS[part](args.seeds, args.steps)
-    if not args.dry_run:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.out}")
-    return result
-
+from transformer_lib.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(["ch14", *sys.argv[1:]]))

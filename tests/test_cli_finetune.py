@@ -75,9 +75,10 @@ def sample(capsys, *args):
 def test_the_defaults_are_one_table():
     assert FINETUNE_DEFAULTS["lr"] == {"lora": 1e-3, "full": 3e-4} and FINETUNE_DEFAULTS["max_iters"] == 300
     args = cli.finetune.build_parser().parse_args(["--lora-rank", "4"])
-    run = cli.finetune._run_settings(args, None, None)
-    config = cli.finetune._config(args, run, None, None)
-    assert run["lora_alpha"] == 8.0 and config.lr == 1e-3 and config.min_lr == pytest.approx(1e-4)
+    record = cli.finetune.finetune_record(args, None, None)
+    config = cli.finetune.finetune_config(args, record, None, None)
+    assert record.lora_alpha == 8.0 and record.method == "lora"
+    assert config.lr == 1e-3 and config.min_lr == pytest.approx(1e-4)
     assert (config.max_iters, config.warmup_iters, config.eval_interval, config.batch_size) == (300, 20, 50, 16)
     assert config.weight_decay == 0.0
 

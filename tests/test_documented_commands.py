@@ -112,6 +112,13 @@ RULES = [
         ".venv/bin/jupyter execute --help",
         r"--inplace",
     ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib\.experiments ch14 --parts lr --seeds 0 --dry-run",
+        "cheap",
+        "two steps of each run of the part, a dry run: nothing is written",
+        "--steps 2",
+        r"nothing written",
+    ),
     Rule(r".*chapters/NN_name\.ipynb", "skip", "a pattern (NN_name), not a file; the same command is checked above"),
     Rule(
         r"\.venv/bin/python -m transformer_lib train --preset cpu --out-dir out/cpu",

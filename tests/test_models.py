@@ -1,8 +1,6 @@
 """Tests for transformer_lib/models.py: causality, padding invariance, overfitting a tiny batch,
 decoding, clear errors for bad input, and the same code on CUDA when a GPU is present."""
 
-import time
-
 import pytest
 import torch
 from _gpu import requires_cuda
@@ -68,7 +66,6 @@ def test_transformer_decoder_is_causal(gen):
 
 
 def test_gpt_overfits_a_tiny_batch(gen):
-    start = time.perf_counter()
     model = tiny_gpt()
     idx = torch.randint(0, 11, (4, 16), generator=gen)
     x, y = idx[:, :-1], idx[:, 1:]
@@ -82,7 +79,6 @@ def test_gpt_overfits_a_tiny_batch(gen):
     model.eval()
     # from the second position on, the context identifies the sequence: memorised exactly
     assert torch.equal(model(x)[0].argmax(-1)[:, 1:], y[:, 1:])
-    assert time.perf_counter() - start < 30
 
 
 def test_transformer_overfits_and_greedy_decodes_a_tiny_batch(gen):

@@ -130,17 +130,26 @@ def test_resume_refuses_a_change_of_block_by_name(flags, message, tmp_path):
 
 
 def test_resume_of_a_checkpoint_older_than_the_settings_reads_the_defaults(tmp_path):
-    config = tl.GPTConfig(vocab_size=65).to_dict()
-    old = {k: v for k, v in config.items() if k not in tl.models.BLOCK_SETTINGS}
+    # a checkpoint saved before chapter 14: its settings flat, without the block's choices (GPT-2's)
+    settings = tl.GPTConfig(vocab_size=65).settings()
+    old = {k: v for k, v in settings.items() if k not in tl.models.RECIPE_FIELDS or k in ("bias", "activation")}
     args = cli.build_parser().parse_args(["--resume", "--norm", "rmsnorm"])
     with pytest.raises(ValueError, match="--norm layernorm, not rmsnorm"):
         cli._settings(args, {"model_config": old, "train_config": {}}, tmp_path / "ckpt.pt")
 
 
 BAD = [
-    (lambda: tl.GPTConfig(vocab_size=5, norm="batchnorm"), ValueError, "norm must be 'layernorm' or 'rmsnorm'"),
-    (lambda: tl.GPTConfig(vocab_size=5, ffn="geglu"), ValueError, "ffn must be 'mlp' or 'swiglu'"),
-    (lambda: tl.GPTConfig(vocab_size=5, positions="alibi"), ValueError, "positions must be 'learned' or 'rotary'"),
+    (
+        lambda: tl.GPTConfig(vocab_size=5, norm="batchnorm"),
+        ValueError,
+        r"norm must be one of \['layernorm', 'rmsnorm'\]",
+    ),
+    (lambda: tl.GPTConfig(vocab_size=5, ffn="geglu"), ValueError, r"ffn must be one of \['mlp', 'swiglu'\]"),
+    (lambda: tl.GPTConfig(5, positions="alibi"), ValueError, r"positions must be one of \['learned', 'rotary'\]"),
+    (lambda: tl.GPTConfig(5, attention="latent"), ValueError, r"attention must be one of \['multi_head'\]"),
+    (lambda: tl.GPTConfig(5, nrom="rmsnorm"), TypeError, "'nrom' is not a choice of the block"),
+    (lambda: tl.GPTConfig(5, recipe="mistral"), ValueError, r"recipe must be one of \['gpt2', 'llama'\]"),
+    (lambda: tl.GPTConfig(5, recipe=3), TypeError, "recipe must be a BlockRecipe"),
     (lambda: tl.GPTConfig(vocab_size=5, qk_norm="yes"), TypeError, "qk_norm"),
     (lambda: tl.GPTConfig(vocab_size=5, tie_embeddings=1), TypeError, "tie_embeddings"),
     (lambda: tl.GPTConfig(vocab_size=5, norm_eps=0.0), ValueError, "norm_eps"),
@@ -152,8 +161,8 @@ BAD = [
     (lambda: tl.RMSNorm(8)(torch.zeros(2, 7)), ValueError, "expected last dimension d=8"),
     (lambda: tl.rotate_heads(torch.zeros(2, 3, 8), tl.RotaryEmbedding(8)), ValueError, r"\(B, h, T, d_k\)"),
     (lambda: tl.rotate_heads(torch.zeros(1, 2, 3, 8), tl.RotaryEmbedding(8), -1), ValueError, "start"),
-    (lambda: tl.DecoderLayer(16, 2, norm="batchnorm"), ValueError, r"norm must be one of \['layernorm', 'rmsnorm'\]"),
-    (lambda: tl.Decoder(16, 2, 1, ffn="geglu"), ValueError, r"ffn must be one of \['mlp', 'swiglu'\]"),
+    (lambda: tl.DecoderLayer(16, 2, parts=tl.LLAMA_BLOCK, bias=False), ValueError, "in the parts"),
+    (lambda: tl.Decoder(16, 2, 1, parts="swiglu"), TypeError, "parts must make a block's parts"),
     (lambda: tl.QKTransform(8, qk_norm="yes"), TypeError, "qk_norm"),
 ]
 

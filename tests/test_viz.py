@@ -237,7 +237,8 @@ def test_frame_widget_frames_share_one_layout_and_style(widgets):
 
 def test_palette_png_and_inline_figures():
     """An opaque PNG becomes a palette PNG of at most 256 colours with no metadata; a transparent
-    one is left alone; IPython's PNG formatter shows matplotlib figures through palette_png."""
+    one is left alone; IPython's PNG formatter shows matplotlib figures through palette_png until
+    compact_inline_figures(False) gives it its own lookup back."""
     from PIL import Image
 
     from transformer_lib.viz import _inline
@@ -278,6 +279,16 @@ def test_palette_png_and_inline_figures():
     formatter = Shell.display_formatter.formatters["image/png"]
     assert base64.b64decode(formatter.lookup(fig)(fig)) == small
     assert formatter.lookup(3)(3) == base64.b64encode(raw.getvalue()).decode("ascii")  # not a figure
+    sys.modules["IPython"] = IPython
+    try:  # and off again: the formatter's own lookup is back
+        assert _inline.compact_inline_figures(False) is False and "lookup" not in vars(formatter)
+        assert _inline.compact_inline_figures(False) is False  # twice is harmless
+    finally:
+        if saved is not None:
+            sys.modules["IPython"] = saved
+        else:
+            del sys.modules["IPython"]
+    assert formatter.lookup(fig)(fig) == base64.b64encode(raw.getvalue()).decode("ascii")
 
 
 def test_frame_widget_draws_a_wide_figure_at_the_column_width(widgets):

@@ -27,16 +27,29 @@ from importlib import import_module as _import_module
 if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<module>`, which is not yet found
     # `python -m transformer_lib.train` runs the training command (the end of train.py); this
     # package, imported first, already holds the module, and runpy's warning about that says
-    # nothing a user can act on.
-    _warnings.filterwarnings("ignore", r"'transformer_lib\.train' found in sys\.modules", RuntimeWarning)
+    # nothing a user can act on. The filter is added only then (the test of quiet imports checks
+    # it) and matches runpy's message alone.
+    _warnings.filterwarnings(
+        "ignore", r"'transformer_lib\.train' found in sys\.modules", RuntimeWarning, module="runpy"
+    )
 
-# Each module's public names join the flat namespace, in this order (a later module's name would
-# win, and the layout test checks that no two modules export the same name).
-_MODULES = (
-    "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder", "sampling", "models",
-    "long_context", "inspect_heads", "bpe", "modern_block", "cost", "data", "induction", "tokens", "utils",
-    "train_config", "train", "checkpoint", "lora", "finetune", "pretrained", "pretrained_llama", "viz",
+# The library's layout, which tests/test_layout.py checks. Concept modules, in the order a reader
+# meets them: each imports only the ones before it, and never a tool. `parts` (what a part's role is)
+# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-14, so it
+# comes after them.
+_CONCEPTS = (
+    "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
+    "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "recipe", "models",
 )  # fmt: skip
+# Tools: they may import any concept module and each other (without a cycle).
+_TOOLS = (
+    "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
+    "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "finetune", "run", "experiments",
+)  # fmt: skip
+# Each of these modules' public names joins the flat namespace (the layout test checks that no two
+# modules export the same name).
+_NOT_FLAT = ("_checks", "__main__", "cli", "exercises", "student", "experiments")  # reached as tl.<module>, or not
+_MODULES = tuple(m for m in (*_CONCEPTS, *_TOOLS) if m not in _NOT_FLAT)
 
 __all__ = []
 for _name in _MODULES:

@@ -16,15 +16,7 @@ from ._checks import check_bool, check_divisible, check_int, check_kv_heads, che
 from .kv_cache import DecoderCache, KVCache, LayerCache
 from .multihead import MultiHeadAttention
 
-__all__ = [
-    "Decoder",
-    "DecoderLayer",
-    "Encoder",
-    "EncoderLayer",
-    "FeedForward",
-    "layer_grad_norms",
-    "scaled_embedding",
-]
+__all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward", "layer_grad_norms", "scaled_embedding"]
 
 # Every layer and stack takes d_model first; after its sizes (d_model, n_heads, then n_layers for a
 # stack, then d_ff) every argument is keyword-only.
@@ -45,6 +37,9 @@ class FeedForward(nn.Module):
     ``"gelu"`` (exact, with the normal CDF) or ``"gelu_tanh"`` (GPT-2's approximation
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter 10).
     """
+
+    part_role = "feed_forward"  # its role and matrices, for the tools that ask by role (transformer_lib.parts)
+    part_matrices = {"in": "net.0.weight", "out": "net.2.weight"}
 
     def __init__(self, d_model: int, d_ff: int, *, dropout: float = 0.0, activation: str = "relu", bias: bool = True):
         super().__init__()
@@ -69,20 +64,6 @@ class FeedForward(nn.Module):
             check_layer_dtype(x, self, "x")
             raise
         return dropout(out) if dropout.p and self.training else out  # p = 0: no call at all
-
-
-# The parts a layer picks by name: GPT-2's here; chapter 14's module (transformer_lib.modern_block)
-# adds "rmsnorm", "swiglu" and "rotary_qk" (rotary positions and query-key norm, applied to q and k).
-_NORMS = {"layernorm": lambda d_model, *, eps, bias: nn.LayerNorm(d_model, eps=eps, bias=bias)}
-_FEED_FORWARDS = {"mlp": lambda d_model, d_ff, *, activation, bias: FeedForward(
-    d_model, 4 * d_model if d_ff is None else d_ff, activation=activation, bias=bias)}  # fmt: skip
-_QK_TRANSFORMS: dict = {}
-
-
-def _pick(table: dict, name: str, setting: str):
-    if name not in table:
-        raise ValueError(f"{setting} must be one of {sorted(table)}, got {name!r}")
-    return table[name]
 
 
 class _Residual(nn.Module):
@@ -117,46 +98,56 @@ def _check_kv_heads(d_model, n_heads, n_kv_heads) -> None:
 
 
 class _LayerParts:
-    """The settings every layer shares, and the sublayers made from them (in the order a layer calls)."""
+    """The settings every layer shares, and the sublayers made from them (in the order a layer calls):
+    this chapter's LayerNorm, :class:`FeedForward` and :class:`~transformer_lib.multihead.MultiHeadAttention`,
+    or those of ``parts`` (chapter 14's :class:`~transformer_lib.recipe.BlockRecipe`: any object with
+    ``norm_layer``, ``feed_forward`` and ``attention_layer``, which then decides biases and activation)."""
 
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
         norm_first: bool = False, activation: str = "relu", bias: bool = True, n_kv_heads: int | None = None,
-        norm: str = "layernorm", norm_eps: float = 1e-5, ffn: str = "mlp", rotary_base: float | None = None,
-        qk_norm: bool = False, _checked: bool = False,
+        parts=None, _checked: bool = False,
     ):  # fmt: skip
         if not _checked:  # n_kv_heads once per layer, not once per attention (the stack: once)
             _check_kv_heads(d_model, n_heads, n_kv_heads)
         if d_ff is not None:
             check_int(d_ff, "d_ff")
         check_bool(norm_first, "norm_first")
-        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
-        self.dropout, self.norm_first, self.activation, self.bias = dropout, norm_first, activation, bias
-        self.n_kv_heads, self.norm_eps, self.rotary_base, self.qk_norm = n_kv_heads, norm_eps, rotary_base, qk_norm
-        self.norm, self.ffn = _pick(_NORMS, norm, "norm"), _pick(_FEED_FORWARDS, ffn, "ffn")
+        check_bool(bias, "bias")
+        if parts is not None and (activation != "relu" or not bias):
+            raise ValueError("give activation and bias in the parts (a BlockRecipe), not beside them")
+        if parts is not None and not all(callable(getattr(parts, m, None)) for m in self._MADE_BY_PARTS):
+            raise TypeError(f"parts must make a block's parts ({', '.join(self._MADE_BY_PARTS)}), got {parts!r}")
+        self.d_model, self.n_heads, self.d_ff, self.dropout = d_model, n_heads, d_ff, dropout
+        self.norm_first, self.activation, self.bias, self.n_kv_heads, self.parts = (
+            norm_first, activation, bias, n_kv_heads, parts)  # fmt: skip
 
-    def attention(self, self_attention: bool = False) -> MultiHeadAttention:
-        mha = MultiHeadAttention(
-            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, dropout=self.dropout, bias=self.bias, _checked=True
-        )
-        if self_attention and (self.rotary_base is not None or self.qk_norm):  # chapter 14, applied to q and k
-            mha.qk_transform = _QK_TRANSFORMS["rotary_qk"](
-                mha.d_k, rotary_base=self.rotary_base, qk_norm=self.qk_norm, eps=self.norm_eps)  # fmt: skip
-        return mha
+    _MADE_BY_PARTS = ("norm_layer", "feed_forward", "attention_layer")
+
+    def attention(self, self_attention: bool = False) -> nn.Module:
+        heads = dict(n_kv_heads=self.n_kv_heads, dropout=self.dropout)
+        if self.parts is not None:
+            return self.parts.attention_layer(self.d_model, self.n_heads, self_attention=self_attention, **heads)
+        return MultiHeadAttention(self.d_model, self.n_heads, bias=self.bias, _checked=True, **heads)
+
+    def norm(self) -> nn.Module:
+        return self.parts.norm_layer(self.d_model) if self.parts else nn.LayerNorm(self.d_model, bias=self.bias)
 
     def residual(self) -> _Residual:
-        return _Residual(self.norm(self.d_model, eps=self.norm_eps, bias=self.bias), self.dropout, self.norm_first)
+        return _Residual(self.norm(), self.dropout, self.norm_first)
 
     def feed_forward(self) -> nn.Module:
-        return self.ffn(self.d_model, self.d_ff, activation=self.activation, bias=self.bias)
+        if self.parts is not None:
+            return self.parts.feed_forward(self.d_model, self.d_ff)
+        d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
+        return FeedForward(self.d_model, d_ff, activation=self.activation, bias=self.bias)
 
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter 7).
 
-    ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False,
-    activation="relu", bias=True, n_kv_heads=None)``; see :meth:`forward`. ``n_kv_heads`` makes
-    the attention grouped-query (chapter 10).
+    ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False, activation="relu",
+    bias=True, n_kv_heads=None)`` (:meth:`forward`); ``n_kv_heads``: grouped-query attention (chapter 10).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **options):
@@ -190,8 +181,9 @@ class DecoderLayer(nn.Module):
     block of a decoder-only model such as GPT. Chapter 10 adds ``n_kv_heads`` (grouped-query
     attention in every attention of the layer), ``window`` (sliding-window self-attention: each
     position sees itself and the ``window - 1`` before it) and the ``cache`` of :meth:`forward`.
-    Chapter 14 adds ``norm`` ("layernorm" or "rmsnorm"), ``norm_eps``, ``ffn`` ("mlp" or "swiglu"),
-    ``rotary_base`` (rotary positions in the self-attention) and ``qk_norm``.
+    Chapter 14 adds ``parts``: an object that makes the layer's norms, feed-forward network and
+    attention (a :class:`~transformer_lib.recipe.BlockRecipe`, which then decides the biases and
+    the activation too); by default they are this chapter's.
     """
 
     def __init__(
@@ -210,9 +202,11 @@ class DecoderLayer(nn.Module):
         self.self_attn_weights = self.cross_attn_weights = None
 
     def new_cache(self) -> LayerCache:
-        """An empty :class:`LayerCache` for this layer (chapter 10)."""
+        """An empty :class:`LayerCache` for this layer (chapter 10); a later chapter's attention that keeps
+        another kind of cache makes its own (``self_attn.new_cache(window)``)."""
+        own = getattr(self.self_attn, "new_cache", None)
         cross = KVCache(static=True) if self.cross_attn is not None else None
-        return LayerCache(KVCache(window=self.window, _checked=True), cross)
+        return LayerCache(own(self.window) if own else KVCache(window=self.window, _checked=True), cross)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, need_weights: bool = False,
@@ -266,13 +260,14 @@ class _Stack(nn.Module):
             _check_kv_heads(d_model, n_heads, options.get("n_kv_heads"))
             if self.layer_class is DecoderLayer:
                 check_window(options.get("window"))
-        make = self.layer_class
         self.layers = nn.ModuleList(
-            make(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **options)
+            self.layer_class(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **options)
             for _ in range(n_layers)
         )
-        final = _pick(_NORMS, options.get("norm", "layernorm"), "norm")  # chapter 14: or RMSNorm
-        self.norm = final(d_model, eps=options.get("norm_eps", 1e-5), bias=bias) if norm_first else nn.Identity()
+        own = {k: options[k] for k in ("activation", "parts") if k in options}  # chapter 14: the parts' norm
+        self.norm = (
+            _LayerParts(d_model, n_heads, bias=bias, _checked=True, **own).norm() if norm_first else nn.Identity()
+        )
 
 
 class Encoder(_Stack):

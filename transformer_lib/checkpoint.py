@@ -25,7 +25,7 @@ from torch import nn
 from .bpe import BPETokenizer
 from .data import CharTokenizer, tokenizer_from_dict
 from .encoder_decoder import Transformer, TransformerConfig
-from .models import BLOCK_SETTINGS, GPT, GPTConfig
+from .models import GPT, RECIPE_FIELDS, GPTConfig
 from .utils import atomic_write, check_writable
 
 __all__ = [
@@ -207,6 +207,57 @@ def own_folder(folder: str | os.PathLike):
         os.close(fd)
 
 
+class TrainingFile:
+    """Where :func:`~transformer_lib.train.train` keeps its checkpoint (chapter 9): ``out_dir/ckpt.pt``
+    (``out_dir`` None: nowhere), written by one process (``writer``, rank 0), the state it last
+    wrote, and where the last good state is, in words."""
+
+    def __init__(self, out_dir: str | os.PathLike | None, writer: bool = True):
+        self.path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
+        self.writer = writer and self.path is not None
+        self.saved = None  # (step, eval_pending) of the last checkpoint written or resumed from
+
+    @contextlib.contextmanager
+    def own(self):
+        """``with file.own():`` this process alone writes in the folder (:func:`own_folder`), whose
+        temporary files left by a killed writer are removed first (:func:`prepare_folder`)."""
+        if not self.writer:
+            yield
+            return
+        with own_folder(self.path.parent):
+            prepare_folder(self.path)
+            yield
+
+    def read(self) -> dict:
+        """The checkpoint to resume from."""
+        if self.path is None or not self.path.is_file():
+            raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.path} (config.out_dir)")
+        return read_checkpoint(self.path)
+
+    def resumed(self, mark) -> None:
+        """The run resumed the state ``mark`` (step, eval_pending): the one on disk, if there is one."""
+        if self.path is not None and self.path.is_file():
+            self.saved = mark
+
+    def write(self, state: dict, mark) -> bool:
+        """Write ``state``, whose mark (step, eval_pending) is ``mark``; False when there is nothing to write."""
+        if not self.writer or self.saved == mark:
+            return False
+        save_checkpoint(state, self.path)
+        self.saved = mark
+        return True
+
+    def last_good(self) -> str:
+        """Where the last good state is, in words."""
+        if not self.writer:
+            return "no checkpoint is written (no out_dir)"
+        if self.saved is not None:
+            return f"the checkpoint in {self.path} holds step {self.saved[0]}, the last good state"
+        if self.path.is_file():
+            return f"the checkpoint in {self.path} is left as it was"
+        return "no checkpoint was written"
+
+
 def checkpoint_file(path: str | os.PathLike) -> Path:
     """``path`` itself, or ``path/ckpt.pt`` when ``path`` is a folder (chapter 9)."""
     path = Path(path)
@@ -257,13 +308,11 @@ def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "mo
         config = ckpt["model_config"]
         if not isinstance(config, dict):
             raise ValueError(f"{file} does not record the model's settings (model_config is {config!r})")
-        optional = BLOCK_SETTINGS if ckpt["model_class"] == "GPT" else ()  # chapter 14's: absent in older checkpoints
-        missing = [
-            f"model_config.{f.name}"
-            for f in fields(MODELS[ckpt["model_class"]][1])
-            if f.name not in config and f.name not in optional
-        ]
-        unknown = sorted(set(config) - {f.name for f in fields(MODELS[ckpt["model_class"]][1])})
+        known = {f.name for f in fields(MODELS[ckpt["model_class"]][1])}
+        # a GPT's recipe (chapter 14) is absent in older checkpoints, which hold its choices flat, or none (GPT-2's)
+        optional = {"recipe", *RECIPE_FIELDS} if ckpt["model_class"] == "GPT" else set()
+        missing = [f"model_config.{name}" for name in sorted(known - optional) if name not in config]
+        unknown = sorted(set(config) - known - optional)
         if unknown and not missing:
             raise ValueError(f"{file} records the model setting {unknown[0]!r}, which this version does not know")
     if missing:
@@ -297,7 +346,8 @@ def load_checkpoint(
             f"adapter file beside it (load_adapter), or on the command line: python -m transformer_lib sample "
             f"--ckpt {base} --adapter {Path(str(where)).parent / 'adapter.pt'}"
         )
-    model.load_state_dict(ckpt["model"])
+    floats = [t.dtype for t in ckpt["model"].values() if t.is_floating_point()]
+    model.to(floats[0] if floats else torch.float32).load_state_dict(ckpt["model"])  # in the dtype it was saved in
     tokenizer = tokenizer_from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
     return model.to(device).eval(), tokenizer, ckpt
 

@@ -26,11 +26,13 @@ from .data.instructions import InstructionBatches, encode_pair
 from .data.speeches import encode_texts
 from .lora import add_lora, count_parameters
 from .models import GPT
+from .parts import part_weights
 from .train import train
 from .train_config import TrainConfig
 
 __all__ = [
     "FINETUNE_METHODS",
+    "LORA_ROLES",
     "LORA_TARGETS",
     "PRETRAINED_PATH",
     "ClassBatches",
@@ -41,6 +43,7 @@ __all__ = [
     "answers",
     "classifier_run",
     "instruction_run",
+    "lora_targets",
     "prepare_finetune",
     "window_loss",
     "wilson_interval",
@@ -54,8 +57,22 @@ PRETRAINED_PATH = Path(__file__).parent / "data" / "ch15" / "pretrained.pt"
 #: What each method trains: the head only, low-rank adapters and the head, or every weight.
 FINETUNE_METHODS = ("head", "lora", "full")
 
-#: The weights chapter 15 adapts with LoRA: every matrix of every block (attention and MLP).
+#: The roles whose matrices chapter 15 adapts with LoRA: every matrix of every block's attention and
+#: feed-forward network (:mod:`transformer_lib.parts`), whatever the block's recipe.
+LORA_ROLES = ("attention", "feed_forward")
+#: The same weights as name patterns, for GPT-2's block only (chapter 15's first examples; kept as an
+#: alias: :func:`lora_targets` finds them in any block).
 LORA_TARGETS = ("*.self_attn.in_proj_weight", "*.self_attn.out_proj.weight", "*.ff.net.*.weight")
+
+
+def lora_targets(model: nn.Module, roles: tuple[str, ...] = LORA_ROLES) -> list[str]:
+    """The names of the matrices LoRA adapts in ``model`` (chapter 15): those of its parts with
+    ``roles`` (default :data:`LORA_ROLES`), for GPT-2's block, Llama's and any other recipe's.
+    Refused by name when the model has none."""
+    names = part_weights(model, roles)
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no part with the roles {roles}: nothing for LoRA to adapt")
+    return names
 
 
 class GPTClassifier(nn.Module):
@@ -108,13 +125,13 @@ class GPTClassifier(nn.Module):
 
 def prepare_finetune(model: GPTClassifier, method: str, *, rank: int = 4, alpha: float = 8.0, seed: int = 0) -> int:
     """Choose what ``model`` trains (chapter 15) and return the number of trainable parameters:
-    ``"head"`` the head only, ``"lora"`` adapters of :data:`LORA_TARGETS` of ``rank`` and
+    ``"head"`` the head only, ``"lora"`` adapters of :func:`lora_targets` of ``rank`` and
     ``alpha`` and the head, ``"full"`` every parameter."""
     if method not in FINETUNE_METHODS:
         raise ValueError(f"method must be one of {FINETUNE_METHODS}, got {method!r}")
     model.requires_grad_(method == "full")
     if method == "lora":
-        add_lora(model.gpt, list(LORA_TARGETS), rank=rank, alpha=alpha, seed=seed)
+        add_lora(model.gpt, lora_targets(model.gpt), rank=rank, alpha=alpha, seed=seed)
     model.head.requires_grad_(True)
     return count_parameters(model)
 
@@ -270,7 +287,7 @@ def instruction_run(
     torch.manual_seed(seed)
     model = copy.deepcopy(base).to(dtype).train()
     if lora_rank is not None:
-        add_lora(model, list(LORA_TARGETS), rank=lora_rank, alpha=2.0 * lora_rank, seed=seed)
+        add_lora(model, lora_targets(model), rank=lora_rank, alpha=2.0 * lora_rank, seed=seed)
     rows = [encode_pair(tokenizer, p, r, end=how["end"]) for p, r in train_pairs]
     masks = {k: how[k] for k in ("mask_prompt", "mask_padding")}
     batches = InstructionBatches(rows, rows[:batch_size], base.config.context_len, batch_size, tokenizer.eos_id,

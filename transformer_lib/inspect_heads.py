@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ._checks import check_index, is_int
 from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, split_heads
+from .parts import find_parts
 
 __all__ = [
     "attention_layers",
@@ -35,20 +36,19 @@ __all__ = [
 MODES = ("zero", "mean", "patch")
 
 
-def attention_layers(model: nn.Module) -> dict[str, MultiHeadAttention]:
-    """Every :class:`~transformer_lib.multihead.MultiHeadAttention` in ``model``, by its name in
-    ``model.named_modules()`` (chapter 12), in the order the modules were registered. ``model``
-    itself, if it is one, is named ``""``."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+def attention_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Every attention layer in ``model`` (the parts whose role is ``"attention"``,
+    :mod:`transformer_lib.parts`: a :class:`~transformer_lib.multihead.MultiHeadAttention` or a
+    later chapter's kind), by its name in ``model.named_modules()`` (chapter 12), in the order the
+    modules were registered. ``model`` itself, if it is one, is named ``""``."""
+    return find_parts(model, "attention")
 
 
 def _choose(model: nn.Module, layers: Iterable[str] | None) -> dict[str, MultiHeadAttention]:
     """The attention layers named in ``layers`` (all of them for None), checked to exist."""
     found = attention_layers(model)
     if not found:
-        raise ValueError(f"{type(model).__name__} has no MultiHeadAttention layer to inspect")
+        raise ValueError(f"{type(model).__name__} has no attention layer to inspect")
     if layers is None:
         return found
     if isinstance(layers, str):
@@ -72,8 +72,11 @@ def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) ->
     (before dropout): the same projections, causal mask and hand-written attention, run again."""
     if kwargs.get("cache") is not None:
         raise ValueError("capture_attention does not follow a KVCache: run the model without cache= to capture")
+    if not isinstance(module, MultiHeadAttention):  # a later chapter's attention computes its own
+        return module.attention_weights(*args, **kwargs)
     query, key, value = _attention_inputs(args, kwargs)
-    q, k, v = module.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice
+    # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice: with chapter 14's query-key transform (rotary, QK-norm)
+    q, k, v = module._project_cached(query, key, value, None)
     k, v = module._shared_kv(k, v)  # (B, h, T_k, d_k)
     mask = kwargs.get("mask")
     if kwargs.get("is_causal", False):

@@ -6,20 +6,23 @@ checks both models share are in :mod:`transformer_lib.encoder_decoder`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_base, check_bool, check_int, check_temperature, check_window
+from ._checks import check_bool, check_int, check_temperature, check_window
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
+from .recipe import BlockRecipe, as_recipe
 from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
+
+RECIPE_FIELDS = tuple(f.name for f in fields(BlockRecipe))
 
 
 def _check_loss_mask(loss_mask, targets: Tensor) -> Tensor:
@@ -36,69 +39,65 @@ def _check_loss_mask(loss_mask, targets: Tensor) -> Tensor:
     return loss_mask.to(targets.device)
 
 
-# Chapter 14: the names each setting of the block accepts (GPT-2's first), and the settings a checkpoint
-# saved before them lacks (it holds GPT-2's block: the defaults are then no guess).
-GPT_CHOICES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "positions": ("learned", "rotary")}
-BLOCK_SETTINGS = ("norm", "norm_eps", "ffn", "d_ff", "positions", "rotary_base", "qk_norm", "tie_embeddings")
+# The settings GPTConfig keeps itself (the model's shape); the block's choices are its recipe.
+_SHAPE = ("vocab_size", "context_len", "n_layers", "n_heads", "d_model", "dropout", "n_kv_heads", "window")
 
 
-@dataclass
+@dataclass(init=False)
 class GPTConfig:
-    """Sizes of a :class:`GPT` (chapter 9; defaults: nanoGPT's CPU-sized "baby" shape)."""
+    """Sizes of a :class:`GPT` (chapter 9; defaults: nanoGPT's CPU-sized "baby" shape) and its block's
+    recipe (chapter 14: :class:`~transformer_lib.recipe.BlockRecipe`, GPT-2's by default).
+
+    ``GPTConfig(vocab_size, context_len=64, n_layers=4, n_heads=4, d_model=128, dropout=0.0, *,
+    n_kv_heads=None, window=None, recipe=None, **choices)``. ``recipe`` is a ``BlockRecipe``, a name
+    (``"gpt2"``, ``"llama"``) or a checkpoint's dict; ``choices`` are the recipe's fields
+    (``norm="rmsnorm"``, ``bias=False``, ...) applied on top of it, so ``GPTConfig(65,
+    positions="rotary")`` works as before the recipe existed, and so does reading a choice,
+    ``config.norm`` (an alias of ``config.recipe.norm``).
+    """
 
     vocab_size: int
-    context_len: int = 64  # the longest sequence the model reads
-    n_layers: int = 4
-    n_heads: int = 4
-    d_model: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
-    window: int | None = None  # chapter 11: sliding-window attention over the last `window` positions
-    activation: str = "gelu"  # or "gelu_tanh", GPT-2's tanh approximation (chapter 10)
-    # Chapter 14, "Today's block": the defaults are GPT-2's block, the alternatives Llama's.
-    norm: str = "layernorm"  # or "rmsnorm" (no mean, no bias)
-    norm_eps: float = 1e-5  # the eps of every norm (LayerNorm's default; Llama's rms_norm_eps)
-    ffn: str = "mlp"  # Linear, `activation`, Linear; or "swiglu", the gated network
-    d_ff: int | None = None  # the feed-forward width; None: 4 d_model, or for "swiglu" 2/3 of it (swiglu_hidden)
-    positions: str = "learned"  # learned vectors added to the embeddings; or "rotary", applied to q and k
-    rotary_base: float = 10000.0  # the base of the rotary frequencies (Llama's rope_theta)
-    qk_norm: bool = False  # an RMSNorm on each head's queries and keys before the scores
-    tie_embeddings: bool = True  # the output head shares the token embedding's matrix (GPT-2); Llama's does not
+    context_len: int  # the longest sequence the model reads
+    n_layers: int
+    n_heads: int
+    d_model: int
+    dropout: float
+    n_kv_heads: int | None  # chapter 10: grouped-query attention; None: n_heads (standard)
+    window: int | None  # chapter 11: sliding-window attention over the last `window` positions
+    recipe: BlockRecipe  # chapter 14: the block's choices
 
-    def __post_init__(self):
+    def __init__(
+        self, vocab_size: int, context_len: int = 64, n_layers: int = 4, n_heads: int = 4, d_model: int = 128,
+        dropout: float = 0.0, *, n_kv_heads: int | None = None, window: int | None = None, recipe=None, **choices,
+    ):  # fmt: skip
+        self.vocab_size, self.context_len, self.n_layers, self.n_heads = vocab_size, context_len, n_layers, n_heads
+        self.d_model, self.dropout, self.n_kv_heads, self.window = d_model, dropout, n_kv_heads, window
+        self.recipe = as_recipe(recipe, **choices)
         for name in ("vocab_size", "context_len"):
             check_int(getattr(self, name), name)
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
-        check_bool(self.bias, "bias")
         check_window(self.window)
-        if self.activation not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
-        self._check_block()
-
-    def _check_block(self) -> None:
-        """The settings of chapter 14 (the sizes are checked already)."""
-        for name, allowed in GPT_CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {getattr(self, name)!r}")
-        for name in ("qk_norm", "tie_embeddings"):
-            check_bool(getattr(self, name), name)
-        check_base(self.norm_eps, "norm_eps")
-        check_base(self.rotary_base, "rotary_base")
-        if self.d_ff is not None:
-            check_int(self.d_ff, "d_ff")
-        if self.ffn == "swiglu" and self.activation != "gelu":
-            raise ValueError(f"activation={self.activation!r} is the 'mlp' network's: the 'swiglu' one uses SiLU")
-        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+        if self.recipe.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "
                 f"{self.d_model // self.n_heads} must be even"
             )
 
+    def __getattr__(self, name: str):
+        """A choice of the recipe read on the config (``config.norm``): the names before chapter 14's recipe."""
+        recipe = self.__dict__.get("recipe")
+        if recipe is not None and name in RECIPE_FIELDS:
+            return getattr(recipe, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_dict(self) -> dict:
-        """The sizes as a plain dict (what a checkpoint stores)."""
+        """The sizes and the recipe as a plain dict (what a checkpoint stores)."""
         return asdict(self)
+
+    def settings(self) -> dict:
+        """Every setting by its flat name, the recipe's choices too (what the command line's flags set)."""
+        return {**{name: getattr(self, name) for name in _SHAPE}, **self.recipe.to_dict()}
 
 
 class GPT(nn.Module):
@@ -108,44 +107,31 @@ class GPT(nn.Module):
     with the next-token cross-entropy loss when ``targets (B, T)`` are given.
 
     Chapter 10: ``config.n_kv_heads`` (grouped-query attention); chapter 11: ``config.window``
-    (sliding-window attention); chapter 14: ``config.norm``, ``ffn``, ``positions``, ``qk_norm``,
-    ``bias`` and ``tie_embeddings`` turn GPT-2's block into Llama's (:mod:`~transformer_lib.modern_block`).
+    (sliding-window attention); chapter 14: ``config.recipe`` (:class:`~transformer_lib.recipe.BlockRecipe`)
+    hands every layer its parts, GPT-2's or Llama's (:mod:`~transformer_lib.modern_block`).
     Chapter 10: ``forward(idx, cache=model.new_cache())`` runs only the new
     tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
     :meth:`generate` uses it.
     """
+
+    part_roles = {"tok_embed": "embedding", "lm_head": "head"}  # by role: transformer_lib.parts
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
+        r = c.recipe  # chapter 14: the block's parts are the recipe's
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        learned = c.positions == "learned"  # chapter 14: rotary positions are applied inside attention instead
+        learned = r.positions == "learned"  # chapter 14: rotary positions are applied inside attention instead
         self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout) if learned else None
-        d_ff = c.d_ff if c.d_ff is not None else 4 * c.d_model if c.ffn == "mlp" else None  # None: swiglu_hidden
         self.decoder = Decoder(
-            c.d_model,
-            c.n_heads,
-            c.n_layers,
-            d_ff,
-            dropout=c.dropout,
-            norm_first=True,
-            cross_attention=False,
-            activation=c.activation,
-            bias=c.bias,
-            n_kv_heads=c.n_kv_heads,
-            window=c.window,
-            norm=c.norm,
-            norm_eps=c.norm_eps,
-            ffn=c.ffn,
-            rotary_base=None if learned else c.rotary_base,
-            qk_norm=c.qk_norm,
-            _checked=True,  # GPTConfig checked window and n_kv_heads
-        )
+            c.d_model, c.n_heads, c.n_layers, dropout=c.dropout, norm_first=True, cross_attention=False,
+            n_kv_heads=c.n_kv_heads, window=c.window, parts=r, _checked=True,  # GPTConfig checked them
+        )  # fmt: skip
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
-        if c.tie_embeddings:
+        if r.tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight  # weight tying
 
     def num_params(self, non_embedding: bool = True) -> int:

@@ -1,18 +1,21 @@
 """Today's block (chapter 14, "Today's block"): the parts that turn GPT-2's block into a
-Llama-style one.
+Llama-style one. Every departure from GPT-2's block, one line each (each is one choice of
+:class:`~transformer_lib.recipe.BlockRecipe`, switchable, and measured in chapter 14):
 
-- :class:`RMSNorm` rescales by the root mean square only: no mean is subtracted, no bias added.
-- :class:`SwiGLU`, the gated feed-forward network ``down(silu(gate(x)) * up(x))``, with
-  :func:`swiglu_hidden`, the 2/3 rule that keeps its parameters equal to a ``4 d_model`` GELU network.
-- :func:`rotate_heads` applies rotary positions (chapter 6's :class:`RotaryEmbedding`) to queries or
-  keys ``(B, h, T, d_k)`` that start at position ``start`` (the tokens a cache already holds).
-- :class:`QKTransform` is what an attention applies to its queries and keys after splitting the
-  heads and before the scores: query-key normalisation (an RMSNorm per head), then rotary positions.
-  A key-value cache then stores keys already rotated.
+- ``norm="rmsnorm"``: :class:`RMSNorm` rescales by the root mean square only (no mean, no bias);
+- ``ffn="swiglu"``: :class:`SwiGLU`, ``down(silu(gate(x)) * up(x))``, as wide in parameters as a
+  ``4 d_model`` GELU network by the 2/3 rule (:func:`swiglu_hidden`);
+- ``positions="rotary"``: no position vectors; queries and keys are rotated by their positions
+  (:func:`rotate_heads`, chapter 6's :class:`~transformer_lib.positional.RotaryEmbedding`), keys
+  before the cache, so a key-value cache holds them rotated;
+- ``bias=False``: no biases in the linear maps or norms;
+- ``qk_norm=True``: an RMSNorm on each head's queries and keys before the scores;
+- ``tie_embeddings=False``: the output head has its own matrix (Llama's; GPT-2 ties it);
+- ``n_kv_heads < n_heads`` (the model's shape, chapter 10): grouped-query attention.
 
-Importing this module adds ``"rmsnorm"``, ``"swiglu"`` and the query-key transform to the tables
-of :mod:`transformer_lib.blocks`, from which a layer (and so :class:`~transformer_lib.models.GPT`)
-picks its parts by name; GPT-2's parts stay the defaults.
+:class:`QKTransform` is what an attention applies to its queries and keys after splitting the
+heads and before the scores: query-key normalisation, then rotary positions. This module makes
+no model: :mod:`transformer_lib.recipe` hands these parts to the layers.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_int
-from .blocks import _FEED_FORWARDS, _NORMS, _QK_TRANSFORMS
 from .multihead import MultiHeadAttention
+from .parts import find_parts
 from .positional import RotaryEmbedding
 
 __all__ = ["QKTransform", "RMSNorm", "SwiGLU", "attention_logit_max", "rotate_heads", "swiglu_hidden"]
@@ -40,6 +43,8 @@ class RMSNorm(nn.Module):
     ``x (..., d)`` in, the same shape out. Unlike LayerNorm it subtracts no mean and adds no bias:
     one learned gain ``weight (d,)``, initialised to ones. Equal to ``torch.nn.RMSNorm(d, eps=eps)``.
     """
+
+    part_role = "norm"  # its role, for the tools that ask for parts by role (transformer_lib.parts)
 
     def __init__(self, d: int, *, eps: float = 1e-5):
         super().__init__()
@@ -78,6 +83,9 @@ class SwiGLU(nn.Module):
     gate and of the values it gates. ``bias`` (default False, as in Llama) adds biases to the three
     linear maps. The names of the maps are those of ``transformers``' ``LlamaMLP``.
     """
+
+    part_role = "feed_forward"
+    part_matrices = {"gate": "gate_proj.weight", "in": "up_proj.weight", "out": "down_proj.weight"}
 
     def __init__(self, d_model: int, d_ff: int | None = None, *, bias: bool = False):
         super().__init__()
@@ -133,12 +141,6 @@ class QKTransform(nn.Module):
         return q, k
 
 
-# The parts a layer picks by name (transformer_lib.blocks): RMSNorm has no bias, whatever `bias` says.
-_NORMS["rmsnorm"] = lambda d_model, *, eps, bias: RMSNorm(d_model, eps=eps)
-_FEED_FORWARDS["swiglu"] = lambda d_model, d_ff, *, activation, bias: SwiGLU(d_model, d_ff, bias=bias)
-_QK_TRANSFORMS["rotary_qk"] = QKTransform
-
-
 @torch.no_grad()
 def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     """The largest attention logit ``|q . k| / sqrt(d_k)`` of each attention layer of ``model`` on
@@ -148,7 +150,7 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
     """
     found: list[Tensor] = []
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    layers = [m for m in find_parts(model, "attention").values() if isinstance(m, MultiHeadAttention)]
 
     def recording(layer: MultiHeadAttention):
         project = layer._project_cached

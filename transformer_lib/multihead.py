@@ -102,6 +102,8 @@ class MultiHeadAttention(nn.Module):
     d_model)``, ``k_proj`` and ``v_proj`` map to ``n_kv_heads * d_k`` features.
     """
 
+    part_role, part_matrices = "attention", {"qkv": "in_proj_weight", "out": "out_proj.weight"}  # see parts.py
+
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True,
         _checked: bool = False,
@@ -325,9 +327,8 @@ class MultiHeadAttention(nn.Module):
 
 
 def head_contributions(
-    mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-    is_causal: bool = False,
-) -> Tensor:  # fmt: skip
+    mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, is_causal=False
+) -> Tensor:
     """Each head's additive share of a :class:`MultiHeadAttention` output (chapter 5).
 
     Concatenating the heads and applying ``W_o`` equals summing, over heads, head ``i``'s output

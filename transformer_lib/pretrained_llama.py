@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .models import GPT, GPTConfig
+from .recipe import LLAMA_BLOCK
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
 
@@ -59,10 +60,10 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
         raise ValueError(f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads")
     return GPTConfig(
         vocab_size=_setting(cfg, "vocab_size"), context_len=_setting(cfg, "max_position_embeddings"),
-        n_layers=_setting(cfg, "num_hidden_layers"), n_heads=n_heads, d_model=d_model, bias=False,
-        n_kv_heads=_setting(cfg, "num_key_value_heads") or n_heads, norm="rmsnorm",
-        norm_eps=float(_setting(cfg, "rms_norm_eps")), ffn="swiglu", d_ff=_setting(cfg, "intermediate_size"),
-        positions="rotary", rotary_base=_rope(cfg), tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
+        n_layers=_setting(cfg, "num_hidden_layers"), n_heads=n_heads, d_model=d_model,
+        n_kv_heads=_setting(cfg, "num_key_value_heads") or n_heads, recipe=LLAMA_BLOCK,
+        norm_eps=float(_setting(cfg, "rms_norm_eps")), d_ff=_setting(cfg, "intermediate_size"),
+        rotary_base=_rope(cfg), tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
     )  # fmt: skip
 
 
@@ -124,14 +125,7 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = gpt.config
-    needed = {
-        "norm": "rmsnorm",
-        "ffn": "swiglu",
-        "positions": "rotary",
-        "bias": False,
-        "qk_norm": False,
-        "window": None,
-    }
+    needed = {**{k: getattr(LLAMA_BLOCK, k) for k in ("norm", "ffn", "positions", "bias", "qk_norm")}, "window": None}
     for name, value in needed.items():
         if getattr(c, name) != value:
             raise ValueError(f"llama_from_gpt needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")

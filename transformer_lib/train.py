@@ -10,8 +10,9 @@ tensor and is read (``.item()``) only every ``log_interval`` steps.
 
 Data-parallel training: when ``torch.distributed`` is initialised (for example under
 ``torchrun``), :func:`train` wraps the model in ``DistributedDataParallel``, averages evaluation
-losses over the ranks, and only rank 0 shows progress and writes checkpoints. The command line
-is in :mod:`transformer_lib.cli`.
+losses over the ranks, and only rank 0 shows progress and writes checkpoints. What a run is and
+its folder (tokenizer, adapters, what a resumed run may change) are :mod:`transformer_lib.run`'s;
+the command line is in :mod:`transformer_lib.cli`.
 """
 
 from __future__ import annotations
@@ -19,30 +20,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import (
-    CHECKPOINT_NAME,
-    capture_rng,
-    check_recorded,
-    own_folder,
-    prepare_folder,
-    read_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
+from .checkpoint import TrainingFile, capture_rng, check_recorded, restore_rng
 from .cost import estimate_mfu, gpu_peak_flops
+from .data import tokenizer_from_dict
 from .train_config import TrainConfig, configure_optimizer, lr_at, make_scheduler
 from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, run_batch, world
 
 __all__ = [
+    "PROCESS_SETTINGS",
     "History",
     "estimate_loss",
     "exact_match",
@@ -50,8 +42,8 @@ __all__ = [
 ]
 
 
-# TrainConfig fields that describe this process rather than the run: free to differ on resume.
-_PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
+#: TrainConfig fields that describe this process rather than the run: free to differ on resume (chapter 9).
+PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
 
 
 @dataclass
@@ -141,40 +133,36 @@ class _Run:
         self.optimizer = configure_optimizer(model, config, self.device)
         self.scheduler = make_scheduler(self.optimizer, config)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        self.ckpt_path = Path(config.out_dir) / CHECKPOINT_NAME if config.out_dir else None
+        self.file = TrainingFile(config.out_dir, writer=self.rank == 0)  # out_dir/ckpt.pt, or nowhere
         self.history, self.step, self.eval_pending = History(), 0, True  # eval_pending: `step` not evaluated yet
         self.pending: list[Tensor] = []  # losses still on the device
-        self.saved = None  # (step, eval_pending) of the last checkpoint written
         self.busy = False  # inside a step or an evaluation: the state is not one a checkpoint may hold
-        if self.ckpt_path is not None and self.rank == 0:
-            prepare_folder(self.ckpt_path)  # an unwritable out_dir is found now, not after the training
 
     def point(self, name: str) -> None:
         """A named point of a step, where the tests interrupt a run: nothing happens here."""
 
     def resume(self, ckpt: dict | None) -> None:
         """Continue from ``ckpt`` (read from ``out_dir`` when None)."""
-        if ckpt is None:
-            if self.ckpt_path is None or not self.ckpt_path.is_file():
-                raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.ckpt_path} (config.out_dir)")
-            ckpt = read_checkpoint(self.ckpt_path)
+        ckpt = self.file.read() if ckpt is None else ckpt
         parts = ("model", "optimizer", "scheduler", "scaler")
-        check_recorded(ckpt, self.ckpt_path or "the checkpoint", (*parts, "step", "eval_pending", "history", "rng"))
+        check_recorded(ckpt, self.file.path or "the checkpoint", (*parts, "step", "eval_pending", "history", "rng"))
         for part in parts:
             getattr(self, part).load_state_dict(ckpt[part])
         self.step, self.eval_pending, self.history = ckpt["step"], ckpt["eval_pending"], History(**ckpt["history"])
         restore_rng(ckpt["rng"], self.get_batch)
-        if self.ckpt_path is not None and self.ckpt_path.is_file():
-            self.saved = (self.step, self.eval_pending)  # this state is the one on disk
+        self.file.resumed((self.step, self.eval_pending))  # this state is the one on disk
         self.changes = list(ckpt.get("changes") or [])
         self.apply_changes(ckpt.get("train_config") or {})
+        if self.tokenizer is None and ckpt.get("tokenizer"):  # a resume that names none keeps the run's
+            self.tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
+        self.meta = ckpt.get("meta") if self.meta is None else self.meta
 
     def apply_changes(self, saved: dict) -> None:
         """Settings that differ from the checkpoint's take effect from the next step: the
         learning-rate schedule is recomputed from them and AdamW's hyperparameters set; every
         change is recorded (step, setting, from, to) in the checkpoints that follow."""
         now = asdict(self.config)
-        kept = [k for k in now if k not in _PROCESS_SETTINGS and k in saved]
+        kept = [k for k in now if k not in PROCESS_SETTINGS and k in saved]
         changed = {k: (saved[k], now[k]) for k in kept if saved[k] != now[k]}
         if not changed:
             return
@@ -193,7 +181,7 @@ class _Run:
 
     def save(self, rng: dict) -> None:
         """Write the checkpoint (rank 0 only; nothing when this state is already saved)."""
-        if self.ckpt_path is None or self.rank != 0 or self.saved == (self.step, self.eval_pending):
+        if not self.file.writer or self.file.saved == (self.step, self.eval_pending):
             return
         self.check_finite()
         parts = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
@@ -203,19 +191,8 @@ class _Run:
                   "train_config": {**asdict(self.config), "device": str(self.device)}, "rng": rng,
                   "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
                   "history": asdict(self.history), "meta": self.meta or {}, "changes": self.changes}  # fmt: skip
-        save_checkpoint(state, self.ckpt_path)
-        self.saved = (self.step, self.eval_pending)
+        self.file.write(state, (self.step, self.eval_pending))
         self.on_save()
-
-    def last_good(self) -> str:
-        """Where the last good state is, in words."""
-        if self.ckpt_path is None or self.rank != 0:
-            return "no checkpoint is written (no out_dir)"
-        if self.saved is not None:
-            return f"the checkpoint in {self.ckpt_path} holds step {self.saved[0]}, the last good state"
-        if self.ckpt_path.is_file():
-            return f"the checkpoint in {self.ckpt_path} is left as it was"
-        return "no checkpoint was written"
 
     def check_finite(self) -> None:
         """Raise ``FloatingPointError`` when the model's weights or its last evaluation are not
@@ -226,7 +203,7 @@ class _Run:
         if val or weights:
             what = f"the evaluation loss is {val[0]}" if val else f"the weights of {weights[0]} are not finite"
             raise FloatingPointError(
-                f"the model diverged by step {self.step} ({what}); stopped without saving it: {self.last_good()}; "
+                f"the model diverged by step {self.step} ({what}); stopped without saving it: {self.file.last_good()}; "
                 f"lower lr, or check the data"
             )
 
@@ -243,7 +220,7 @@ class _Run:
             if bad is not None:
                 step = self.step - len(losses) + bad + 1
                 raise FloatingPointError(
-                    f"the training loss became {losses[bad]} at step {step}; stopped: {self.last_good()}; "
+                    f"the training loss became {losses[bad]} at step {step}; stopped: {self.file.last_good()}; "
                     f"lower lr, or check the data"
                 )
             self.history.step_loss.extend(losses)
@@ -345,8 +322,8 @@ def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
         if not run.busy:  # mid-step the state is torn: the last checkpoint written stays the one to resume
             run.read_losses()
             run.save(rng)
-        if run.ckpt_path is not None and run.rank == 0 and run.saved is not None:
-            bar.write(f"interrupted; the checkpoint in {run.ckpt_path} holds step {run.saved[0]}")
+        if run.file.writer and run.file.saved is not None:
+            bar.write(f"interrupted; the checkpoint in {run.file.path} holds step {run.file.saved[0]}")
         raise
     finally:
         bar.close()
@@ -380,10 +357,8 @@ def train(
     kept), as if interrupted. ``on_save()`` is called after each checkpoint is written (chapter 15's
     ``finetune`` command writes its adapter file beside it then).
     """
-    config = config or TrainConfig()
-    owned = own_folder(config.out_dir) if config.out_dir and world()[0] == 0 else nullcontext()
-    with owned:  # no other run writes in out_dir while this one lives
-        run = _Run(model, get_batch, config, tokenizer, meta, on_save)
+    run = _Run(model, get_batch, config or TrainConfig(), tokenizer, meta, on_save)
+    with run.file.own():  # no other run writes in out_dir while this one lives
         if resume is not False:
             run.resume(resume if isinstance(resume, dict) else None)
         with InterruptFlag() as flag:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .recipe import LLAMA_BLOCK
 from .utils import DTYPES, check_fields
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "TrainConfig", "configure_optimizer", "lr_at", "make_scheduler"]
@@ -110,7 +111,7 @@ MODEL_SETTINGS = {
 PRESETS: dict[str, tuple[dict, TrainConfig]] = {
     "cpu": ({}, TrainConfig()),
     # chapter 14: the CPU preset's size with Llama's block (RMSNorm, SwiGLU, rotary positions, no biases)
-    "llama-cpu": (dict(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False), TrainConfig()),
+    "llama-cpu": (LLAMA_BLOCK.changes(), TrainConfig()),
     "gpu": (
         dict(n_layers=6, n_heads=6, d_model=384, context_len=256, dropout=0.2),
         TrainConfig(batch_size=64, max_iters=5000, eval_iters=200),

@@ -25,15 +25,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from ..run import TOKENIZER_NAME as TOKENIZER_NAME
+
 # Names that tests, scripts and chapter 9's list of library names read as transformer_lib.cli.NAME
 from ..train_config import MODEL_SETTINGS as MODEL_SETTINGS
 from ..train_config import PRESETS as PRESETS
 from .finetune import finetune_main
 from .sample import sample_main
-from .settings import _Parser as _Parser
 from .settings import _settings as _settings
 from .train import END_OF_TEXT as END_OF_TEXT
-from .train import TOKENIZER_NAME as TOKENIZER_NAME
 from .train import _compare_replicas as _compare_replicas
 from .train import build_parser, train_main
 

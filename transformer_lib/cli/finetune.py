@@ -15,23 +15,21 @@ from __future__ import annotations
 import argparse
 import io
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from ..checkpoint import checkpoint_file, load_checkpoint, own_folder, read_checkpoint
+from ..checkpoint import load_checkpoint, read_checkpoint
 from ..data import sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
-from ..finetune import LORA_TARGETS
-from ..lora import add_lora, count_parameters, save_adapter
+from ..finetune import lora_targets
+from ..lora import add_lora, count_parameters
+from ..run import ADAPTER_NAME, DEFAULTS, RunFolder, RunRecord, read_base, resume_config, resume_record, resumed_data
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
-from .settings import _add_setting_flags, _changed, _check_seed, _data_path, _parse, _Parser, _train_config
-from .train import _saved_tokenizer, _write_tokenizer
+from .settings import Parser, _add_setting_flags, check_seed, parse_run_flags, training_flags
 
 __all__ = ["ADAPTER_NAME", "FINETUNE_DEFAULTS", "finetune_main"]
-
-#: The file a LoRA run writes its adapters to, beside its checkpoint (chapter 15).
-ADAPTER_NAME = "adapter.pt"
 
 #: Fine-tuning's training settings where they differ from :class:`~transformer_lib.train_config.TrainConfig`'s
 #: pretraining defaults (chapter 15): short runs, a warm-up, no weight decay, and a peak learning
@@ -46,12 +44,11 @@ FINETUNE_DEFAULTS = {
     "batch_size": 16,
     "weight_decay": 0.0,
 }
-_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1}  # the command's own settings, recorded in the meta
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The fine-tuning command's argument parser (``python -m transformer_lib finetune --help``, chapter 15)."""
-    parser = _Parser(
+    parser = Parser(
         prog="python -m transformer_lib finetune",
         description="Fine-tune a GPT checkpoint (a BPE run of python -m transformer_lib train, whose tokenizer has "
         "<|endoftext|>) on prompt/response pairs (chapter 15): every weight, or with --lora-rank only low-rank "
@@ -71,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
     parser.add_argument("--lora-rank", type=int, default=None, help="train only adapters of this rank on "
-                        "LORA_TARGETS, written to OUT_DIR/adapter.pt (default: full fine-tuning)")  # fmt: skip
+                        "every attention and feed-forward matrix, written to OUT_DIR/adapter.pt (default: full "
+                        "fine-tuning)")  # fmt: skip
     parser.add_argument("--lora-alpha", type=float, default=None, help="the adapters' scale alpha, applied as "
                         "alpha / rank (default: 2 x --lora-rank)")  # fmt: skip
     _add_setting_flags(parser, shape=False, defaults="FINETUNE_DEFAULTS")
@@ -81,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 def finetune_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib finetune``: fine-tune a GPT on prompt/response pairs (chapter 15)."""
     parser = build_parser()
-    args, file = _parse(parser, argv)
+    args, folder = parse_run_flags(parser, argv)
     if not args.resume and (args.ckpt is None or args.data is None):
         parser.error("give the base checkpoint with --ckpt and the pairs with --data FILE.jsonl")
-    _check_seed(args.seed)
+    check_seed(args.seed)
     if args.lora_rank is not None and args.lora_rank < 1:
         raise ValueError(f"--lora-rank must be a positive int, got {args.lora_rank}")
     if args.lora_alpha is not None and not args.lora_alpha > 0:
@@ -94,58 +92,32 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
     for path, what in ((args.ckpt, "no base checkpoint"), (args.data, "no data file")):
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{what} at {path}")
-    with own_folder(args.out_dir):
-        return _finetune_in_folder(args, file)
+    with folder.own():
+        return _finetune_in_folder(args, folder)
 
 
-def _run_settings(args, meta: dict | None, file: Path) -> dict:
-    """The method, LoRA rank and alpha, seed and split: the flags' (or the defaults), or on resume the
-    checkpoint's, a different flag refused."""
+def finetune_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
+    """What a fine-tuning run is, as far as its flags say: the LoRA rank and alpha, seed and split
+    (or their defaults), or on resume the run's, a flag that differs refused."""
     given = {"lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "seed": args.seed,
              "val_fraction": args.val_fraction}  # fmt: skip
-    if meta is None:
-        if args.lora_alpha is not None and args.lora_rank is None:
-            raise ValueError("--lora-alpha is for --lora-rank: full fine-tuning has no adapters")
-        run = {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
-        if run["lora_rank"] is not None and run["lora_alpha"] is None:
-            run["lora_alpha"] = 2.0 * run["lora_rank"]
-        if not 0 < run["val_fraction"] < 1:
-            raise ValueError(f"--val-fraction must be in (0, 1), got {run['val_fraction']}")
-        return {**run, "method": "full" if run["lora_rank"] is None else "lora"}
-    for name, value in given.items():
-        if value is not None and value != meta[name]:
-            raise _changed(name, "none (full fine-tuning)" if meta[name] is None else meta[name], value, file)
-    return {k: meta[k] for k in (*given, "method")}
+    if resumed is not None:
+        return resume_record(resumed, given, file)
+    if args.lora_alpha is not None and args.lora_rank is None:
+        raise ValueError("--lora-alpha is for --lora-rank: full fine-tuning has no adapters")
+    run = {k: DEFAULTS.get(k) if v is None else v for k, v in given.items()}
+    if run["lora_rank"] is not None and run["lora_alpha"] is None:
+        run["lora_alpha"] = 2.0 * run["lora_rank"]
+    if not 0 < run["val_fraction"] < 1:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {run['val_fraction']}")
+    return RunRecord(kind="finetune", **run)
 
 
-def _config(args, run: dict, ckpt: dict | None, file: Path) -> TrainConfig:
+def finetune_config(args, record: RunRecord, ckpt: dict | None, file: Path) -> TrainConfig:
     """:data:`FINETUNE_DEFAULTS` (the lr by method, min_lr a tenth of --lr), the checkpoint's on resume, the flags."""
-    lr = args.lr if args.lr is not None else FINETUNE_DEFAULTS["lr"][run["method"]]
+    lr = args.lr if args.lr is not None else FINETUNE_DEFAULTS["lr"][record.method]
     plain = {k: v for k, v in FINETUNE_DEFAULTS.items() if k not in ("lr", "min_lr")}
-    return _train_config(args, TrainConfig(**plain, lr=lr, min_lr=lr / 10), ckpt, file)
-
-
-def _base(args, meta: dict | None, file: Path) -> tuple[dict, Path]:
-    """The base checkpoint (read once) and its file: ``--ckpt``, or on resume the one the run records,
-    which a different ``--ckpt`` may not replace."""
-    path = args.ckpt
-    if meta is not None and path is None:
-        path = meta["base"]
-        if not checkpoint_file(path).is_file():
-            raise ValueError(f"the run in {file} fine-tunes {path}, which is no longer there: give it with --ckpt")
-    base, base_file = read_checkpoint(path), checkpoint_file(path)
-    if meta is not None and base["checksum"] != meta["base_sha256"]:
-        raise ValueError(
-            f"--resume cannot change --ckpt: the run in {file} fine-tunes {meta['base']} (checksum "
-            f"{meta['base_sha256'][:12]}), not {base_file} (checksum {base['checksum'][:12]})"
-        )
-    if (base.get("meta") or {}).get("finetune") == "lora":
-        raise ValueError(f"{base_file} is a LoRA run's checkpoint (its base's weights and adapters): fine-tune its "
-                         f"base, {base['meta']['base']}, or a full fine-tuning run's checkpoint")  # fmt: skip
-    if base.get("model_class") != "GPT" or not base.get("tokenizer"):
-        raise ValueError(f"{base_file} holds a {base.get('model_class')} without a tokenizer: fine-tune a GPT "
-                         f"checkpoint of python -m transformer_lib train --tokenizer bpe")  # fmt: skip
-    return base, base_file
+    return resume_config(TrainConfig(**plain, lr=lr, min_lr=lr / 10), ckpt, training_flags(args), file)
 
 
 def _pairs(data: str, tokenizer, context_len: int, val_fraction: float) -> tuple[list, list]:
@@ -167,70 +139,67 @@ def _pairs(data: str, tokenizer, context_len: int, val_fraction: float) -> tuple
     return encoded[:-n_val], encoded[-n_val:]
 
 
-def _finetune_in_folder(args, file: Path) -> int:
+def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
+    """With ``--resume``, the run's checkpoint (read once) and its record, refused when it is not
+    a fine-tuning run; else nothing, another run's checkpoint refused unless ``--force``."""
+    if not args.resume:
+        folder.check_fresh(args.force)
+        return None, None
+    ckpt = read_checkpoint(folder.checkpoint)
+    record = RunRecord.from_checkpoint(ckpt)
+    if record.kind != "finetune":
+        raise ValueError(f"{folder.checkpoint} holds a training run, not a fine-tuning run: continue it with python "
+                         f"-m transformer_lib train --resume --out-dir {args.out_dir}")  # fmt: skip
+    return ckpt, record
+
+
+def _finetune_in_folder(args, folder: RunFolder) -> int:
     """The fine-tuning run of :func:`finetune_main`, inside the folder it owns."""
-    ckpt = meta = None
-    if args.resume:
-        ckpt = read_checkpoint(file)
-        meta = ckpt.get("meta") or {}
-        if not meta.get("finetune"):
-            raise ValueError(f"{file} holds a training run, not a fine-tuning run: continue it with python -m "
-                             f"transformer_lib train --resume --out-dir {args.out_dir}")  # fmt: skip
-    elif file.exists() and not args.force:
-        raise ValueError(f"{file} holds another run's checkpoint: continue it with --resume, replace it with "
-                         f"--force, or choose another --out-dir")  # fmt: skip
-    run = _run_settings(args, meta, file)
-    config = _config(args, run, ckpt, file)
-    base, base_file = _base(args, meta, file)
-    data = _data_path(args, ckpt, file)
+    file = folder.checkpoint
+    ckpt, resumed = _resumed(args, folder)
+    record = finetune_record(args, resumed, file)
+    config = finetune_config(args, record, ckpt, file)
+    base, base_file = read_base(args.ckpt, resumed, file)
+    data = resumed_data(args.data, resumed, file)
     data_sha256 = sha256_of(data)
-    if meta is not None and data_sha256 != meta["data_sha256"]:
-        raise ValueError(f"{data} is not the data the run in {file} was fine-tuned on ({meta['data']}): give that "
+    if resumed is not None and data_sha256 != resumed.data_sha256:
+        raise ValueError(f"{data} is not the data the run in {file} was fine-tuned on ({resumed.data}): give that "
                          f"file with --data")  # fmt: skip
     model, tokenizer, _ = load_checkpoint(base)
-    tokenizer = _saved_tokenizer(tokenizer, base_file.parent)
+    tokenizer = RunFolder(base_file.parent).checked_tokenizer(tokenizer)
     if getattr(tokenizer, "eos_id", None) is None:
         raise ValueError(f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
                          f"with it; fine-tune a base trained with --tokenizer bpe")  # fmt: skip
-    train_pairs, val_pairs = _pairs(data, tokenizer, model.config.context_len, run["val_fraction"])
+    train_pairs, val_pairs = _pairs(data, tokenizer, model.config.context_len, record.val_fraction)
     device = pick_device(config.device)
-    set_seed(run["seed"])
+    set_seed(record.seed)
     model.train()
-    if run["method"] == "lora":
+    if record.method == "lora":
         try:
-            add_lora(model, list(LORA_TARGETS), rank=run["lora_rank"], alpha=run["lora_alpha"], seed=run["seed"])
+            add_lora(model, lora_targets(model), rank=record.lora_rank, alpha=record.lora_alpha, seed=record.seed)
         except ValueError as e:
-            raise ValueError(f"--lora-rank {run['lora_rank']}: {e}") from None
-    adapter = Path(args.out_dir) / ADAPTER_NAME
+            raise ValueError(f"--lora-rank {record.lora_rank}: {e}") from None
     if not ckpt:
-        _write_tokenizer(tokenizer, Path(args.out_dir), args.force)
-        if adapter.exists() and not args.force:
-            raise ValueError(f"{adapter} holds another run's adapter: replace that run with --force")
-        adapter.unlink(missing_ok=True)  # --force replaces the run that wrote it
+        folder.write_tokenizer(tokenizer, args.force)
+        folder.clear_adapter(args.force)  # --force replaces the run that wrote it
     batches = InstructionBatches(train_pairs, val_pairs, model.config.context_len, config.batch_size,
-                                 tokenizer.eos_id, seed=run["seed"], device=device)  # fmt: skip
-    meta = {"finetune": run["method"], "base": str(base_file.resolve()), "base_sha256": base["checksum"],
-            "data": str(Path(data).resolve()), "data_sha256": data_sha256, "corpus": Path(data).name,
-            "n_train": len(train_pairs), "n_val": len(val_pairs), **run,
-            "tokenizer_sha256": tokenizer_checksum(tokenizer)}  # fmt: skip
-    adapter_meta = {k: meta[k] for k in ("base", "base_sha256", "data", "data_sha256", "lora_rank", "lora_alpha")}
-
-    def write_adapter() -> None:
-        if run["method"] == "lora":
-            save_adapter(model, adapter, meta=adapter_meta, force=True)
-
+                                 tokenizer.eos_id, seed=record.seed, device=device)  # fmt: skip
+    record = replace(record, base=str(base_file.resolve()), base_sha256=base["checksum"],
+                     data=str(Path(data).resolve()), data_sha256=data_sha256, corpus=Path(data).name,
+                     n_train=len(train_pairs), n_val=len(val_pairs),
+                     tokenizer_sha256=tokenizer_checksum(tokenizer))  # fmt: skip
     print(f"{Path(data).name}: {len(train_pairs)} pairs to train on, {len(val_pairs)} to validate; "
-          f"{run['method']} fine-tuning of {base_file} ({count_parameters(model):,} of "
+          f"{record.method} fine-tuning of {base_file} ({count_parameters(model):,} of "
           f"{count_parameters(model, trainable=False):,} parameters trained); device {device}")  # fmt: skip
     try:
-        history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False,
-                        on_save=write_adapter)  # fmt: skip
+        history = train(model, batches, config, tokenizer=tokenizer, meta=record.to_meta(), resume=ckpt or False,
+                        on_save=folder.adapter_writer(model, record))  # fmt: skip
     except KeyboardInterrupt:
         print(f"Interrupted. Continue with: python -m transformer_lib finetune --resume --out-dir {args.out_dir}")
         return 130
     if history.val_loss:
         print(f"final val loss {history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
     print(f"checkpoint in {file}")
-    if adapter.is_file():
-        print(f"adapter in {adapter} ({adapter.stat().st_size / 1024:.1f} KiB)")
+    if folder.adapter.is_file():
+        print(f"adapter in {folder.adapter} ({folder.adapter.stat().st_size / 1024:.1f} KiB)")
     return 0

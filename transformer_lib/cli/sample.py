@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
+from ..checkpoint import checkpoint_file, load_checkpoint
 from ..data.instructions import PROMPT_END
-from ..lora import load_adapter
 from ..models import GPT
+from ..run import RunFolder, RunRecord, add_adapter
 from ..sampling import generate_text
 from ..utils import pick_device
-from .settings import _check_seed, _Parser
-from .train import _saved_tokenizer
+from .settings import Parser, check_seed
 
 __all__ = ["sample_main"]
 
 
 def sample_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
-    parser = _Parser(
+    parser = Parser(
         prog="python -m transformer_lib sample",
         description="Generate text from a GPT checkpoint written by python -m transformer_lib train.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -49,7 +47,7 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
-    _check_seed(args.seed)
+    check_seed(args.seed)
 
     device = pick_device(args.device)
     try:
@@ -58,10 +56,10 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
-    tokenizer = _saved_tokenizer(tokenizer, checkpoint_file(args.ckpt).parent)
+    tokenizer = RunFolder(checkpoint_file(args.ckpt).parent).checked_tokenizer(tokenizer)
     if args.adapter is not None:
-        _add_adapter(model, ckpt, args)
-    finetuned = args.adapter is not None or bool((ckpt.get("meta") or {}).get("finetune"))
+        add_adapter(model, ckpt, checkpoint_file(args.ckpt), args.adapter)
+    finetuned = args.adapter is not None or RunRecord.from_meta(ckpt.get("meta")).kind != "pretrain"
     generator = torch.Generator(device=device).manual_seed(args.seed)
     top_k = 1 if args.greedy else args.top_k
     options = dict(temperature=args.temperature, top_k=top_k, top_p=args.top_p, generator=generator)
@@ -76,19 +74,6 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:  # a prompt character the model never saw, a bad temperature, top-k or top-p
             parser.error(str(e))
     return 0
-
-
-def _add_adapter(model: GPT, ckpt: dict, args) -> None:
-    """Add the adapter of ``--adapter`` to the base model, refused when it was trained on another base."""
-    if not Path(args.adapter).is_file():
-        raise FileNotFoundError(f"--adapter: no adapter file at {args.adapter}")
-    meta = read_checkpoint(args.adapter).get("meta") or {}
-    if meta.get("base_sha256") not in (None, ckpt["checksum"]):
-        raise ValueError(
-            f"{args.adapter} was trained on the base {meta.get('base')} (checksum {meta['base_sha256'][:12]}), not "
-            f"{checkpoint_file(args.ckpt)} (checksum {ckpt['checksum'][:12]}): give that base with --ckpt"
-        )
-    load_adapter(model, args.adapter)
 
 
 @torch.no_grad()

@@ -1,33 +1,34 @@
 """The command line's flags and settings (chapter 9): the parser every command uses, the flags
 made from the fields of :class:`~transformer_lib.models.GPTConfig` and
 :class:`~transformer_lib.train_config.TrainConfig`, what ``python -m transformer_lib train`` takes
-from its preset, its flags and, with ``--resume``, from the checkpoint it continues; and the
-flags it refuses before anything is read or written (an empty ``--out-dir``, contradictory
-flags, a seed out of range). The commands themselves are in :mod:`transformer_lib.cli`.
+from its preset, its flags and, with ``--resume``, from the checkpoint it continues (by the rules
+of :mod:`transformer_lib.run`, which owns the run folder and its record); and the flags it
+refuses before anything is read or written (an empty ``--out-dir``, contradictory flags, a seed
+out of range). The commands themselves are in :mod:`transformer_lib.cli`.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import CHECKPOINT_NAME, check_recorded
-from ..models import GPT_CHOICES, GPTConfig
-from ..train import _PROCESS_SETTINGS
+from ..checkpoint import CHECKPOINT_NAME
+from ..models import GPTConfig
+from ..recipe import RECIPE_CHOICES, BlockRecipe
+from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
+from ..run import flag as _flag
 from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
-from ..utils import DTYPES, check_fields, pick_device
+from ..utils import DTYPES, check_fields
 
-# TrainConfig fields that describe this process rather than the run: never taken from a checkpoint.
-_RUNTIME = _PROCESS_SETTINGS
 _SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
                 "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
 _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
     prints the usage too), like every other error of the command."""
 
@@ -35,18 +36,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _add_setting_flags(parser: argparse.ArgumentParser, shape: bool = True, defaults: str = "the preset's") -> None:
     """One flag per GPTConfig shape setting (unless not ``shape``) and per TrainConfig field, default
     None (= ``defaults``, or the checkpoint's with --resume)."""
     if shape:
         group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
-        model_types = {f.name: f.type for f in fields(GPTConfig)}
+        model_types = {f.name: f.type for f in (*fields(GPTConfig), *fields(BlockRecipe))}  # the recipe's choices too
         for name, help_ in MODEL_SETTINGS.items():
-            _add_flag(group, name, model_types[name], help_, GPT_CHOICES.get(name))
+            _add_flag(group, name, model_types[name], help_, RECIPE_CHOICES.get(name))
     group = parser.add_argument_group(f"training (default: {defaults}, or the checkpoint's with --resume)")
     for f in fields(TrainConfig):
         if f.name != "out_dir":
@@ -71,11 +68,12 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
     """
     preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
     shape_changes, config = PRESETS[preset]
-    defaults = GPTConfig(vocab_size=1)
-    shape = {name: shape_changes.get(name, getattr(defaults, name)) for name in MODEL_SETTINGS}
+    defaults = GPTConfig(vocab_size=1).settings()
+    shape = {name: shape_changes.get(name, defaults[name]) for name in MODEL_SETTINGS}
     given_shape = {k: getattr(args, k) for k in MODEL_SETTINGS if getattr(args, k) is not None}
     if ckpt is not None:
-        shape = {k: ckpt["model_config"].get(k, getattr(defaults, k)) for k in MODEL_SETTINGS}  # older: defaults
+        recorded = GPTConfig(**ckpt["model_config"]).settings()  # any version's: flat or with its recipe
+        shape = {k: recorded[k] for k in MODEL_SETTINGS}
         changed = [k for k, v in given_shape.items() if v != shape[k]]
         if changed:
             k = changed[0]
@@ -89,119 +87,45 @@ def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConf
 
 
 def _train_config(args, config: TrainConfig, ckpt: dict | None, file: Path) -> TrainConfig:
-    """``config`` (the defaults), then on resume the checkpoint's settings, then the flags given."""
-    if ckpt is not None:
-        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in _RUNTIME}
-        names = {f.name for f in fields(TrainConfig)} - _RUNTIME
-        missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
-        if missing or unknown:
-            what = f"does not record the training setting {_flag(missing[0])}" if missing else (
-                f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
-            raise ValueError(f"{file} {what} (a checkpoint from another version?)")
-        config = replace(config, **saved, **_recorded_process(ckpt, args, file))
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name) is not None}
-    return replace(config, **given)
+    """``config`` (the defaults), then on resume the checkpoint's settings, then the flags given
+    (:func:`~transformer_lib.run.resume_config`)."""
+    return resume_config(config, ckpt, training_flags(args), file)
 
 
-def _recorded_process(ckpt: dict, args, file: Path) -> dict:
-    """On resume, the device, autocast dtype and compilation the run was started with, unless a
-    flag gives another (a run can move to another machine that way): ``auto`` would otherwise
-    pick a GPU for a run that trained on the CPU. A device this machine lacks is refused."""
-    saved = ckpt.get("train_config") or {}
-    kept = {k: saved[k] for k in ("device", "dtype", "compile") if k in saved and getattr(args, k) is None}
-    if "device" in kept:
-        try:
-            pick_device(str(kept["device"]))
-        except (ValueError, RuntimeError):
-            raise ValueError(
-                f"the run in {file} trained on device {kept['device']!r}, which this machine does not have: "
-                f"continue it here with --device cpu (or another device)"
-            ) from None
-    return kept
+def training_flags(args) -> dict:
+    """The TrainConfig flags as given, by field (None: not given)."""
+    return {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
 
 
-# Settings of the command itself (not of TrainConfig), recorded in the checkpoint's meta.
-_RUN_DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char", "vocab_size": None}
 BPE_VOCAB_DEFAULT = 512  # --tokenizer bpe without --vocab-size
 
 
-def _run_settings(args, ckpt: dict | None, file: Path) -> dict:
-    """``--preset``, ``--seed``, ``--val-fraction``, ``--tokenizer`` and ``--vocab-size``: the flags'
-    (or the defaults), or on resume the checkpoint's; a flag that differs from the checkpoint is
-    refused, as is a split the checkpoint does not record."""
+def pretrain_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
+    """What a pretraining run is, as far as its flags say: ``--preset``, ``--seed``,
+    ``--val-fraction``, ``--tokenizer`` and ``--vocab-size`` (or their defaults), or on resume the
+    run's, a flag that differs refused (:func:`~transformer_lib.run.resume_record`)."""
     given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction,
              "tokenizer": args.tokenizer, "vocab_size": args.vocab_size}  # fmt: skip
-    if ckpt is None:
-        out = {k: _RUN_DEFAULTS.get(k) if v is None else v for k, v in given.items()}
-        if out["tokenizer"] == "char" and out["vocab_size"] is not None:
+    if resumed is not None:
+        return resume_record(resumed, given, file)
+    out = {k: DEFAULTS.get(k) if v is None else v for k, v in given.items()}
+    if out["tokenizer"] == "char" and out["vocab_size"] is not None:
+        raise ValueError(
+            f"--vocab-size {out['vocab_size']} is for --tokenizer bpe: a character tokenizer's vocabulary is the "
+            f"text's characters"
+        )
+    if out["tokenizer"] == "bpe":
+        out["vocab_size"] = BPE_VOCAB_DEFAULT if out["vocab_size"] is None else out["vocab_size"]
+        if out["vocab_size"] < 258:
             raise ValueError(
-                f"--vocab-size {out['vocab_size']} is for --tokenizer bpe: a character tokenizer's vocabulary is the "
-                f"text's characters"
+                f"--vocab-size must be at least 258 (the 256 bytes, one merge and <|endoftext|>), "
+                f"got {out['vocab_size']}"
             )
-        if out["tokenizer"] == "bpe":
-            out["vocab_size"] = BPE_VOCAB_DEFAULT if out["vocab_size"] is None else out["vocab_size"]
-            if out["vocab_size"] < 258:
-                raise ValueError(
-                    f"--vocab-size must be at least 258 (the 256 bytes, one merge and <|endoftext|>), "
-                    f"got {out['vocab_size']}"
-                )
-        return out
-    meta, out = ckpt.get("meta") or {}, {}
-    for name, value in given.items():
-        recorded = meta.get(name)
-        if recorded is None:
-            if value is None and name == "val_fraction":
-                raise ValueError(
-                    f"{file} does not record which fraction of the text was kept for validation: give the run's "
-                    f"--val-fraction"
-                )
-            out[name] = _RUN_DEFAULTS.get(name) if value is None else value
-        elif value is not None and value != recorded:
-            raise _changed(name, recorded, value, file)
-        else:
-            out[name] = recorded
-    return out
+    return RunRecord(kind="pretrain", **out)
 
 
-def _changed(name: str, recorded, value, file: Path) -> ValueError:
-    """The refusal of a flag that ``--resume`` was given with another value than the run in ``file`` records."""
-    return ValueError(f"--resume cannot change {_flag(name)}: the run in {file} uses {recorded}, not {value}")
-
-
-def _data_path(args, ckpt: dict | None, file: Path) -> str | None:
-    """The text to train on: ``--data``, or on resume the file the checkpoint names."""
-    if args.data is not None or ckpt is None:
-        return args.data
-    meta = ckpt.get("meta") or {}
-    if meta.get("data_from"):
-        raise ValueError(
-            f"the run in {file} read its training text from {meta['data_from']}, which cannot be read again: "
-            f"give the same text with --data FILE"
-        )
-    if meta.get("data") and not Path(meta["data"]).is_file():
-        raise ValueError(
-            f"the run in {file} was trained on {meta['data']}, which is no longer there: give the same text "
-            f"with --data FILE"
-        )
-    return meta.get("data")
-
-
-def _resumable(ckpt: dict, file: Path, data: str | None) -> dict:
-    """``ckpt`` if this command can continue it, else a ``ValueError`` that says why."""
-    check_recorded(ckpt, file, ("model_class",))
-    if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
-        raise ValueError(
-            f"{file} holds a {ckpt.get('model_class')} "
-            f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
-            f"with its tokenizer (train(..., tokenizer=...) or this command)"
-        )
-    check_recorded(ckpt, file)
-    if data is None and not (ckpt.get("meta") or {}).get("corpus"):
-        raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
-    return ckpt
-
-
-def _check_seed(seed: int | None) -> None:
+def check_seed(seed: int | None) -> None:
+    """Refuse a ``--seed`` that NumPy cannot take."""
     if seed is not None and not 0 <= seed < 2**32:
         raise ValueError(f"--seed must be an int in [0, {2**32 - 1}], got {seed}")
 
@@ -223,12 +147,12 @@ def _check_flags(args) -> None:
             raise ValueError(f"{_flag(first)} and {_flag(second)} contradict each other: {why}")
 
 
-def _parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, Path]:
-    """The flags of a training command (train or finetune), checked, and its checkpoint's path;
+def parse_run_flags(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, RunFolder]:
+    """The flags of a training command (train or finetune), checked, and its run folder;
     ``--resume`` without a checkpoint there is a usage error."""
     args = parser.parse_args(argv)
     _check_flags(args)
-    file = Path(args.out_dir) / CHECKPOINT_NAME
-    if args.resume and not file.is_file():
-        parser.error(f"--resume: no checkpoint at {file}")
-    return args, file
+    run = RunFolder(args.out_dir)
+    if args.resume and not run.checkpoint.is_file():
+        parser.error(f"--resume: no checkpoint at {run.checkpoint}")
+    return args, run

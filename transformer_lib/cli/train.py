@@ -20,40 +20,29 @@ import torch
 import torch.distributed as dist
 
 from ..bpe import train_bpe
-from ..checkpoint import CHECKPOINT_NAME, own_folder, read_checkpoint, tensor_checksum
-from ..data import (
-    PATH_ENV,
-    CharTokenizer,
-    LMBatches,
-    load_corpus,
-    load_tokenizer,
-    save_tokenizer,
-    sha256_of,
-    tokenizer_checksum,
-    tokenizer_from_dict,
-)
+from ..checkpoint import read_checkpoint, tensor_checksum
+from ..data import PATH_ENV, CharTokenizer, LMBatches, load_corpus, sha256_of, tokenizer_checksum, tokenizer_from_dict
 from ..models import GPT, GPTConfig
+from ..run import RunFolder, RunRecord, resumable_pretraining, resumed_data
 from ..train import train
 from ..train_config import PRESETS
 from ..utils import pick_device, set_seed
 from .settings import (
     BPE_VOCAB_DEFAULT,
+    Parser,
     _add_setting_flags,
-    _check_seed,
-    _data_path,
-    _parse,
-    _Parser,
-    _resumable,
-    _run_settings,
     _settings,
+    check_seed,
+    parse_run_flags,
+    pretrain_record,
 )
 
-__all__ = ["END_OF_TEXT", "TOKENIZER_NAME", "build_parser", "train_main"]
+__all__ = ["END_OF_TEXT", "build_parser", "train_main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The training command's argument parser (``python -m transformer_lib train --help``, chapter 9)."""
-    parser = _Parser(
+    parser = Parser(
         prog="python -m transformer_lib train",
         description="Train a GPT (chapter 9) on Tiny Shakespeare or on any text file, reading characters or "
         "BPE tokens (chapter 13). "
@@ -110,13 +99,12 @@ def _init_distributed() -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
-def _read_text(data_path: str | None, ckpt: dict | None, file: Path):
+def _read_text(data_path: str | None, resumed: RunRecord | None, file: Path):
     """The training text (:func:`~transformer_lib.data.load_corpus`); on resume, a
     ``ValueError`` when it is not the text the run was trained on, naming where it was read from
     (the file, or the environment variable and its file). Its warnings are shown once it is known
     to be the right text (a wrong one needs the error, not a warning about the same file)."""
-    meta = (ckpt or {}).get("meta") or {}
-    recorded = meta.get("text_sha256")
+    recorded = resumed.data_sha256 if resumed is not None else None
     if not recorded:
         return load_corpus(data_path)
     with warnings.catch_warnings(record=True) as caught:
@@ -129,7 +117,7 @@ def _read_text(data_path: str | None, ckpt: dict | None, file: Path):
         elif os.environ.get(PATH_ENV) and corpus.source == str(Path(os.environ[PATH_ENV])):
             given = f"the file {corpus.source}, which the environment variable {PATH_ENV} names,"
             fix = f"unset {PATH_ENV}, or set it to that text's file"
-        trained_on = meta.get("data") or meta.get("corpus")
+        trained_on = resumed.data or resumed.corpus
         raise ValueError(f"{given} is not the text the run in {file} was trained on ({trained_on}): {fix}")
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -149,86 +137,57 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
-TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
 # A BPE run's one special token, after the merges as in GPT-2; chapter 15 ends each fine-tuning response with it
 END_OF_TEXT = "<|endoftext|>"
-
-
-def _saved_tokenizer(tokenizer, folder: Path):
-    """``tokenizer``, the one a checkpoint holds; if the checkpoint's folder also holds
-    ``tokenizer.json``, that file must hold the same tokenizer (chapter 13), else a ``ValueError``
-    naming the file."""
-    path = folder / TOKENIZER_NAME
-    if path.is_file():
-        try:
-            saved = load_tokenizer(path)
-        except ValueError as e:
-            raise ValueError(f"{e}; the checkpoint beside it holds its own copy of the tokenizer") from None
-        if tokenizer_checksum(saved) != tokenizer_checksum(tokenizer):
-            raise ValueError(
-                f"{path} holds a different tokenizer from the one the checkpoint was trained with (checksum "
-                f"{tokenizer_checksum(saved)[:12]}, not {tokenizer_checksum(tokenizer)[:12]}): restore that file, "
-                f"or remove it to use the checkpoint's own copy"
-            )
-    return tokenizer
-
-
-def _write_tokenizer(tokenizer, folder: Path, force: bool) -> None:
-    """A fresh run's ``tokenizer.json`` beside its checkpoint (a BPE's; None: no file). Another
-    run's file there is refused, or with ``force`` replaced or removed (its run is replaced)."""
-    saved = folder / TOKENIZER_NAME
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, saved, force=force)
-    elif saved.exists() and not force:
-        raise ValueError(f"{saved} holds another run's tokenizer: replace that run with --force")
-    elif saved.exists():
-        saved.unlink()
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
     parser = build_parser()
-    args, file = _parse(parser, argv)
-    _check_seed(args.seed)
+    args, folder = parse_run_flags(parser, argv)
+    check_seed(args.seed)
     if args.device is not None:
         pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
     if not args.resume:
-        _settings(args, None, file)  # a bad setting is refused before the folder is made
+        _settings(args, None, folder.checkpoint)  # a bad setting is refused before the folder is made
     # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
-    owner = own_folder(args.out_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
-    with owner:
-        return _train_in_folder(args, file)
+    with folder.own() if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+        return _train_in_folder(args, folder)
 
 
-def _train_in_folder(args, file: Path) -> int:
+def _tokenizer(corpus, n_train: int, record: RunRecord, ckpt: dict | None, folder: RunFolder, say):
+    """The run's tokenizer: on resume the checkpoint's, else a BPE trained on the training split
+    or the text's characters; a fresh BPE run writes it to ``tokenizer.json``."""
+    if ckpt:
+        return folder.checked_tokenizer(tokenizer_from_dict(ckpt["tokenizer"]))
+    if record.tokenizer == "bpe":
+        say(f"training a byte-level BPE of {record.vocab_size} tokens on the training split")
+        return train_bpe(corpus.text[:n_train], record.vocab_size, specials=(END_OF_TEXT,))
+    return CharTokenizer.from_text(corpus.text)
+
+
+def _train_in_folder(args, folder: RunFolder) -> int:
     """The training run of :func:`train_main`, inside the folder it owns."""
-    ckpt = None
+    file, ckpt, resumed = folder.checkpoint, None, None
     if args.resume:
-        ckpt = _resumable(read_checkpoint(file), file, args.data)  # read once: settings, tokenizer, state
-    elif file.exists() and not args.force:
-        raise ValueError(f"{file} holds another run's checkpoint: continue it with --resume, replace it with "
-                         f"--force, or choose another --out-dir")  # fmt: skip
+        ckpt = resumable_pretraining(read_checkpoint(file), file, args.data)  # read once: settings, tokenizer, state
+        resumed = RunRecord.from_checkpoint(ckpt)
+    else:
+        folder.check_fresh(args.force)
     preset, shape, config = _settings(args, ckpt, file)
-    run = _run_settings(args, ckpt, file)
-    data_path = _data_path(args, ckpt, file)
+    record = pretrain_record(args, resumed, file)
+    data_path = resumed_data(args.data, resumed, file)
     rank, world_size, local_rank = _init_distributed()
     say = print if rank == 0 else lambda *a, **k: None
 
     data_from = None
     if data_path is not None and os.path.exists(data_path) and not stat.S_ISREG(os.stat(data_path).st_mode):
         data_from = f"a pipe ({data_path})"  # read once: a resumed run cannot read it again
-    corpus = _read_text(data_path, ckpt, file)
-    text_sha256 = sha256_of(corpus.text.encode())
-    n_train = int(len(corpus.text) * (1.0 - run["val_fraction"]))  # characters; the rest is validation
-    if ckpt:
-        tokenizer = _saved_tokenizer(tokenizer_from_dict(ckpt["tokenizer"]), Path(args.out_dir))
-    elif run["tokenizer"] == "bpe":
-        say(f"training a byte-level BPE of {run['vocab_size']} tokens on the training split")
-        tokenizer = train_bpe(corpus.text[:n_train], run["vocab_size"], specials=(END_OF_TEXT,))
-    else:
-        tokenizer = CharTokenizer.from_text(corpus.text)
+    corpus = _read_text(data_path, resumed, file)
+    n_train = int(len(corpus.text) * (1.0 - record.val_fraction))  # characters; the rest is validation
+    tokenizer = _tokenizer(corpus, n_train, record, ckpt, folder, say)
     if not ckpt and rank == 0:
-        _write_tokenizer(tokenizer if run["tokenizer"] == "bpe" else None, Path(args.out_dir), args.force)
+        folder.write_tokenizer(tokenizer if record.tokenizer == "bpe" else None, args.force)
     train_tokens = torch.tensor(tokenizer.encode(corpus.text[:n_train]), dtype=torch.long)
     val_tokens = torch.tensor(tokenizer.encode(corpus.text[n_train:]), dtype=torch.long)
 
@@ -236,24 +195,24 @@ def _train_in_folder(args, file: Path) -> int:
     if world_size > 1 and torch.cuda.is_available() and wanted == "auto":
         wanted = f"cuda:{local_rank}"
     config = replace(config, device=pick_device(wanted))  # resolved once, kept as a torch.device
-    set_seed(run["seed"])
+    set_seed(record.seed)
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **shape))
     if world_size > 1:
-        torch.manual_seed(run["seed"] + rank)  # the same initial model, different dropout on each rank
+        torch.manual_seed(record.seed + rank)  # the same initial model, different dropout on each rank
     batches = LMBatches(train_tokens, val_tokens, shape["context_len"], config.batch_size, device=config.device,
-                        seed=run["seed"], rank=rank, world_size=world_size)  # fmt: skip
+                        seed=record.seed, rank=rank, world_size=world_size)  # fmt: skip
     say(
         f"{corpus.name}: {len(corpus.text):,} characters, {len(train_tokens) + len(val_tokens):,} tokens of a "
         f"{tokenizer.kind} vocabulary of {tokenizer.vocab_size}; "
         f"GPT with {model.num_params() / 1e6:.2f}M parameters; preset {preset}; device {config.device}"
         + (f" x {world_size} processes" if world_size > 1 else "")
     )
-    meta = {"data": str(Path(data_path).resolve()) if data_path and not data_from else None, "data_from": data_from,
-            "corpus": corpus.name, "text_sha256": text_sha256, **run, "preset": run["preset"] or preset,
-            "tokenizer_sha256": tokenizer_checksum(tokenizer)}  # fmt: skip
+    record = replace(record, data=str(Path(data_path).resolve()) if data_path and not data_from else None,
+                     data_from=data_from, corpus=corpus.name, data_sha256=sha256_of(corpus.text.encode()),
+                     preset=record.preset or preset, tokenizer_sha256=tokenizer_checksum(tokenizer))  # fmt: skip
     start = time.perf_counter()
     try:
-        history = train(model, batches, config, tokenizer=tokenizer, meta=meta, resume=ckpt or False)
+        history = train(model, batches, config, tokenizer=tokenizer, meta=record.to_meta(), resume=ckpt or False)
         if world_size > 1:
             say(_compare_replicas(model, world_size))
     except KeyboardInterrupt:
@@ -266,5 +225,5 @@ def _train_in_folder(args, file: Path) -> int:
         say(f"final val loss {history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
     if history.mfu is not None:
         say(f"model FLOPs utilisation {100 * history.mfu:.1f}% of the GPU's bf16 peak")
-    say(f"{time.perf_counter() - start:.1f} s; checkpoint in {Path(args.out_dir) / CHECKPOINT_NAME}")
+    say(f"{time.perf_counter() - start:.1f} s; checkpoint in {file}")
     return 0

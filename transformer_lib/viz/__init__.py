@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import matplotlib.pyplot as plt
 
 __all__ = [
+    "compact_inline_figures",
     "figure_png",
     "frame_widget",
     "plot_against_uniform",
@@ -349,6 +350,3 @@ def _nest(controls: list, frames: dict, prefix: tuple, shared: _Shared):
 from .diagrams import plot_architecture, plot_head_split  # noqa: E402
 from .head_tables import plot_against_uniform  # noqa: E402
 from .tokens import plot_tokens  # noqa: E402
-
-# in a notebook, the plots cells show are saved as palette PNGs too
-compact_inline_figures()

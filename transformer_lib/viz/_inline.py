@@ -45,12 +45,16 @@ def _palette_output(data):
     return data
 
 
-def compact_inline_figures() -> bool:
-    """Have IPython show matplotlib figures as palette PNGs (``palette_png``); True if it now does.
+def compact_inline_figures(on: bool = True) -> bool:
+    """Have IPython show matplotlib figures as palette PNGs (``palette_png``); True if it now does
+    (chapter 1).
 
-    ``import transformer_lib`` calls it: in a notebook the plots a cell shows are then saved at
-    about a third of their size. Outside IPython it does nothing. It wraps the PNG formatter's
-    lookup, so it holds whether matplotlib's inline backend registers its printer before or after.
+    The chapters call it once, in their first cell: the plots a cell shows are then saved at about
+    a third of their size. Importing the library does not call it, since it changes how every
+    figure of the session is shown, the reader's own too; ``compact_inline_figures(False)`` gives
+    IPython's own PNG formatter back. Outside IPython it does nothing and returns False. It wraps
+    the PNG formatter's lookup, so it holds whether matplotlib's inline backend registers its
+    printer before or after.
     """
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
@@ -58,9 +62,17 @@ def compact_inline_figures() -> bool:
     if not formatters or "image/png" not in formatters:
         return False
     formatter = formatters["image/png"]
-    if getattr(formatter.lookup, "_palette", False):
-        return True
     lookup = formatter.lookup
+    compact = getattr(lookup, "_palette", None)
+    if not on:
+        if compact is not None:  # put back the lookup it wrapped
+            if getattr(compact, "__self__", None) is formatter:
+                del formatter.lookup  # the formatter's own method again
+            else:
+                formatter.lookup = compact
+        return False
+    if compact is not None:
+        return True
 
     def palette_lookup(obj):
         printer = lookup(obj)
@@ -68,6 +80,6 @@ def compact_inline_figures() -> bool:
             return printer
         return lambda figure: _palette_output(printer(figure))
 
-    palette_lookup._palette = True
+    palette_lookup._palette = lookup  # the lookup it wraps
     formatter.lookup = palette_lookup
     return True

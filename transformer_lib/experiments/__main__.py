@@ -1,0 +1,7 @@
+"""``python -m transformer_lib.experiments ch14 --parts lr --seeds 0 --dry-run``: see :func:`main`."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

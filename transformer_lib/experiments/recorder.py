@@ -1,0 +1,186 @@
+"""The recorder of the chapters' experiments: run parts and seeds, merge them into the record,
+write it atomically, stamped with the versions that made it (chapters 12-15).
+
+An experiment is a chapter's set of named parts; a part is a function ``run(seeds, steps)`` that
+trains and measures each seed and returns the record's entries it fills, for example
+``{"settings": {...}, "lr": {"runs": [...]}}``. The recorder keeps one policy for all of them:
+
+- a smoke run (``steps`` set: fewer training steps) changes the recorded result, so it must be a
+  dry run, and a dry run never writes; both are checked before any training;
+- new runs are merged into the existing record by their key (the part, then the fields of
+  ``KEY_FIELDS`` a run has: its seed, and the method, tokenizer, depth ... it was run with), so a
+  part or a seed can be re-run alone;
+- the record is written atomically (:func:`transformer_lib.utils.atomic_write`), with
+  ``versions``: Python's, PyTorch's and the library's, and the thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..utils import atomic_write
+
+__all__ = ["RECORDS", "Experiment", "Part", "merge", "record_path", "recorded", "run_experiment", "write_record"]
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+#: each chapter's record, in ``transformer_lib/data/<chapter>/``
+RECORDS = {
+    "ch12": "induction_sweep.json",
+    "ch13": "token_sweep.json",
+    "ch14": "block_sweep.json",
+    "ch15": "finetune_sweep.json",
+}
+#: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
+#: by the fields of this tuple that its items have, a missing one read as None; an item with a
+#: ``seed`` is a run, replaced whole; one without, such as a row of runs, is merged)
+KEY_FIELDS = ("name", "method", "variant", "qk_norm", "seed", "tokenizer", "n_layers")
+#: one thread: the thread count changes the rounding of sums
+THREADS = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    """One named part of an experiment: ``run(seeds, steps)`` returns the record's entries it
+    fills; ``seeds`` are the seeds it records (chapter 12)."""
+
+    run: Callable[[list[int], int | None], dict]
+    seeds: list[int]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A chapter's recorded experiment: its parts, by name, in the order they run (chapter 12)."""
+
+    chapter: str
+    parts: dict[str, Part] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return record_path(self.chapter)
+
+
+def record_path(chapter: str) -> Path:
+    """The JSON file that holds ``chapter``'s recorded experiment, e.g. ``"ch14"`` (chapter 12)."""
+    if chapter not in RECORDS:
+        raise ValueError(f"no recorded experiment for {chapter!r}; the chapters with one are {', '.join(RECORDS)}")
+    return DATA / chapter / RECORDS[chapter]
+
+
+def recorded(chapter: str) -> dict:
+    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch15"``), as the
+    chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
+    return json.loads(record_path(chapter).read_text(encoding="utf-8"))
+
+
+def merge(old, new):
+    """``new`` merged into ``old`` (chapter 12): dicts key by key, lists of runs by their key
+    (``KEY_FIELDS``), in the order of the loops that made them; anything else is replaced."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for key, value in new.items():
+            out[key] = merge(old[key], value) if key in old else value
+        return out
+    fields = _key_fields(old, new)
+    if not fields:
+        return new
+    merged: dict[tuple, dict] = {}
+    for item in old:
+        merged[tuple(item.get(f) for f in fields)] = item
+    for item in new:
+        key = tuple(item.get(f) for f in fields)
+        whole = "seed" in fields or key not in merged
+        merged[key] = item if whole else merge(merged[key], item)
+    # each field's values ranked by their first appearance: the old order, new values after it
+    rank = {f: {} for f in fields}
+    for item in [*old, *new]:
+        for f in fields:
+            rank[f].setdefault(item.get(f), len(rank[f]))
+    return sorted(merged.values(), key=lambda item: tuple(rank[f][item.get(f)] for f in fields))
+
+
+def _key_fields(old, new) -> tuple[str, ...]:
+    if not (isinstance(old, list) and isinstance(new, list)):
+        return ()
+    items = [*old, *new]
+    if not items or not all(isinstance(item, dict) for item in items):
+        return ()
+    return tuple(f for f in KEY_FIELDS if any(f in item for item in items))
+
+
+def versions() -> dict:
+    """The stamp a new write carries: the versions and the thread count that made the record."""
+    from .. import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformer_lib": __version__,
+        "threads": THREADS,
+    }
+
+
+def write_record(path: str | Path, record: dict) -> Path:
+    """Write ``record`` to ``path`` as the records are written (JSON, indent 1, a final newline),
+    atomically: a failure half-way leaves the previous file as it was (chapter 12)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+
+    return atomic_write(path, write)
+
+
+def check_request(experiment: Experiment, parts=None, seeds=None, steps=None, dry_run=False) -> list[str]:
+    """The parts to run, once the request is known to be valid: raises ``ValueError`` (one
+    sentence) for an unknown part, a negative seed, a step count below 1, or a smoke run that
+    would be written."""
+    parts = list(experiment.parts) if parts is None else list(parts)
+    unknown = [p for p in parts if p not in experiment.parts]
+    if unknown or not parts:
+        raise ValueError(
+            f"{experiment.chapter} has no part {', '.join(map(repr, unknown)) or '(none given)'}; "
+            f"its parts are {', '.join(experiment.parts)}"
+        )
+    if seeds is not None and (not seeds or any(not isinstance(s, int) or s < 0 for s in seeds)):
+        raise ValueError(f"seeds must be whole numbers from 0, got {seeds}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    if steps is not None and not dry_run:
+        raise ValueError("--steps changes the recorded result: a smoke run needs --dry-run, which writes nothing")
+    return parts
+
+
+def run_experiment(experiment: Experiment, parts=None, seeds=None, steps=None, dry_run=False, out=None) -> dict:
+    """Run ``parts`` (default: all) of ``experiment`` for ``seeds`` (default: each part's own),
+    merge them into the record at ``out`` (default: the shipped one) and write it, unless
+    ``dry_run``; returns the merged record (chapter 12).
+
+    Everything is checked before any training (:func:`check_request`); ``steps`` (a smoke run)
+    needs ``dry_run``. The runs use one thread, as the records were made."""
+    parts = check_request(experiment, parts, seeds, steps, dry_run)
+    out = Path(out) if out is not None else experiment.path
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        fresh: dict = {}
+        for name in parts:
+            part = experiment.parts[name]
+            fresh = merge(fresh, part.run(list(seeds) if seeds is not None else part.seeds, steps))
+    finally:
+        torch.set_num_threads(threads)
+    # read the record only now: other parts may have been written meanwhile by another process
+    old = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    for legacy in ("torch", "threads"):  # the stamp before "versions"
+        old.pop(legacy, None)
+    record = merge({"versions": versions(), **old}, {"versions": versions(), **fresh})
+    if not dry_run:
+        write_record(out, record)
+        print(f"wrote {out}")
+    return record

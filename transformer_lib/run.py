@@ -1,0 +1,397 @@
+"""A training run as one thing (chapter 9, "A GPT from scratch"; chapter 13's tokenizer file;
+chapter 15's fine-tuning runs): the folder a run writes, a typed record of what the run is, the
+rules for what ``--resume`` may change, and :func:`load_run`, which gives a run back.
+
+A run folder holds::
+
+    ckpt.pt         the checkpoint (written by train(), atomically and checksummed: checkpoint.py)
+    ckpt.pt.lock    held while a run writes in the folder (checkpoint.own_folder)
+    tokenizer.json  a BPE run's tokenizer (chapter 13), and a fine-tuning run's (its base's)
+    adapter.pt      a LoRA run's adapters alone (chapter 15), rewritten at every checkpoint
+
+What the run is (its kind, tokenizer, base, data, LoRA rank, seed, split) is a frozen
+:class:`RunRecord`; on disk it is the checkpoint's ``meta`` dict, with the keys that earlier
+versions wrote, so every checkpoint, old or new, reads as a record and back::
+
+    model, tokenizer, adapters = tl.load_run("out/finetune")  # a LoRA run: its adapters added
+    record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', lora_rank=4, ...)
+
+A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one. A
+preference-tuning run, say, fine-tunes a base on chosen/rejected pairs; it is a run of its own
+kind that records the same fields as a fine-tuning run (its base, its data, a LoRA rank)::
+
+    KINDS["preference"] = RunKind(
+        (*KINDS["finetune"].fields, "beta"),
+        fixed=("lora_rank", "lora_alpha", "seed", "val_fraction", "beta"),
+        unset="none (full fine-tuning)",
+    )
+
+(a new field, such as DPO's ``beta``, joins :class:`RunRecord` once, default None). Its command
+is the fine-tuning one's steps, each one call here: :func:`read_base`, :func:`resume_record`,
+:func:`resume_config`, :meth:`RunFolder.adapter_writer`, then :func:`~transformer_lib.train.train`
+on batches whose model returns the preference loss, with ``meta=record.to_meta()`` (which marks
+the kind); :func:`load_run` then loads it as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    LOCK_NAME,
+    check_recorded,
+    checkpoint_file,
+    load_checkpoint,
+    own_folder,
+    read_checkpoint,
+)
+from .data import load_tokenizer, save_tokenizer, tokenizer_checksum
+from .lora import add_lora, load_adapter, lora_weights, save_adapter
+from .train import PROCESS_SETTINGS
+from .train_config import TrainConfig
+from .utils import pick_device
+
+__all__ = ["ADAPTER_NAME", "KINDS", "TOKENIZER_NAME", "RunFolder", "RunKind", "RunRecord", "load_run", "read_record"]
+
+TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
+ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint (chapter 15)
+DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """How one kind of run is recorded (chapter 9): ``fields`` names the :class:`RunRecord` fields
+    it writes to the checkpoint's meta (under the same key, or under ``renamed[field]``),
+    ``fixed`` those that ``--resume`` may not change, and ``unset`` is how a fixed field recorded
+    as None is said (None: an older checkpoint that did not record it, which a flag may then set)."""
+
+    fields: tuple[str, ...]
+    fixed: tuple[str, ...]
+    unset: str | None = None
+    renamed: dict[str, str] = field(default_factory=dict)
+
+    def keys(self) -> dict[str, str]:
+        """Each recorded field's key in the meta."""
+        return {name: self.renamed.get(name, name) for name in self.fields}
+
+
+_SHARED = ("data", "corpus", "data_sha256", "seed", "val_fraction", "tokenizer_sha256")
+KINDS: dict[str, RunKind] = {
+    "pretrain": RunKind(
+        (*_SHARED, "data_from", "preset", "tokenizer", "vocab_size"),
+        fixed=("preset", "seed", "val_fraction", "tokenizer", "vocab_size"),
+        renamed={"data_sha256": "text_sha256"},
+    ),
+    "finetune": RunKind(
+        (*_SHARED, "base", "base_sha256", "n_train", "n_val", "lora_rank", "lora_alpha"),
+        fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"),
+        unset="none (full fine-tuning)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run is (chapter 9; chapter 15's fine-tuning runs): read from and written to its
+    checkpoint's ``meta`` (:meth:`from_checkpoint`, :meth:`to_meta`); None where the run has no
+    such thing or an older checkpoint did not record it.
+
+    ``kind`` is a key of :data:`KINDS` (``"pretrain"`` or ``"finetune"``); ``tokenizer`` is
+    ``"char"`` or ``"bpe"`` and ``vocab_size`` the BPE's size asked for; ``data`` is the file
+    trained on (``data_from`` a pipe it came from instead), ``data_sha256`` its checksum;
+    ``base`` and ``base_sha256`` are a fine-tuning run's base checkpoint; ``lora_rank`` and
+    ``lora_alpha`` its adapters (None: every weight is trained); ``model_config`` is the
+    checkpoint's, the block's recipe included, as it stores it.
+    """
+
+    kind: str = "pretrain"
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    tokenizer_sha256: str | None = None
+    base: str | None = None
+    base_sha256: str | None = None
+    data: str | None = None
+    data_from: str | None = None
+    corpus: str | None = None
+    data_sha256: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    seed: int | None = None
+    val_fraction: float | None = None
+    preset: str | None = None
+    n_train: int | None = None
+    n_val: int | None = None
+    model_config: dict | None = field(default=None, compare=False)
+
+    @property
+    def method(self) -> str | None:
+        """A run on a base's method, ``"lora"`` or ``"full"`` (None for pretraining)."""
+        return None if self.kind == "pretrain" else "full" if self.lora_rank is None else "lora"
+
+    @classmethod
+    def from_meta(cls, meta: dict | None, model_config: dict | None = None) -> RunRecord:
+        """The record a checkpoint's ``meta`` holds (an older checkpoint's too: what it lacks is None)."""
+        meta = meta or {}
+        kind = meta.get("kind") or ("finetune" if meta.get("finetune") else "pretrain")
+        if kind not in KINDS:
+            raise ValueError(f"a run of the kind {kind!r}, which this version does not know (it knows {sorted(KINDS)})")
+        keys = KINDS[kind].keys()
+        return cls(kind=kind, model_config=model_config, **{name: meta.get(key) for name, key in keys.items()})
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict) -> RunRecord:
+        """The record of the checkpoint dict ``ckpt`` (:func:`~transformer_lib.checkpoint.read_checkpoint`)."""
+        return cls.from_meta(ckpt.get("meta"), ckpt.get("model_config"))
+
+    def to_meta(self) -> dict:
+        """The checkpoint's ``meta``, with the keys earlier versions wrote and read."""
+        meta = {key: getattr(self, name) for name, key in KINDS[self.kind].keys().items()}
+        if self.kind == "finetune":  # the method, as earlier versions wrote it (twice)
+            meta |= {"finetune": self.method, "method": self.method}
+        elif self.kind != "pretrain":
+            meta["kind"] = self.kind
+        return meta
+
+    def adapter_meta(self) -> dict:
+        """What a LoRA run's adapter file records of its run: the base, the data, rank and alpha."""
+        return {k: getattr(self, k) for k in ("base", "base_sha256", "data", "data_sha256", "lora_rank", "lora_alpha")}
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The folder of one run (chapter 9): its files' paths and their checks."""
+
+    path: Path
+
+    def __init__(self, path: str | os.PathLike):
+        object.__setattr__(self, "path", Path(path))
+
+    checkpoint = property(lambda self: self.path / CHECKPOINT_NAME)
+    lock = property(lambda self: self.path / LOCK_NAME)
+    tokenizer = property(lambda self: self.path / TOKENIZER_NAME)
+    adapter = property(lambda self: self.path / ADAPTER_NAME)
+
+    def own(self):
+        """``with folder.own():`` this process alone writes here (:func:`~transformer_lib.checkpoint.own_folder`)."""
+        return own_folder(self.path)
+
+    def check_fresh(self, force: bool) -> None:
+        """Refuse to start a run where another run's checkpoint is, unless ``force`` (it is replaced)."""
+        if self.checkpoint.exists() and not force:
+            raise ValueError(
+                f"{self.checkpoint} holds another run's checkpoint: continue it with --resume, replace it with "
+                f"--force, or choose another --out-dir"
+            )
+
+    def checked_tokenizer(self, tokenizer):
+        """``tokenizer``, the one a checkpoint holds; if the folder also holds ``tokenizer.json``,
+        that file must hold the same tokenizer (chapter 13), else a ``ValueError`` naming the file."""
+        path = self.tokenizer
+        if path.is_file():
+            try:
+                saved = load_tokenizer(path)
+            except ValueError as e:
+                raise ValueError(f"{e}; the checkpoint beside it holds its own copy of the tokenizer") from None
+            if tokenizer_checksum(saved) != tokenizer_checksum(tokenizer):
+                raise ValueError(
+                    f"{path} holds a different tokenizer from the one the checkpoint was trained with (checksum "
+                    f"{tokenizer_checksum(saved)[:12]}, not {tokenizer_checksum(tokenizer)[:12]}): restore that "
+                    f"file, or remove it to use the checkpoint's own copy"
+                )
+        return tokenizer
+
+    def write_tokenizer(self, tokenizer, force: bool) -> None:
+        """A fresh run's ``tokenizer.json`` (None: no file). Another run's file there is refused,
+        or with ``force`` replaced or removed (its run is replaced)."""
+        saved = self.tokenizer
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, saved, force=force)
+        elif saved.exists() and not force:
+            raise ValueError(f"{saved} holds another run's tokenizer: replace that run with --force")
+        elif saved.exists():
+            saved.unlink()
+
+    def clear_adapter(self, force: bool) -> None:
+        """Before a fresh fine-tuning run: another run's ``adapter.pt`` is refused, or with ``force`` removed."""
+        if self.adapter.exists() and not force:
+            raise ValueError(f"{self.adapter} holds another run's adapter: replace that run with --force")
+        self.adapter.unlink(missing_ok=True)
+
+    def adapter_writer(self, model: nn.Module, record: RunRecord):
+        """What :func:`~transformer_lib.train.train` calls after each checkpoint (its ``on_save``):
+        a LoRA run writes its adapters to ``adapter.pt``; another run, nothing."""
+        if record.lora_rank is None:
+            return None
+        return lambda: save_adapter(model, self.adapter, meta=record.adapter_meta(), force=True)
+
+
+def read_record(folder: str | os.PathLike) -> RunRecord:
+    """The :class:`RunRecord` of the run in ``folder`` (or of the checkpoint file ``folder``) (chapter 9)."""
+    return RunRecord.from_checkpoint(read_checkpoint(folder))
+
+
+def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> tuple[nn.Module, object, dict]:
+    """The run in ``folder`` as ``(model, tokenizer, adapters)``, the model on ``device`` in eval mode (chapter 9).
+
+    A LoRA run (chapter 15) comes back as its base model with its adapters added and loaded
+    from the run's own checkpoint; ``adapters`` maps each adapted weight's name to its
+    :class:`~transformer_lib.lora.LoRA` (``{}`` for any other run). A ``tokenizer.json`` beside
+    the checkpoint must hold the checkpoint's tokenizer::
+
+        model, tokenizer, adapters = load_run("out/finetune")
+        ids = torch.tensor([tokenizer.encode("ROMEO:")])
+        logits, _ = model(ids)  # (1, T, vocab_size)
+    """
+    run = RunFolder(folder if Path(folder).is_dir() else Path(folder).parent)
+    ckpt = read_checkpoint(folder)
+    record = RunRecord.from_checkpoint(ckpt)
+    state = ckpt.get("model") or {}
+    names = [k.removesuffix(".0.A").replace(".parametrizations.", ".") for k in state if k.endswith(".0.A")]
+    if names and record.lora_rank is not None:
+        base = {k.replace(".parametrizations.", ".").removesuffix(".original"): t for k, t in state.items()
+                if not k.endswith((".0.A", ".0.B"))}  # fmt: skip
+        model, tokenizer, _ = load_checkpoint({**ckpt, "model": base})
+        add_lora(model, names, rank=record.lora_rank, alpha=record.lora_alpha)
+        model.load_state_dict(state)
+        model = model.to(device).eval()
+    else:
+        model, tokenizer, _ = load_checkpoint(folder, device)
+    if tokenizer is not None:
+        tokenizer = run.checked_tokenizer(tokenizer)
+    return model, tokenizer, lora_weights(model)
+
+
+def add_adapter(model: nn.Module, base: dict, base_file: Path, adapter: str | os.PathLike) -> list[str]:
+    """Add the adapters in the file ``adapter`` to ``model``, loaded from the checkpoint ``base``
+    (read from ``base_file``); refused when they were trained on another base (chapter 15)."""
+    if not Path(adapter).is_file():
+        raise FileNotFoundError(f"--adapter: no adapter file at {adapter}")
+    meta = read_checkpoint(adapter).get("meta") or {}
+    if meta.get("base_sha256") not in (None, base["checksum"]):
+        raise ValueError(
+            f"{adapter} was trained on the base {meta.get('base')} (checksum {meta['base_sha256'][:12]}), not "
+            f"{base_file} (checksum {base['checksum'][:12]}): give that base with --ckpt"
+        )
+    return load_adapter(model, adapter)
+
+
+# What --resume may change -------------------------------------------------------------------
+
+
+def flag(name: str) -> str:
+    """The command-line flag of the setting ``name``: ``lora_rank`` -> ``--lora-rank``."""
+    return "--" + name.replace("_", "-")
+
+
+def changed(name: str, recorded, value, file) -> ValueError:
+    """The refusal of a flag that ``--resume`` was given with another value than the run in ``file`` records."""
+    return ValueError(f"--resume cannot change {flag(name)}: the run in {file} uses {recorded}, not {value}")
+
+
+def resume_record(record: RunRecord, given: dict, file) -> RunRecord:
+    """``record`` with the flags ``given`` (None: not given) checked against it: a different
+    value of a field of its kind's ``fixed`` is refused by name; a field an older checkpoint
+    does not record takes the flag's value, or the default (the split must then be given)."""
+    kind, out = KINDS[record.kind], {}
+    for name in kind.fixed:
+        recorded, value = getattr(record, name), given.get(name)
+        if recorded is None and kind.unset is None:
+            if value is None and name == "val_fraction":
+                raise ValueError(f"{file} does not record which fraction of the text was kept for validation: "
+                                 f"give the run's --val-fraction")  # fmt: skip
+            out[name] = DEFAULTS.get(name) if value is None else value
+        elif value is not None and value != recorded:
+            raise changed(name, kind.unset if recorded is None else recorded, value, file)
+    return replace(record, **out)
+
+
+def resume_config(config: TrainConfig, ckpt: dict | None, given: dict, file) -> TrainConfig:
+    """The training settings: ``config`` (the defaults), then on resume the checkpoint's, then the
+    flags ``given``. A setting that describes the process (:data:`~transformer_lib.train.PROCESS_SETTINGS`)
+    is not taken from the checkpoint, except the device, dtype and compilation (see
+    :func:`recorded_process`); another changed setting takes effect from the next step."""
+    if ckpt is not None:
+        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in PROCESS_SETTINGS}
+        names = {f.name for f in fields(TrainConfig)} - PROCESS_SETTINGS
+        missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
+        if missing or unknown:
+            what = f"does not record the training setting {flag(missing[0])}" if missing else (
+                f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
+            raise ValueError(f"{file} {what} (a checkpoint from another version?)")
+        config = replace(config, **saved, **recorded_process(ckpt, given, file))
+    return replace(config, **{k: v for k, v in given.items() if v is not None})
+
+
+def recorded_process(ckpt: dict, given: dict, file) -> dict:
+    """On resume, the device, autocast dtype and compilation the run was started with, unless a
+    flag gives another (a run can move to another machine that way): ``auto`` would otherwise
+    pick a GPU for a run that trained on the CPU. A device this machine lacks is refused."""
+    saved = ckpt.get("train_config") or {}
+    kept = {k: saved[k] for k in ("device", "dtype", "compile") if k in saved and given.get(k) is None}
+    if "device" in kept:
+        try:
+            pick_device(str(kept["device"]))
+        except (ValueError, RuntimeError):
+            raise ValueError(
+                f"the run in {file} trained on device {kept['device']!r}, which this machine does not have: "
+                f"continue it here with --device cpu (or another device)"
+            ) from None
+    return kept
+
+
+def resumed_data(given: str | None, record: RunRecord | None, file) -> str | None:
+    """The data to train on: the flag's, or on resume the file the run records, refused when
+    it came from a pipe or is no longer there."""
+    if given is not None or record is None:
+        return given
+    if record.data_from:
+        raise ValueError(f"the run in {file} read its training text from {record.data_from}, which cannot be read "
+                         f"again: give the same text with --data FILE")  # fmt: skip
+    if record.data and not Path(record.data).is_file():
+        raise ValueError(f"the run in {file} was trained on {record.data}, which is no longer there: give the same "
+                         f"text with --data FILE")  # fmt: skip
+    return record.data
+
+
+def resumable_pretraining(ckpt: dict, file, data: str | None) -> dict:
+    """``ckpt`` if the ``train`` command can continue it, else a ``ValueError`` that says why."""
+    check_recorded(ckpt, file, ("model_class",))
+    if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
+        raise ValueError(
+            f"{file} holds a {ckpt.get('model_class')} "
+            f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
+            f"with its tokenizer (train(..., tokenizer=...) or this command)"
+        )
+    check_recorded(ckpt, file)
+    if data is None and not (ckpt.get("meta") or {}).get("corpus"):
+        raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
+    return ckpt
+
+
+def read_base(path: str | os.PathLike | None, record: RunRecord | None, file) -> tuple[dict, Path]:
+    """A fine-tuning run's base checkpoint (read once) and its file: ``path``, or on resume the
+    one the run records, which a different ``path`` may not replace (chapter 15)."""
+    if record is not None and path is None:
+        path = record.base
+        if not checkpoint_file(path).is_file():
+            raise ValueError(f"the run in {file} fine-tunes {path}, which is no longer there: give it with --ckpt")
+    base = read_checkpoint(path)
+    base_file = checkpoint_file(path)
+    if record is not None and base["checksum"] != record.base_sha256:
+        raise ValueError(
+            f"--resume cannot change --ckpt: the run in {file} fine-tunes {record.base} (checksum "
+            f"{record.base_sha256[:12]}), not {base_file} (checksum {base['checksum'][:12]})"
+        )
+    if RunRecord.from_checkpoint(base).method == "lora":
+        raise ValueError(f"{base_file} is a LoRA run's checkpoint (its base's weights and adapters): fine-tune its "
+                         f"base, {base['meta']['base']}, or a full fine-tuning run's checkpoint")  # fmt: skip
+    if base.get("model_class") != "GPT" or not base.get("tokenizer"):
+        raise ValueError(f"{base_file} holds a {base.get('model_class')} without a tokenizer: fine-tune a GPT "
+                         f"checkpoint of python -m transformer_lib train --tokenizer bpe")  # fmt: skip
+    return base, base_file
