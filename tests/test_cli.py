@@ -98,8 +98,10 @@ def test_every_training_setting_has_one_flag_made_from_its_field():
         if f.name != "out_dir":
             assert f.name in flags and flags[f.name].default is None, f.name
             assert flags[f.name].help == f.metadata["help"]
+    model_fields = fields_of(tl.GPTConfig) | fields_of(tl.BlockRecipe)  # the shape and the block's choices
     for name in cli.MODEL_SETTINGS:
-        assert name in fields_of(tl.GPTConfig) and flags[name].default is None
+        assert name in model_fields and flags[name].default is None
+    assert model_fields - {"vocab_size", "window", "recipe", "attention", "activation"} == set(cli.MODEL_SETTINGS)
 
 
 def fields_of(cls):
@@ -114,7 +116,7 @@ def test_presets_are_train_configs_and_gpt_shapes():
 
 def test_flags_override_the_preset_and_decay_follows_max_iters():
     args = cli.build_parser().parse_args(["--preset", "gpu", "--max-iters", "500", "--lr", "0.002", "--no-progress"])
-    preset, shape, config = cli._settings(args, None, None)
+    preset, shape, config = cli.model_settings(args, None, None)
     assert preset == "gpu" and shape["d_model"] == 384 and shape["context_len"] == 256
     assert config.max_iters == 500 and config.lr == 0.002 and config.batch_size == 64 and config.progress is False
     assert config.lr_decay_iters is None and tl.lr_at(499, config) == pytest.approx(config.min_lr, rel=1e-3)

@@ -107,7 +107,7 @@ def test_an_old_checkpoint_without_the_new_settings_loads_with_gpt2s_block():
 
 def test_the_flags_and_the_llama_preset():
     args = cli.build_parser().parse_args(["--preset", "llama-cpu", "--qk-norm", "--norm-eps", "1e-6"])
-    _, shape, _ = cli._settings(args, None, None)
+    _, shape, _ = cli.model_settings(args, None, None)
     assert shape["norm"] == "rmsnorm" and shape["ffn"] == "swiglu" and shape["positions"] == "rotary"
     assert shape["bias"] is False and shape["qk_norm"] is True and shape["norm_eps"] == 1e-6
     assert shape["d_model"] == 128 and shape["n_layers"] == 4  # the CPU preset's size
@@ -125,7 +125,7 @@ def test_resume_refuses_a_change_of_block_by_name(flags, message, tmp_path):
     ckpt = {"model_config": tl.GPTConfig(vocab_size=65).to_dict(), "train_config": asdict(tl.TrainConfig())}
     args = cli.build_parser().parse_args(["--resume", *flags])
     with pytest.raises(ValueError, match="--resume cannot change") as err:
-        cli._settings(args, ckpt, tmp_path / "ckpt.pt")
+        cli.model_settings(args, ckpt, tmp_path / "ckpt.pt")
     assert message in str(err.value)
 
 
@@ -135,7 +135,7 @@ def test_resume_of_a_checkpoint_older_than_the_settings_reads_the_defaults(tmp_p
     old = {k: v for k, v in settings.items() if k not in tl.models.RECIPE_FIELDS or k in ("bias", "activation")}
     args = cli.build_parser().parse_args(["--resume", "--norm", "rmsnorm"])
     with pytest.raises(ValueError, match="--norm layernorm, not rmsnorm"):
-        cli._settings(args, {"model_config": old, "train_config": {}}, tmp_path / "ckpt.pt")
+        cli.model_settings(args, {"model_config": old, "train_config": {}}, tmp_path / "ckpt.pt")
 
 
 BAD = [

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .models import GPT, GPTConfig
+from .parts import find_parts, part_weights
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
@@ -74,21 +75,42 @@ def _pair_order(n_heads: int, d_k: int) -> Tensor:
     return (torch.arange(n_heads)[:, None] * d_k + head).reshape(-1)  # (n_heads * d_k,)
 
 
-def _book_state(c: GPTConfig, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Llama's tensors (``model.`` names) under the book's names, ``W_q`` and ``W_k`` rows reordered."""
+# Llama's name (after "model.layers.i.") of each matrix of a layer, by the role and kind the book's part
+# gives it (transformer_lib.parts); the fused "qkv" is Llama's three, and the norms come in layer order.
+_LLAMA_MATRICES = {
+    ("attention", "out"): "self_attn.o_proj.weight",
+    ("feed_forward", "gate"): "mlp.gate_proj.weight",
+    ("feed_forward", "in"): "mlp.up_proj.weight",
+    ("feed_forward", "out"): "mlp.down_proj.weight",
+}
+_LLAMA_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_LLAMA_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def _layer_names(gpt: GPT, i: int) -> dict:
+    """The book's name of each matrix of layer ``i``, found by role: ``{(role, kind): name}`` and ``"norms"``."""
+    prefix, names = f"decoder.layers.{i}.", {}
+    for role in ("attention", "feed_forward"):
+        for part_name, part in find_parts(gpt.decoder.layers[i], role).items():
+            for kind, path in type(part).part_matrices.items():
+                names[role, kind] = prefix + f"{part_name}.{path}".lstrip(".")
+    names["norms"] = [prefix + n for n in part_weights(gpt.decoder.layers[i], "norm")]
+    return names
+
+
+def _book_state(gpt: GPT, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Llama's tensors (``model.`` names) under the names of ``gpt``'s parts, ``W_q`` and ``W_k`` rows reordered."""
+    c = gpt.config
     d_k = c.d_model // c.n_heads
     q_order, k_order = _pair_order(c.n_heads, d_k), _pair_order(c.n_kv_heads, d_k)
     out = {"tok_embed.weight": s["model.embed_tokens.weight"], "decoder.norm.weight": s["model.norm.weight"]}
     out["lm_head.weight"] = s["model.embed_tokens.weight"] if c.tie_embeddings else s["lm_head.weight"]
     for i in range(c.n_layers):
-        hf, book = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q, k = s[hf + "self_attn.q_proj.weight"][q_order], s[hf + "self_attn.k_proj.weight"][k_order]
-        out[book + "self_attn.in_proj_weight"] = torch.cat([q, k, s[hf + "self_attn.v_proj.weight"]])
-        out[book + "self_attn.out_proj.weight"] = s[hf + "self_attn.o_proj.weight"]
-        out[book + "res_self.norm.weight"] = s[hf + "input_layernorm.weight"]
-        out[book + "res_ff.norm.weight"] = s[hf + "post_attention_layernorm.weight"]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            out[book + f"ff.{name}.weight"] = s[hf + f"mlp.{name}.weight"]
+        hf, names = f"model.layers.{i}.", _layer_names(gpt, i)
+        q, k, v = (s[hf + n] for n in _LLAMA_QKV)
+        out[names["attention", "qkv"]] = torch.cat([q[q_order], k[k_order], v])
+        out |= {names[key]: s[hf + theirs] for key, theirs in _LLAMA_MATRICES.items()}
+        out |= {ours: s[hf + theirs] for ours, theirs in zip(names["norms"], _LLAMA_NORMS, strict=True)}
     return out
 
 
@@ -106,10 +128,11 @@ def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT
     if config is None:
         raise ValueError("gpt_from_llama needs the LlamaConfig (or its dict) with a state dict")
     c = gpt_config_from_llama(config)
-    state = _book_state(c, source) if "model.embed_tokens.weight" in source else None
-    if state is None:
+    if "model.embed_tokens.weight" not in source:
         raise ValueError("expected a Llama state dict (with 'model.embed_tokens.weight', 'model.layers.0....')")
-    model = GPT(c).to(state["tok_embed.weight"].dtype)
+    model = GPT(c)
+    state = _book_state(model, source)
+    model = model.to(state["tok_embed.weight"].dtype)
     model.load_state_dict(state)
     return model.eval()
 
@@ -145,15 +168,11 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     state = {"model.embed_tokens.weight": book["tok_embed.weight"], "model.norm.weight": book["decoder.norm.weight"],
              "lm_head.weight": book["lm_head.weight"]}  # fmt: skip
     for i in range(c.n_layers):
-        hf, b = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q, k, v = gpt.decoder.layers[i].self_attn.in_proj_weight.detach().split(
-            [c.d_model, len(k_back), len(k_back)])  # fmt: skip
-        state |= {hf + "self_attn.q_proj.weight": q[q_back], hf + "self_attn.k_proj.weight": k[k_back],
-                  hf + "self_attn.v_proj.weight": v,
-                  hf + "self_attn.o_proj.weight": book[b + "self_attn.out_proj.weight"],
-                  hf + "input_layernorm.weight": book[b + "res_self.norm.weight"],
-                  hf + "post_attention_layernorm.weight": book[b + "res_ff.norm.weight"]}  # fmt: skip
-        state |= {hf + f"mlp.{n}.weight": book[b + f"ff.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")}
+        hf, names = f"model.layers.{i}.", _layer_names(gpt, i)
+        q, k, v = book[names["attention", "qkv"]].split([c.d_model, len(k_back), len(k_back)])
+        state |= dict(zip((hf + n for n in _LLAMA_QKV), (q[q_back], k[k_back], v), strict=True))
+        state |= {hf + theirs: book[names[key]] for key, theirs in _LLAMA_MATRICES.items()}
+        state |= {hf + theirs: book[ours] for ours, theirs in zip(names["norms"], _LLAMA_NORMS, strict=True)}
     llama = LlamaForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
     llama.load_state_dict(state, strict=not c.tie_embeddings)
     return llama.eval()

@@ -32,7 +32,7 @@ from ..train_config import MODEL_SETTINGS as MODEL_SETTINGS
 from ..train_config import PRESETS as PRESETS
 from .finetune import finetune_main
 from .sample import sample_main
-from .settings import _settings as _settings
+from .settings import model_settings as model_settings
 from .train import END_OF_TEXT as END_OF_TEXT
 from .train import _compare_replicas as _compare_replicas
 from .train import build_parser, train_main

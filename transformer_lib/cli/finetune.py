@@ -27,7 +27,7 @@ from ..run import ADAPTER_NAME, DEFAULTS, RunFolder, RunRecord, read_base, resum
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
-from .settings import Parser, _add_setting_flags, check_seed, parse_run_flags, training_flags
+from .settings import Parser, add_setting_flags, check_seed, parse_run_flags, training_flags
 
 __all__ = ["ADAPTER_NAME", "FINETUNE_DEFAULTS", "finetune_main"]
 
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fine-tuning)")  # fmt: skip
     parser.add_argument("--lora-alpha", type=float, default=None, help="the adapters' scale alpha, applied as "
                         "alpha / rank (default: 2 x --lora-rank)")  # fmt: skip
-    _add_setting_flags(parser, shape=False, defaults="FINETUNE_DEFAULTS")
+    add_setting_flags(parser, shape=False, defaults="FINETUNE_DEFAULTS")
     return parser
 
 

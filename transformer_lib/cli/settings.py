@@ -36,7 +36,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, shape: bool = True, defaults: str = "the preset's") -> None:
+def add_setting_flags(parser: argparse.ArgumentParser, shape: bool = True, defaults: str = "the preset's") -> None:
     """One flag per GPTConfig shape setting (unless not ``shape``) and per TrainConfig field, default
     None (= ``defaults``, or the checkpoint's with --resume)."""
     if shape:
@@ -60,7 +60,7 @@ def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
         group.add_argument(_flag(name), type=_TYPES[kind], default=None, choices=choices, help=help_)
 
 
-def _settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:
+def model_settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:
     """The model's shape and the TrainConfig: the preset's, then the checkpoint's, then the flags'.
 
     On resume the model's shape is the checkpoint's (a different one is refused); a changed

@@ -30,9 +30,9 @@ from ..utils import pick_device, set_seed
 from .settings import (
     BPE_VOCAB_DEFAULT,
     Parser,
-    _add_setting_flags,
-    _settings,
+    add_setting_flags,
     check_seed,
+    model_settings,
     parse_run_flags,
     pretrain_record,
 )
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--vocab-size", type=int, default=None, help=f"the BPE's vocabulary (default: {BPE_VOCAB_DEFAULT})"
     )
-    _add_setting_flags(parser)
+    add_setting_flags(parser)
     return parser
 
 
@@ -149,7 +149,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     if args.device is not None:
         pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
     if not args.resume:
-        _settings(args, None, folder.checkpoint)  # a bad setting is refused before the folder is made
+        model_settings(args, None, folder.checkpoint)  # a bad setting is refused before the folder is made
     # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
     with folder.own() if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
         return _train_in_folder(args, folder)
@@ -174,7 +174,7 @@ def _train_in_folder(args, folder: RunFolder) -> int:
         resumed = RunRecord.from_checkpoint(ckpt)
     else:
         folder.check_fresh(args.force)
-    preset, shape, config = _settings(args, ckpt, file)
+    preset, shape, config = model_settings(args, ckpt, file)
     record = pretrain_record(args, resumed, file)
     data_path = resumed_data(args.data, resumed, file)
     rank, world_size, local_rank = _init_distributed()
