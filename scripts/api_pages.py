@@ -95,11 +95,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.cli.train",
             "transformer_lib.cli.sample",
             "transformer_lib.cli.finetune",
+            "transformer_lib.cli.export",
             "transformer_lib.cli.settings",
         ],
         "9 and 15",
-        "The command line, `python -m transformer_lib train`, `sample` and `finetune`: one module per command, and "
-        "the flags and settings they share.",
+        "The command line, `python -m transformer_lib train`, `sample`, `finetune` and `export`: one module per "
+        "command, and the flags and settings they share.",
     ),
     (
         "kv_cache",
@@ -115,6 +116,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "14",
         "Llama's weights (`transformers`' `LlamaForCausalLM`) in the book's GPT and back: the rotary convention, "
         "grouped-query attention, the settings refused by name.",
+    ),
+    (
+        "export",
+        ["transformer_lib.export"],
+        "10, 14 and 15",
+        "A run in Hugging Face's format: the GPT as `GPT2LMHeadModel` or `LlamaForCausalLM`, its tokenizer for "
+        "`AutoTokenizer`, and LoRA adapters to and from `peft`.",
     ),
     (
         "inspect_heads",
@@ -173,6 +181,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "and adapter files that refuse a model of another shape.",
     ),
     (
+        "token_rows",
+        ["transformer_lib.token_rows"],
+        "15",
+        "Trainable token rows beside LoRA's adapters: the rows of tokens pretraining never used, "
+        "re-initialised and trained while every other row stays frozen; tied heads stay tied.",
+    ),
+    (
         "finetune",
         ["transformer_lib.finetune"],
         "15",
@@ -182,7 +197,8 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 16)],
+        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 16)]
+        + ["transformer_lib.experiments.ch15_diagnosis"],
         "12, 13, 14 and 15",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",

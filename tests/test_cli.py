@@ -44,6 +44,52 @@ def run_module(*args):
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
+def test_no_arguments_and_help_list_the_commands_and_nothing_trains(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([]) == 2  # nothing is trained without being asked
+    out, err = capsys.readouterr()
+    assert err == "error: give a command (nothing was run)\n" and list(tmp_path.iterdir()) == []
+    for name in ("train", "sample", "finetune", "export", "help"):
+        assert f"\n  {name} " in out
+    for argv in (["--help"], ["-h"], ["help"]):
+        assert cli.main(argv) == 0 and capsys.readouterr().out == out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["help", "finetune"])
+    assert exit_info.value.code == 0 and "--lora-rank" in capsys.readouterr().out
+    assert cli.main(["trian"]) == 2
+    assert "unknown command 'trian'; did you mean 'train'?" in capsys.readouterr().err
+    shown = run_module("transformer_lib", "--help")
+    assert shown.returncode == 0 and "finetune" in shown.stdout and "export" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, nearest",
+    [(["train", "--max-itres", "3"], "--max-iters"), (["train", "--learnin-rate", "1"], "--learning-rate"),
+     (["finetune", "--lora-rnk", "2"], "--lora-rank"), (["sample", "--temprature", "1"], "--temperature"),
+     (["export", "--ckpt", "r", "--out-dir", "o", "--merge-adapters"], "--merge-adapter")],
+)  # fmt: skip
+def test_an_unknown_flag_names_the_nearest_one_in_one_line(argv, nearest, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and f"did you mean {nearest}?" in err
+
+
+def test_hugging_face_names_are_aliases_and_every_default_is_written_out():
+    args = cli.build_parser().parse_args(["--max-steps", "7", "--learning-rate", "0.01", "--output-dir", "o"])
+    assert (args.max_iters, args.lr, args.out_dir) == (7, 0.01, "o")
+    from transformer_lib.cli import finetune
+
+    parser = finetune.build_parser()
+    assert parser.parse_args(["--lora-r", "4"]).lora_rank == 4
+    helps = {a.dest: a.help for a in parser._actions}
+    assert "(default: 300)" in helps["max_iters"] and "1e-3 with --lora-rank, 3e-4 without" in helps["lr"]
+    assert "FINETUNE_DEFAULTS" not in parser.format_help() and "pretrained.pt" in helps["ckpt"]
+    train_help = {a.dest: a.help for a in cli.build_parser()._actions}
+    assert "tokens" in train_help["context_len"] and "6 with gpu" in train_help["n_layers"]
+    assert "2000 with --preset cpu" in train_help["max_iters"]
+
+
 def test_help(capsys):
     out = run_module("transformer_lib", "train", "--help")
     assert out.returncode == 0, out.stderr
@@ -97,7 +143,7 @@ def test_every_training_setting_has_one_flag_made_from_its_field():
     for f in fields(tl.TrainConfig):
         if f.name != "out_dir":
             assert f.name in flags and flags[f.name].default is None, f.name
-            assert flags[f.name].help == f.metadata["help"]
+            assert flags[f.name].help.startswith(f.metadata["help"]) and "default" in flags[f.name].help
     model_fields = fields_of(tl.GPTConfig) | fields_of(tl.BlockRecipe)  # the shape and the block's choices
     for name in cli.MODEL_SETTINGS:
         assert name in model_fields and flags[name].default is None

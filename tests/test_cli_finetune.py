@@ -97,6 +97,21 @@ def test_full_finetuning_trains_every_weight_and_sample_answers_in_the_format(ba
     assert code == 0 and printed.out == greedy_answer(model, tok, "ROMEO") + "\n"
 
 
+def test_sample_of_a_fine_tuned_model_stops_at_the_end_token(base, pairs, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "full"
+    assert finetune(base, pairs, out, "--max-iters", "1") == 0
+    _, tok, _ = tl.load_checkpoint(out)
+    said, after = tok.encode("WORD"), tok.encode(" and more")
+
+    def generate(self, idx, max_new_tokens, *args, **kwargs):  # the model writes its end token, then goes on
+        new = (said + [tok.eos_id] + after * max_new_tokens)[:max_new_tokens]
+        return torch.cat([idx, torch.tensor([new], dtype=idx.dtype)], dim=1)
+
+    monkeypatch.setattr(tl.GPT, "generate", generate)
+    code, printed = sample(capsys, "--ckpt", str(out))
+    assert code == 0 and printed.out == "WORD\n"
+
+
 def test_lora_trains_only_the_adapters_and_sample_adapter_gives_the_same_answer(base, pairs, tmp_path, capsys):
     out = tmp_path / "lora"
     assert finetune(base, pairs, out, "--lora-rank", 2) == 0
@@ -125,6 +140,41 @@ def test_lora_trains_only_the_adapters_and_sample_adapter_gives_the_same_answer(
     # an adapter trained on another base is refused by name
     code, printed = sample(capsys, "--ckpt", str(base / "char"), "--adapter", str(out / ADAPTER_NAME))
     assert code == 2 and "was trained on the base" in printed.err and printed.err.count("\n") == 1
+
+
+def test_new_token_rows_train_beside_the_adapters_and_every_tool_reads_them(base, pairs, tmp_path, capsys):
+    out = tmp_path / "rows"
+    assert finetune(base, pairs, out, "--lora-rank", 2, "--new-token-rows") == 0
+    record, adapter = tl.read_record(out), tl.read_checkpoint(out / ADAPTER_NAME)
+    tokenizer = tl.load_checkpoint(base / "bpe")[1]
+    seen = set(tokenizer.encode_ordinary(TEXT[: int(len(TEXT) * 0.9)]))
+    used = set(tokenizer.encode_ordinary("".join(f"{w}{PROMPT_END}{w[::-1].upper()}" for w in WORDS)))
+    assert list(record.token_rows) == sorted(used - seen) == adapter["token_rows"] and record.token_rows
+    # load_run gives the model the run trained: its rows moved, the other rows are the base's
+    model, tok, adapters = tl.load_run(out)
+    base_model = tl.load_checkpoint(base / "bpe")[0]
+    moved = (model.tok_embed.weight - base_model.tok_embed.weight).abs().sum(-1) > 0
+    assert moved.nonzero().flatten().tolist() == list(record.token_rows) and adapters
+    assert torch.equal(model.lm_head.weight, model.tok_embed.weight)  # still tied
+    code, printed = sample(capsys, "--ckpt", str(base / "bpe"), "--adapter", str(out / ADAPTER_NAME))
+    assert code == 0 and printed.out == greedy_answer(model, tok, "ROMEO") + "\n"
+    # exported with the adapters and the rows merged: transformers computes the same logits
+    transformers = pytest.importorskip("transformers")
+    tl.export_hf(out, tmp_path / "hf", merge_adapter=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.tensor([tok.encode("ROMEO" + PROMPT_END)])
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, model(ids)[0], atol=1e-5)
+    # resumed: the same run; a resume may not add rows to a run without them
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert finetune(base, pairs, resumed, "--lora-rank", 2, "--new-token-rows", "--max-iters", 4) == 0
+    assert cli.main(["finetune", "--resume", "--out-dir", str(resumed), "--max-iters", "6", "--no-progress"]) == 0
+    assert same_state(state(out), state(resumed))
+    assert finetune(base, pairs, straight, "--lora-rank", 2, "--max-iters", 4) == 0
+    capsys.readouterr()
+    code = cli.main(["finetune", "--resume", "--out-dir", str(straight), "--new-token-rows", "--no-progress"])
+    assert code == 2 and "--new-token-rows" in capsys.readouterr().err
+    assert finetune(base, pairs, tmp_path / "full", "--new-token-rows") == 2  # rows are for LoRA
 
 
 @pytest.mark.parametrize("lora", [[], ["--lora-rank", "2"]], ids=["full", "lora"])

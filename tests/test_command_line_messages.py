@@ -209,7 +209,7 @@ def test_resuming_with_tiny_shakespeare_set_to_another_text_names_the_variable_a
 # (python -m MODULE ARGS: the module forms a user may try, each like python -m transformer_lib)
 MODULE_FORMS = {
     "transformer_lib.cli train": ["transformer_lib.cli", "train"],
-    "transformer_lib.cli (no command)": ["transformer_lib.cli"],
+    "transformer_lib.cli (flags, no command)": ["transformer_lib.cli"],
     "transformer_lib.train": ["transformer_lib.train"],
     "transformer_lib.train train": ["transformer_lib.train", "train"],
 }

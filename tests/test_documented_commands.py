@@ -166,7 +166,8 @@ RULES = [
     ),
     Rule(
         r"\.venv/bin/python -c .import transformer_lib as tl; "
-        r"tl\.write_pairs\(tl\.date_pairs\(2000\), .pairs\.jsonl.\).",
+        r"tl\.write_pairs\(tl\.date_pairs\(2000, formats=\[.dd\.mm\.yyyy., .yyyy\.mm\.dd., .mm/dd/yyyy.\]\), "
+        r".pairs\.jsonl.\).",
         "run",
         "writes the 2,000 pairs the next command fine-tunes on",
     ),
@@ -179,7 +180,35 @@ RULES = [
         r"adapter",
     ),
     Rule(
-        r"python -m transformer_lib (train|sample|finetune)",
+        r"\.venv/bin/python -m transformer_lib finetune --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--data pairs\.jsonl --out-dir out/dates --lora-rank 4 --new-token-rows --lr 5e-3 --max-iters 600",
+        "cheap",
+        "2 steps of LoRA and the new token rows on the shipped 6,000-step base and the pairs above "
+        "(tests/test_recipes_compose.py runs the whole recipe)",
+        TINY,
+        r"adapter",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib sample --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--adapter out/dates/adapter\.pt --prompt .21\.11\.2026. --greedy",
+        "run",
+        "answers with the 2-step adapter above (the whole recipe's answer is tested elsewhere)",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib export --ckpt out/bpe --out-dir hf/bpe",
+        "run",
+        "writes the 2-step BPE run above in Hugging Face's format (transformers, offline)",
+        expect=r"AutoModelForCausalLM\.from_pretrained",
+    ),
+    Rule(
+        r"python -m transformer_lib",
+        "help",
+        "lists the commands and exits 0 (with no arguments the same list, exit 2: tests/test_cli.py)",
+        ".venv/bin/python -m transformer_lib --help",
+        r"commands:\n  train ",
+    ),
+    Rule(
+        r"python -m transformer_lib (train|sample|finetune|export)",
         "help",
         "the command exists",
         ".venv/bin/python -m transformer_lib {0} --help",

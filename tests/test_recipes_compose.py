@@ -258,3 +258,25 @@ def test_a_new_attention_is_one_module_and_one_recipe_value(monkeypatch):
         assert not torch.equal(model(x)[0], logits)
     tl.add_lora(model, targets, rank=2, alpha=4.0)
     assert torch.equal(model(x)[0], logits)
+
+
+@pytest.mark.slow
+def test_the_readmes_dates_recipe_answers_held_out_dates(tmp_path, capsys):
+    # the README's commands as written: the chapter's date formats, LoRA and the new token rows on
+    # the shipped base, 600 steps at 5e-3; then held-out dates, answered greedily
+    formats = ["dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy"]
+    tl.write_pairs(tl.date_pairs(2000, formats=formats), tmp_path / "pairs.jsonl")
+    out = tmp_path / "dates"
+    flags = ["--lora-rank", "4", "--new-token-rows", "--lr", "5e-3", "--max-iters", "600", "--no-progress"]
+    args = ["finetune", "--ckpt", str(tl.PRETRAINED_PATH), "--data", str(tmp_path / "pairs.jsonl")]
+    assert cli.main([*args, "--out-dir", str(out), *flags]) == 0
+    model, tokenizer, _ = tl.load_run(out)
+    held_out = [p for p in tl.date_pairs(60, seed=7, formats=formats)][:40]
+    prompts = [tokenizer.encode(p + tl.PROMPT_END) for p, _ in held_out]
+    got = tl.answers(model, tokenizer, prompts, max_new_tokens=16)
+    right = sum(tokenizer.decode(ids) == r and stopped for (ids, stopped), (_, r) in zip(got, held_out, strict=True))
+    assert right >= 0.9 * len(held_out), right
+    capsys.readouterr()
+    sample = ["sample", "--ckpt", str(tl.PRETRAINED_PATH), "--adapter", str(out / "adapter.pt"), "--greedy"]
+    assert cli.main([*sample, "--prompt", "21.11.2026", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.strip() == "2026-11-21"

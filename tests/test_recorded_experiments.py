@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib.experiments import ch12, ch13, ch14, ch15, recorded
+from transformer_lib.experiments import ch12, ch13, ch14, ch15, ch15_diagnosis, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,6 +80,12 @@ def test_chapter_15s_record_holds_every_run_at_the_current_settings():
     want = [("full", v, s) for v in tl.INSTRUCTION_VARIANTS for s in ch15.THREE_SEEDS]
     want += [("lora", "right", s) for s in ch15.THREE_SEEDS]
     assert sorted((r["method"], r["variant"], r["seed"]) for r in runs) == sorted(want)
+    diagnosis = sweep["diagnosis"]  # every run of the diagnosis, its rows those the pairs need
+    want = [(name, s) for name, _ in ch15_diagnosis.DIAGNOSIS for s in ch15.THREE_SEEDS]
+    assert sorted((r["name"], r["seed"]) for r in diagnosis["runs"]) == sorted(want)
+    model, tokenizer = ch15.base()
+    assert diagnosis["new_rows"] == ch15_diagnosis.new_rows(tokenizer, ch15.date_splits()[0])
+    assert all(len(r["watched"]) == ch15.SETTINGS["instruction_steps"] // 50 + 1 for r in diagnosis["runs"])
 
 
 def reproduce_ch12(record: dict) -> None:

@@ -10,8 +10,8 @@ Tools above them: ``induction`` (12: the attention-only model and its training o
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
-GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``viz`` (figures),
-``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
+GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``export`` (a run in Hugging Face's format),
+``viz`` (figures), ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
 command line) and ``student`` (the student edition and nbgrader course of the notebooks).
 
 The flat namespace holds every name in the ``__all__`` of the modules listed in ``_MODULES``, so
@@ -44,7 +44,8 @@ _CONCEPTS = (
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (
     "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
-    "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "finetune", "run", "experiments",
+    "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "token_rows", "finetune", "run",
+    "export", "experiments",
 )  # fmt: skip
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).

@@ -51,7 +51,32 @@ def _pattern(pattern: str) -> str:
         raise ValueError(
             f"pattern {pattern!r} is neither a known name ({', '.join(PATTERNS)}) nor a regex: {e}"
         ) from None
+    if regex.fullmatch(text, ""):
+        raise ValueError(f"pattern {pattern!r} matches the empty string: its chunks would not hold the text")
     return text
+
+
+def _covered(chunks: list, text: str, pattern: str) -> list:
+    """``chunks``, the pre-split of ``text``, if together they are the whole text; a pattern that
+    leaves characters out of every chunk would lose them, and is refused by name."""
+    if sum(len(c) if isinstance(c, str) else -1 for c in chunks) != len(text):
+        i = 0
+        for c in chunks:
+            if not isinstance(c, str) or not text.startswith(c, i):
+                break
+            i += len(c)
+        raise ValueError(
+            f"pattern {pattern!r} loses text: {text[i : i + 1]!r} at index {i} is in no chunk, so decoding the ids "
+            f"would not give the text back; a pre-split pattern must match every character (try 'gpt2')"
+        )
+    return chunks
+
+
+def _specials(specials) -> tuple[str, ...]:
+    if isinstance(specials, (str, bytes)):
+        raise TypeError(f"specials must be a list of strings, got the {type(specials).__name__} {specials!r}: "
+                        f"write [{specials!r}]")  # fmt: skip
+    return tuple(specials)
 
 
 def _utf8(text: str, name: str = "text") -> bytes:
@@ -83,15 +108,18 @@ def bpe_merge(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[in
 def train_bpe(text: str, vocab_size: int, pattern: str = "gpt2", specials: Sequence[str] = ()) -> BPETokenizer:
     """Learn ``vocab_size - 256 - len(specials)`` merges from ``text`` (chapter 13).
 
-    The text is split by ``pattern`` into chunks; each distinct chunk is counted once with its
-    frequency. Pair counts are kept up to date where a merge changes them, never recounted, and a
+    The text is split by ``pattern`` into chunks, which together must be the whole text (a pattern
+    that leaves a character out, or matches the empty string, is refused: the ids would not decode
+    to the text). Each distinct chunk is counted once with its frequency; ``specials`` is a list of
+    strings. Pair counts are kept up to date where a merge changes them, never recounted, and a
     heap gives the most frequent pair (ties: the smaller pair, see the module's docstring). Training
     stops early, with a smaller vocabulary, if no pair is left to merge.
     """
+    specials = _specials(specials)
     check_int(vocab_size, "vocab_size", minimum=256 + len(specials))
     _utf8(text)  # checks the type and rejects lone surrogates
     BPETokenizer([], pattern, specials)  # checks the pattern and the specials before the work
-    chunks = Counter(regex.findall(_pattern(pattern), text))
+    chunks = Counter(_covered(regex.findall(_pattern(pattern), text), text, pattern))
     words = [list(chunk.encode("utf-8")) for chunk in chunks]
     freqs = list(chunks.values())
     counts: defaultdict[tuple[int, int], int] = defaultdict(int)
@@ -151,7 +179,7 @@ class BPETokenizer:
         self.pattern_name, self.pattern = pattern, _pattern(pattern)
         self._split = regex.compile(self.pattern)
         self.merges = [tuple(m) for m in merges]
-        self.specials = tuple(specials)
+        self.specials = _specials(specials)
         self.token_bytes = [bytes([b]) for b in range(256)]
         self.ranks: dict[tuple[int, int], int] = {}
         for i, pair in enumerate(self.merges):
@@ -206,7 +234,7 @@ class BPETokenizer:
         """``text`` -> ids, reading every character as text, special-token spellings included."""
         _utf8(text)
         ids: list[int] = []
-        for chunk in self._split.findall(text):
+        for chunk in _covered(self._split.findall(text), text, self.pattern_name):
             ids.extend(self._encode_chunk(chunk))
         return ids
 

@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "ckpt.pt"
+ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
 
 # The model classes a checkpoint can hold, by name, with their config classes.
 MODELS: dict[str, tuple[type[nn.Module], type]] = {
@@ -120,10 +121,11 @@ def _save(state: dict, tmp: str) -> None:
 
 def prepare_folder(path: str | os.PathLike) -> list[Path]:
     """Check that the folder of the checkpoint ``path`` can be written (making it if needed) and
-    delete the temporary files a killed writer left beside ``path`` (chapter 9); returns those."""
+    delete the temporary files a killed writer left beside ``path`` and beside the LoRA adapter
+    file that a run rewrites with it (chapter 9); returns those."""
     path = Path(path)
     check_writable(path.parent)
-    orphans = sorted(path.parent.glob(f"{path.name}.*.tmp"))
+    orphans = sorted(p for name in (path.name, ADAPTER_NAME) for p in path.parent.glob(f"{name}.*.tmp"))
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans
@@ -332,6 +334,10 @@ def load_checkpoint(
     on ``device`` in eval mode.
     """
     ckpt = path if isinstance(path, dict) else read_checkpoint(path)
+    if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter 15: an adapter, not a model
+        base = (ckpt.get("meta") or {}).get("base") or "its base"
+        raise ValueError(f"{'the checkpoint' if isinstance(path, dict) else path} is a LoRA adapter file (adapters "
+                         f"only, no model): load {base} and add the adapter with load_adapter")  # fmt: skip
     check_recorded(ckpt, "the checkpoint" if isinstance(path, dict) else checkpoint_file(path))
     model_cls, config_cls = MODELS[ckpt["model_class"]]
     model = model_cls(config_cls(**ckpt["model_config"]))

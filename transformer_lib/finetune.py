@@ -104,6 +104,7 @@ class GPTClassifier(nn.Module):
         with ``labels (B,)`` when they are given."""
         h = self.gpt.hidden(idx)  # (B, T, d_model)
         B, T = idx.shape
+        _int_tensors(lengths=lengths, labels=labels)
         if lengths is None:
             lengths = torch.full((B,), T, device=idx.device)
         elif lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
@@ -136,6 +137,29 @@ def prepare_finetune(model: GPTClassifier, method: str, *, rank: int = 4, alpha:
     return count_parameters(model)
 
 
+def _int_tensors(**named) -> None:
+    """Each value that is not None must be a tensor of integers (counts, classes)."""
+    for name, t in named.items():
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a tensor of ints, got a {type(t).__name__}: use torch.tensor({name})")
+        if t is not None and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+            raise TypeError(f"{name} must be a tensor of ints, got dtype {t.dtype}")
+
+
+def _rows(what: str, ids, lengths, labels) -> int:
+    """The number of rows of ``ids (N, T)``, ``lengths (N,)`` and ``labels (N,)``, which must agree and be some."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise TypeError(f"{what}: ids must be a tensor (N, T), got {shape}")
+    _int_tensors(lengths=lengths, labels=labels)
+    counts = {"ids": len(ids), "lengths": len(lengths), "labels": len(labels)}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"{what}: ids, lengths and labels must have one row each per example, got {counts}")
+    if not len(ids):
+        raise ValueError(f"{what} holds no rows (N = 0)")
+    return len(ids)
+
+
 class ClassBatches(_Batches):
     """Batches of a labelled task for :func:`~transformer_lib.train.train` (chapter 15).
 
@@ -147,10 +171,11 @@ class ClassBatches(_Batches):
     def __init__(self, train: Sequence[Tensor], val: Sequence[Tensor], batch_size: int, **sampling):
         super().__init__(batch_size, **sampling)
         self.data = {}
-        for name, (ids, lengths, labels) in (("train", train), ("val", val)):
-            if not len(ids) == len(lengths) == len(labels) > 0:
-                raise ValueError(f"the {name} split's ids, lengths and labels must be as many, and some")
-            self.data[name] = (ids, lengths, labels)
+        for name, split in (("train", train), ("val", val)):
+            if isinstance(split, (str, dict)) or not isinstance(split, Sequence) or len(split) != 3:
+                raise TypeError(f"the {name} split must be (ids, lengths, labels), got a {type(split).__name__}")
+            _rows(f"the {name} split", *split)
+            self.data[name] = tuple(split)
 
     def __call__(self, split: str = "train") -> dict[str, Tensor]:
         self._check_split(split)
@@ -162,7 +187,12 @@ class ClassBatches(_Batches):
 
 @torch.no_grad()
 def accuracy(model: GPTClassifier, ids: Tensor, lengths: Tensor, labels: Tensor, batch_size: int = 256) -> float:
-    """The fraction of rows whose most likely class is the label (eval mode, restored after) (chapter 15)."""
+    """The fraction of rows whose most likely class is the label (eval mode, restored after) (chapter 15).
+    ``ids (N, T)``, ``lengths (N,)`` and ``labels (N,)`` tensors, ``N >= 1``, labels in ``[0, n_classes)``."""
+    _rows("accuracy", ids, lengths, labels)
+    n = model.head.out_features
+    if bool((labels < 0).any()) or bool((labels >= n).any()):
+        raise ValueError(f"labels must be classes in [0, {n}), got {sorted(set(labels.tolist()) - set(range(n)))}")
     was = model.training
     model.eval()
     right = 0
@@ -221,8 +251,14 @@ INSTRUCTION_VARIANTS = {
 def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: int = 32, seed: int = 0) -> float:
     """The mean next-token loss of ``model`` on ``batches`` batches of random windows of ``tokens``
     (drawn with ``seed``, so two models are measured on the same windows): chapter 15 measures
-    what fine-tuning costs the language model with it."""
+    what fine-tuning costs the language model with it. ``tokens (N,)`` needs ``N >= context_len + 1``."""
     T = model.config.context_len
+    check_int(batches, "batches")
+    check_int(batch_size, "batch_size")
+    _int_tensors(tokens=tokens)
+    if tokens.dim() != 1 or len(tokens) < T + 1:
+        raise ValueError(f"tokens must be a stream (N,) of at least context_len + 1 = {T + 1} tokens (a window and "
+                         f"its next token), got shape {tuple(tokens.shape)}")  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     was, total = model.training, 0.0
     model.eval()
@@ -249,6 +285,12 @@ def classifier_run(
     ``base``'s shape) for ``steps`` steps with ``seed``, and score it on the test split (chapter 15).
     ``base`` is left as it was. Returns ``{"accuracy", "correct", "n", "trainable", "seconds",
     "model"}``."""
+    if len(task.classes) < 2:
+        raise ValueError(f"the task has {len(task.classes)} class{'es' * (len(task.classes) != 1)} ({task.classes}): "
+                         f"a classifier needs at least 2")  # fmt: skip
+    for part in ("train", "test"):
+        if not getattr(task, part):
+            raise ValueError(f"the task's {part} split holds no text")
     torch.manual_seed(seed)
     gpt = GPT(base.config) if method == "scratch" else copy.deepcopy(base)
     model = GPTClassifier(gpt.to(dtype), len(task.classes)).train()

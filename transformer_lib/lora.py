@@ -33,8 +33,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from ._checks import check_int
+from ._checks import check_int, is_real
 from .checkpoint import read_checkpoint, save_checkpoint, tensor_checksum
+from .token_rows import add_token_rows, token_rows
 
 __all__ = [
     "ADAPTER_FORMAT",
@@ -64,9 +65,11 @@ class LoRA(nn.Module):
 
     def __init__(self, weight: Tensor, rank: int, alpha: float, generator: torch.Generator | None = None):
         super().__init__()
-        check_int(rank, "rank")
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
-            raise ValueError(f"alpha must be a positive number, got {alpha!r}")
+        check_int(rank, "rank")  # NumPy's numbers too, stored as Python's: an adapter file holds no NumPy
+        if not is_real(alpha):
+            raise TypeError(f"alpha must be a positive number, got {alpha!r} ({type(alpha).__name__})")
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a positive number (finite, > 0), got {alpha!r}")
         if weight.dim() != 2:
             raise ValueError(f"LoRA adapts a matrix, got a weight of shape {tuple(weight.shape)}")
         n_out, n_in = weight.shape
@@ -78,7 +81,8 @@ class LoRA(nn.Module):
         bound = 1 / math.sqrt(n_in)  # kaiming_uniform_(a=sqrt(5)) on (rank, n_in): U(-1/sqrt(n_in), 1/sqrt(n_in))
         with torch.no_grad():
             self.A.uniform_(-bound, bound, generator=generator)
-        self.rank, self.alpha, self.scale = rank, float(alpha), alpha / rank
+        self.rank, self.alpha = int(rank), float(alpha)
+        self.scale = self.alpha / self.rank
         self.frozen: Tensor | None = None  # the frozen W, kept while the adapter is merged into it
 
     def delta(self) -> Tensor:
@@ -88,11 +92,36 @@ class LoRA(nn.Module):
     def forward(self, weight: Tensor) -> Tensor:
         """``weight (out, in)`` -> ``weight + (alpha / rank) B A (out, in)``, which the layer then
         applies to its input ``x (..., in)``, giving ``(..., out)``. While merged
-        (:func:`merge_lora`), ``weight`` already holds that sum and is returned as it is."""
-        return weight if self.frozen is not None else weight + self.delta()
+        (:func:`merge_lora`), ``weight`` already holds that sum and is returned as it is; a
+        backward through it is refused while ``A`` or ``B`` requires a gradient."""
+        if self.frozen is None:
+            return weight + self.delta()
+        if torch.is_grad_enabled() and (self.A.requires_grad or self.B.requires_grad):
+            return _Merged.apply(weight, self.A, self.B)
+        return weight
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha:g}, in={self.A.shape[1]}, out={self.B.shape[0]}"
+
+
+class _Merged(torch.autograd.Function):
+    """A merged adapter's weight, as it is; its backward raises: the merged weight holds the sum,
+    so ``A`` and ``B`` would get no gradient and training would leave them silently as they are."""
+
+    @staticmethod
+    def forward(weight: Tensor, A: Tensor, B: Tensor) -> Tensor:
+        return weight.view_as(weight)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        raise ValueError(
+            "a merged LoRA adapter cannot be trained (its weight holds W + (alpha / r) B A, so A and B get no "
+            "gradient): unmerge_lora(model) first, or remove_lora(model) to train the merged weights as plain ones"
+        )
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -177,7 +206,12 @@ def _adapters(model: nn.Module) -> dict[str, LoRA]:
 
 def merge_lora(model: nn.Module) -> None:
     """Write ``W + (alpha / r) B A`` into each adapted weight, which then costs nothing per
-    forward; the model computes what it computed unmerged (chapter 15). :func:`unmerge_lora` undoes it."""
+    forward; the model computes what it computed unmerged (chapter 15). :func:`unmerge_lora` undoes it.
+
+    A merged model is for inference: a backward through a merged adapter whose ``A`` or ``B``
+    requires a gradient raises a ``ValueError`` (they would get no gradient). Unmerge it to train
+    the adapters, :func:`remove_lora` to train the merged weights, or freeze the adapters
+    (``requires_grad_(False)``) to train the model's other weights around them."""
     for name, lora in _adapters(model).items():
         if lora.frozen is not None:
             raise ValueError(f"the adapter of {name} is already merged")
@@ -239,7 +273,11 @@ def adapter_state(model: nn.Module) -> dict:
     for name, lora in adapters.items():
         tensors[f"{name}.A"] = lora.A.detach().cpu().clone()
         tensors[f"{name}.B"] = lora.B.detach().cpu().clone()
-    return {"rank": rank, "alpha": alpha, "weights": weights, "tensors": tensors}
+    rows = token_rows(model)  # trained token rows beside the adapters (token_rows.py), if any
+    if rows is not None:
+        tensors["token_rows.delta"] = rows.delta.detach().cpu().clone()
+    extra = {} if rows is None else {"token_rows": rows.rows.tolist()}
+    return {"rank": rank, "alpha": alpha, "weights": weights, "tensors": tensors, **extra}
 
 
 def save_adapter(model: nn.Module, path: str | os.PathLike, *, meta: dict | None = None, force: bool = False) -> Path:
@@ -272,8 +310,12 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, *, freeze: bool = Tr
             raise ValueError(f"{path} adapts {name} of shape {tuple(shape)}, but this model's is {have}")
     names = add_lora(model, list(state["weights"]), state["rank"], state["alpha"], freeze=freeze)
     adapters = lora_weights(model)
+    if state.get("token_rows"):  # the token rows trained beside the adapters
+        add_token_rows(model, state["token_rows"])
     with torch.no_grad():
         for name in names:
             adapters[name].A.copy_(state["tensors"][f"{name}.A"])
             adapters[name].B.copy_(state["tensors"][f"{name}.B"])
+        if state.get("token_rows"):
+            token_rows(model).delta.copy_(state["tensors"]["token_rows.delta"])
     return names

@@ -22,11 +22,13 @@ that is silently wrong. ``transformers`` is imported only by :func:`llama_from_g
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
+from ._checks import is_int
 from .models import GPT, GPTConfig
 from .parts import find_parts, part_weights
 from .recipe import LLAMA_BLOCK
@@ -48,6 +50,11 @@ def _rope(cfg) -> float:
     return float(params.get("rope_theta", _setting(cfg, "rope_theta", 10000.0)))
 
 
+# The settings a Llama config must give (the others have defaults).
+_REQUIRED = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings",
+             "intermediate_size", "rms_norm_eps")  # fmt: skip
+
+
 def gpt_config_from_llama(cfg) -> GPTConfig:
     """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter 14); unsupported settings raise."""
     refused = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
@@ -55,10 +62,16 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
         value = _setting(cfg, name, ok)
         if value != ok:
             raise ValueError(f"Llama setting {name}={value!r} is not supported (the book's GPT needs {ok!r})")
+    for name in _REQUIRED:
+        if _setting(cfg, name) is None:
+            raise ValueError(f"the Llama config has no {name}: the GPT cannot be built without guessing it")
     d_model, n_heads = _setting(cfg, "hidden_size"), _setting(cfg, "num_attention_heads")
+    if not (is_int(d_model) and is_int(n_heads) and n_heads > 0):
+        raise ValueError(f"Llama settings hidden_size={d_model!r} and num_attention_heads={n_heads!r} must be ints > 0")
     head_dim = _setting(cfg, "head_dim") or d_model // n_heads
     if head_dim * n_heads != d_model:
-        raise ValueError(f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads")
+        raise ValueError(f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads "
+                         f"(hidden_size={d_model} / num_attention_heads={n_heads})")  # fmt: skip
     return GPTConfig(
         vocab_size=_setting(cfg, "vocab_size"), context_len=_setting(cfg, "max_position_embeddings"),
         n_layers=_setting(cfg, "num_hidden_layers"), n_heads=n_heads, d_model=d_model,
@@ -98,6 +111,43 @@ def _layer_names(gpt: GPT, i: int) -> dict:
     return names
 
 
+def _llama_shapes(c: GPTConfig, d_ff: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor a Llama of the config ``c`` holds: its shape, and the settings that make it."""
+    d, kv_rows = c.d_model, (c.n_kv_heads or c.n_heads) * (c.d_model // c.n_heads)
+    shapes = {"model.embed_tokens.weight": ((c.vocab_size, d), "vocab_size, hidden_size"),
+              "model.norm.weight": ((d,), "hidden_size")}  # fmt: skip
+    if not c.tie_embeddings:
+        shapes["lm_head.weight"] = ((c.vocab_size, d), "vocab_size, hidden_size")
+    kv = ((kv_rows, d), "hidden_size, num_attention_heads, num_key_value_heads")
+    layer = dict(zip(_LLAMA_QKV, [((d, d), "hidden_size"), kv, kv], strict=True))
+    layer["self_attn.o_proj.weight"] = ((d, d), "hidden_size")
+    layer |= {n: ((d_ff, d), "intermediate_size") for n in ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+    layer["mlp.down_proj.weight"] = ((d, d_ff), "intermediate_size")
+    layer |= {n: ((d,), "hidden_size") for n in _LLAMA_NORMS}
+    for i in range(c.n_layers):
+        shapes |= {f"model.layers.{i}.{n}": shape for n, shape in layer.items()}
+    return shapes
+
+
+def _check_llama_state(gpt: GPT, s: Mapping[str, Tensor]) -> None:
+    """Refuse, by name, a state dict that does not fit the config: a missing tensor (its layer and
+    matrix), a tensor of another shape, another number of layers."""
+    c = gpt.config
+    layers = {int(m[1]) for k in s if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    if layers != set(range(c.n_layers)):
+        held = f"{len(layers)} layers" + (f" {sorted(layers)}" if 0 < len(layers) < 8 else "")
+        raise ValueError(f"the Llama config has num_hidden_layers={c.n_layers}, but the weights hold {held}")
+    d_ff = gpt.state_dict()[_layer_names(gpt, 0)["feed_forward", "in"]].shape[0] if c.n_layers else 0
+    for name, (shape, settings) in _llama_shapes(c, d_ff).items():
+        where = f"layer {name.split('.')[2]}'s {'.'.join(name.split('.')[3:5])}" if ".layers." in name else "the model"
+        if name not in s:
+            raise ValueError(f"the Llama state dict has no {name} ({where})")
+        if not isinstance(s[name], Tensor) or tuple(s[name].shape) != shape:
+            got = tuple(s[name].shape) if isinstance(s[name], Tensor) else type(s[name]).__name__
+            raise ValueError(f"the Llama state dict's {name} ({where}) has shape {got}, but the config ({settings}) "
+                             f"makes it {shape}")  # fmt: skip
+
+
 def _book_state(gpt: GPT, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Llama's tensors (``model.`` names) under the names of ``gpt``'s parts, ``W_q`` and ``W_k`` rows reordered."""
     c = gpt.config
@@ -131,6 +181,7 @@ def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT
     if "model.embed_tokens.weight" not in source:
         raise ValueError("expected a Llama state dict (with 'model.embed_tokens.weight', 'model.layers.0....')")
     model = GPT(c)
+    _check_llama_state(model, source)
     state = _book_state(model, source)
     model = model.to(state["tok_embed.weight"].dtype)
     model.load_state_dict(state)
@@ -145,6 +196,12 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     model is in the GPT's dtype, in eval mode, with PyTorch's fused attention (``transformers``' eager
     attention computes the softmax in float32).
     """
+    if not isinstance(gpt, GPT):
+        inner = " (convert its .gpt: a classifier's head has no Llama counterpart)" if hasattr(gpt, "gpt") else ""
+        raise TypeError(f"llama_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
+    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
+        raise ValueError("llama_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write them "
+                         "into its weights first with remove_lora(gpt), which merges them")  # fmt: skip
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = gpt.config

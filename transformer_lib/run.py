@@ -4,10 +4,9 @@ rules for what ``--resume`` may change, and :func:`load_run`, which gives a run 
 
 A run folder holds::
 
-    ckpt.pt         the checkpoint (written by train(), atomically and checksummed: checkpoint.py)
-    ckpt.pt.lock    held while a run writes in the folder (checkpoint.own_folder)
+    ckpt.pt (and ckpt.pt.lock while a run writes)  the checkpoint: atomic, checksummed (checkpoint.py)
     tokenizer.json  a BPE run's tokenizer (chapter 13), and a fine-tuning run's (its base's)
-    adapter.pt      a LoRA run's adapters alone (chapter 15), rewritten at every checkpoint
+    adapter.pt      a LoRA run's adapters (and trained token rows) alone (chapter 15), at every save
 
 What the run is (its kind, tokenizer, base, data, LoRA rank, seed, split) is a frozen
 :class:`RunRecord`; on disk it is the checkpoint's ``meta`` dict, with the keys that earlier
@@ -17,8 +16,7 @@ versions wrote, so every checkpoint, old or new, reads as a record and back::
     record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', lora_rank=4, ...)
 
 A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one. A
-preference-tuning run, say, fine-tunes a base on chosen/rejected pairs; it is a run of its own
-kind that records the same fields as a fine-tuning run (its base, its data, a LoRA rank)::
+preference-tuning run records what a fine-tuning run does (base, data, LoRA), and DPO's beta::
 
     KINDS["preference"] = RunKind(
         (*KINDS["finetune"].fields, "beta"),
@@ -26,11 +24,10 @@ kind that records the same fields as a fine-tuning run (its base, its data, a Lo
         unset="none (full fine-tuning)",
     )
 
-(a new field, such as DPO's ``beta``, joins :class:`RunRecord` once, default None). Its command
-is the fine-tuning one's steps, each one call here: :func:`read_base`, :func:`resume_record`,
-:func:`resume_config`, :meth:`RunFolder.adapter_writer`, then :func:`~transformer_lib.train.train`
-on batches whose model returns the preference loss, with ``meta=record.to_meta()`` (which marks
-the kind); :func:`load_run` then loads it as it is.
+(``beta`` joins :class:`RunRecord` once, default None). Its command is the fine-tuning one's steps,
+each one call here (:func:`read_base`, :func:`resume_record`, :func:`resume_config`,
+:meth:`RunFolder.adapter_writer`), then :func:`~transformer_lib.train.train` on batches whose model
+returns the preference loss, with ``meta=record.to_meta()``; :func:`load_run` loads it as it is.
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ import torch
 from torch import nn
 
 from .checkpoint import (
+    ADAPTER_NAME,
     CHECKPOINT_NAME,
     LOCK_NAME,
     check_recorded,
@@ -52,7 +50,8 @@ from .checkpoint import (
     read_checkpoint,
 )
 from .data import load_tokenizer, save_tokenizer, tokenizer_checksum
-from .lora import add_lora, load_adapter, lora_weights, save_adapter
+from .lora import ADAPTER_FORMAT, add_lora, load_adapter, lora_weights, save_adapter
+from .token_rows import add_token_rows
 from .train import PROCESS_SETTINGS
 from .train_config import TrainConfig
 from .utils import pick_device
@@ -60,7 +59,6 @@ from .utils import pick_device
 __all__ = ["ADAPTER_NAME", "KINDS", "TOKENIZER_NAME", "RunFolder", "RunKind", "RunRecord", "load_run", "read_record"]
 
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
-ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint (chapter 15)
 DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
 
 
@@ -89,8 +87,8 @@ KINDS: dict[str, RunKind] = {
         renamed={"data_sha256": "text_sha256"},
     ),
     "finetune": RunKind(
-        (*_SHARED, "base", "base_sha256", "n_train", "n_val", "lora_rank", "lora_alpha"),
-        fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"),
+        (*_SHARED, "base", "base_sha256", "n_train", "n_val", "lora_rank", "lora_alpha", "token_rows"),
+        fixed=("lora_rank", "lora_alpha", "seed", "val_fraction", "token_rows"),
         unset="none (full fine-tuning)",
     ),
 }
@@ -106,7 +104,8 @@ class RunRecord:
     ``"char"`` or ``"bpe"`` and ``vocab_size`` the BPE's size asked for; ``data`` is the file
     trained on (``data_from`` a pipe it came from instead), ``data_sha256`` its checksum;
     ``base`` and ``base_sha256`` are a fine-tuning run's base checkpoint; ``lora_rank`` and
-    ``lora_alpha`` its adapters (None: every weight is trained); ``model_config`` is the
+    ``lora_alpha`` its adapters (None: every weight is trained), ``token_rows`` the embedding rows
+    trained beside them (:mod:`~transformer_lib.token_rows`); ``model_config`` is the
     checkpoint's, the block's recipe included, as it stores it.
     """
 
@@ -127,6 +126,7 @@ class RunRecord:
     preset: str | None = None
     n_train: int | None = None
     n_val: int | None = None
+    token_rows: tuple[int, ...] | None = None
     model_config: dict | None = field(default=None, compare=False)
 
     @property
@@ -160,7 +160,8 @@ class RunRecord:
 
     def adapter_meta(self) -> dict:
         """What a LoRA run's adapter file records of its run: the base, the data, rank and alpha."""
-        return {k: getattr(self, k) for k in ("base", "base_sha256", "data", "data_sha256", "lora_rank", "lora_alpha")}
+        keys = ("base", "base_sha256", "data", "data_sha256", "lora_rank", "lora_alpha", "token_rows")
+        return {k: getattr(self, k) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -241,12 +242,9 @@ def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> t
 
     A LoRA run (chapter 15) comes back as its base model with its adapters added and loaded
     from the run's own checkpoint; ``adapters`` maps each adapted weight's name to its
-    :class:`~transformer_lib.lora.LoRA` (``{}`` for any other run). A ``tokenizer.json`` beside
-    the checkpoint must hold the checkpoint's tokenizer::
-
-        model, tokenizer, adapters = load_run("out/finetune")
-        ids = torch.tensor([tokenizer.encode("ROMEO:")])
-        logits, _ = model(ids)  # (1, T, vocab_size)
+    :class:`~transformer_lib.lora.LoRA` (``{}`` for any other run), with the token rows trained
+    beside them, if any. A ``tokenizer.json`` beside the checkpoint must hold the checkpoint's
+    tokenizer. ``model(torch.tensor([tokenizer.encode("ROMEO:")]))`` then gives its logits.
     """
     run = RunFolder(folder if Path(folder).is_dir() else Path(folder).parent)
     ckpt = read_checkpoint(folder)
@@ -255,9 +253,11 @@ def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> t
     names = [k.removesuffix(".0.A").replace(".parametrizations.", ".") for k in state if k.endswith(".0.A")]
     if names and record.lora_rank is not None:
         base = {k.replace(".parametrizations.", ".").removesuffix(".original"): t for k, t in state.items()
-                if not k.endswith((".0.A", ".0.B"))}  # fmt: skip
+                if not k.endswith((".0.A", ".0.B", ".0.delta", ".0.rows"))}  # fmt: skip
         model, tokenizer, _ = load_checkpoint({**ckpt, "model": base})
         add_lora(model, names, rank=record.lora_rank, alpha=record.lora_alpha)
+        if record.token_rows:  # the embedding rows trained beside the adapters
+            add_token_rows(model, record.token_rows)
         model.load_state_dict(state)
         model = model.to(device).eval()
     else:
@@ -375,22 +375,24 @@ def resumable_pretraining(ckpt: dict, file, data: str | None) -> dict:
 
 
 def read_base(path: str | os.PathLike | None, record: RunRecord | None, file) -> tuple[dict, Path]:
-    """A fine-tuning run's base checkpoint (read once) and its file: ``path``, or on resume the
-    one the run records, which a different ``path`` may not replace (chapter 15)."""
+    """A fine-tuning run's base checkpoint (read once) and its file: ``path``, or on resume the one the run
+    records, which a different ``path`` may not replace; never the run's own ``file`` (chapter 15)."""
     if record is not None and path is None:
         path = record.base
         if not checkpoint_file(path).is_file():
             raise ValueError(f"the run in {file} fine-tunes {path}, which is no longer there: give it with --ckpt")
-    base = read_checkpoint(path)
     base_file = checkpoint_file(path)
+    if base_file.resolve() == Path(file).resolve():  # the run would write its checkpoint over its base
+        raise ValueError(f"--out-dir {Path(file).parent} holds the base checkpoint {base_file}, which the run would "
+                         f"replace (even with --force): choose another --out-dir")  # fmt: skip
+    base = read_checkpoint(path)
     if record is not None and base["checksum"] != record.base_sha256:
-        raise ValueError(
-            f"--resume cannot change --ckpt: the run in {file} fine-tunes {record.base} (checksum "
-            f"{record.base_sha256[:12]}), not {base_file} (checksum {base['checksum'][:12]})"
-        )
-    if RunRecord.from_checkpoint(base).method == "lora":
-        raise ValueError(f"{base_file} is a LoRA run's checkpoint (its base's weights and adapters): fine-tune its "
-                         f"base, {base['meta']['base']}, or a full fine-tuning run's checkpoint")  # fmt: skip
+        raise ValueError(f"--resume cannot change --ckpt: the run in {file} fine-tunes {record.base} (checksum "
+                         f"{record.base_sha256[:12]}), not {base_file} (checksum {base['checksum'][:12]})")  # fmt: skip
+    if base.get("format") == ADAPTER_FORMAT or RunRecord.from_checkpoint(base).method == "lora":
+        what = "adapter file (adapters only)" if "format" in base else "run's checkpoint (base weights and adapters)"
+        raise ValueError(f"{base_file} is a LoRA {what}: fine-tune its base, {(base.get('meta') or {}).get('base')}, "
+                         f"or a full fine-tuning run's checkpoint")  # fmt: skip
     if base.get("model_class") != "GPT" or not base.get("tokenizer"):
         raise ValueError(f"{base_file} holds a {base.get('model_class')} without a tokenizer: fine-tune a GPT "
                          f"checkpoint of python -m transformer_lib train --tokenizer bpe")  # fmt: skip

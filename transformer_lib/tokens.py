@@ -43,18 +43,35 @@ def token_byte_lengths(tokenizer: CharTokenizer | BPETokenizer) -> Tensor:
 
 
 @torch.no_grad()
-def bits_per_byte(model: nn.Module, ids: Tensor, byte_lengths: Tensor, batch_size: int = 64) -> dict:
+def bits_per_byte(
+    model: nn.Module, ids: Tensor, byte_lengths: Tensor | CharTokenizer | BPETokenizer, batch_size: int = 64
+) -> dict:
     """The loss of ``model`` on a token stream ``ids (N,)``, per token and per byte (chapter 13).
 
     The stream is cut into windows of ``model.config.context_len + 1`` tokens that overlap by one,
     so every token after the first is predicted exactly once; ``byte_lengths (vocab_size,)`` gives
-    the bytes each predicted token stands for. Returns ``nats_per_token``, ``bits_per_byte``,
-    ``tokens`` and ``bytes``: bits per byte is the total loss in bits over the total bytes predicted.
+    the bytes each predicted token stands for (:func:`token_byte_lengths`; or pass the tokenizer
+    itself). Returns ``nats_per_token``, ``bits_per_byte``, ``tokens`` and ``bytes``: bits per byte
+    is the total loss in bits over the total bytes predicted. Lengths of another vocabulary's size
+    than the model's, and a stream whose predicted tokens hold no byte (special tokens only), are
+    refused.
     """
-    T = model.config.context_len
+    if isinstance(byte_lengths, (CharTokenizer, BPETokenizer)):
+        byte_lengths = token_byte_lengths(byte_lengths)
+    T, V = model.config.context_len, model.config.vocab_size
     check_int(batch_size, "batch_size")
+    for name, t in (("ids", ids), ("byte_lengths", byte_lengths)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a tensor, got a {type(t).__name__}: use torch.tensor({name})")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be a tensor of integers, got dtype {t.dtype}")
     if ids.dim() != 1 or len(ids) < 2:
         raise ValueError(f"ids must be a token stream (N,) with N >= 2, got shape {tuple(ids.shape)}")
+    if tuple(byte_lengths.shape) != (V,):
+        raise ValueError(
+            f"byte_lengths has shape {tuple(byte_lengths.shape)}, not the model's vocabulary (vocab_size={V},): "
+            f"the lengths of another tokenizer? Pass the tokenizer that made ids"
+        )
     starts = range(0, len(ids) - 1, T)
     full = [s for s in starts if s + T + 1 <= len(ids)]
     batches = [
@@ -70,6 +87,9 @@ def bits_per_byte(model: nn.Module, ids: Tensor, byte_lengths: Tensor, batch_siz
         total, count = total + nll.item(), count + w[:, 1:].numel()
         n_bytes += int(byte_lengths[w[:, 1:]].sum())
     model.train(was_training)
+    if n_bytes == 0:
+        raise ValueError(f"the {count} predicted tokens stand for 0 bytes (special tokens only?): bits per byte is "
+                         f"undefined")  # fmt: skip
     return {
         "nats_per_token": total / count,
         "bits_per_byte": total / math.log(2) / n_bytes,

@@ -38,7 +38,9 @@ class TrainConfig:
     lr: float = _setting(1e-3, "peak learning rate, reached after the warm-up")
     min_lr: float = _setting(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = _setting(100, "steps of linear warm-up")
-    lr_decay_iters: int | None = _setting(None, "step at which the cosine decay reaches min_lr (default: max_iters)")
+    lr_decay_iters: int | None = _setting(
+        None, "step at which the cosine decay reaches min_lr (default: max_iters, the last step)"
+    )
     weight_decay: float = _setting(0.1, "AdamW weight decay (matrices only)")
     beta1: float = _setting(0.9, "AdamW beta1")
     beta2: float = _setting(0.99, "AdamW beta2")
@@ -91,7 +93,7 @@ MODEL_SETTINGS = {
     "n_layers": "transformer blocks",
     "n_heads": "attention heads per block",
     "d_model": "width of the residual stream",
-    "context_len": "context length T in characters",
+    "context_len": "context length T in tokens (characters, or BPE tokens with --tokenizer bpe)",
     "dropout": "dropout probability",
     # chapter 14, "Today's block": GPT-2's block by default, Llama's parts by name
     "bias": "biases in the linear maps and norms",

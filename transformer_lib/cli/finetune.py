@@ -19,11 +19,23 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoint import load_checkpoint, read_checkpoint
-from ..data import sha256_of, tokenizer_checksum
+from ..data import load_corpus, sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
 from ..finetune import lora_targets
 from ..lora import add_lora, count_parameters
-from ..run import ADAPTER_NAME, DEFAULTS, RunFolder, RunRecord, read_base, resume_config, resume_record, resumed_data
+from ..run import (
+    ADAPTER_NAME,
+    DEFAULTS,
+    RunFolder,
+    RunRecord,
+    changed,
+    flag,
+    read_base,
+    resume_config,
+    resume_record,
+    resumed_data,
+)
+from ..token_rows import add_token_rows, unseen_token_rows
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
@@ -46,6 +58,11 @@ FINETUNE_DEFAULTS = {
 }
 
 
+# FINETUNE_DEFAULTS as the help texts write them
+_SHOWN_DEFAULTS = {**FINETUNE_DEFAULTS, "lr": "1e-3 with --lora-rank, 3e-4 without", "min_lr": "a tenth of --lr"}
+_SHIPPED = "transformer_lib/data/ch15/pretrained.pt"  # PRETRAINED_PATH, as a user in the repository types it
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The fine-tuning command's argument parser (``python -m transformer_lib finetune --help``, chapter 15)."""
     parser = Parser(
@@ -55,24 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
         "adapters. The loss counts the response and its end token. Sample the result with python -m "
         "transformer_lib sample --ckpt OUT_DIR (full) or --ckpt BASE --adapter OUT_DIR/adapter.pt (LoRA).",
     )
-    parser.add_argument("--ckpt", default=None, help="the base checkpoint, a file or its folder (with --resume: "
-                        "the run's own)")  # fmt: skip
+    parser.add_argument("--ckpt", default=None, help="the base: a BPE run's folder or checkpoint file, such as "
+                        f"the book's shipped 6,000-step base {_SHIPPED} (required; with --resume: the run's "
+                        f"own)")  # fmt: skip
     parser.add_argument(
         "--data", default=None, metavar="FILE.jsonl", help='one {"prompt": ..., "response": ...} a line; the '
         "last --val-fraction of the pairs (at least one) validate, the rest train (with --resume: the run's own)",
     )  # fmt: skip
     parser.add_argument("--val-fraction", type=float, default=None, help="last fraction of the pairs kept for "
                         "validation (default: 0.1)")  # fmt: skip
-    parser.add_argument("--out-dir", default="out/finetune", help="folder for ckpt.pt (default: out/finetune)")
+    parser.add_argument("--out-dir", "--output-dir", default="out/finetune", help="folder for ckpt.pt (default: "
+                        "out/finetune)")  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly where it stopped")
     parser.add_argument("--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
-    parser.add_argument("--lora-rank", type=int, default=None, help="train only adapters of this rank on "
-                        "every attention and feed-forward matrix, written to OUT_DIR/adapter.pt (default: full "
-                        "fine-tuning)")  # fmt: skip
+    parser.add_argument("--lora-rank", "--lora-r", type=int, default=None, help="train only adapters of this rank "
+                        "on every attention and feed-forward matrix, written to OUT_DIR/adapter.pt (default: none, "
+                        "full fine-tuning)")  # fmt: skip
     parser.add_argument("--lora-alpha", type=float, default=None, help="the adapters' scale alpha, applied as "
                         "alpha / rank (default: 2 x --lora-rank)")  # fmt: skip
-    add_setting_flags(parser, shape=False, defaults="FINETUNE_DEFAULTS")
+    parser.add_argument("--new-token-rows", action="store_true", default=None, help="with --lora-rank: also train, "
+                        "re-initialised, the embedding rows of the tokens the pairs use that the base's training "
+                        "text never held (LoRA freezes the embedding, and those rows never learned anything; "
+                        "chapter 15) (default: off)")  # fmt: skip
+    add_setting_flags(parser, shape=False, defaults=_SHOWN_DEFAULTS)
     return parser
 
 
@@ -102,9 +125,12 @@ def finetune_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
     given = {"lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "seed": args.seed,
              "val_fraction": args.val_fraction}  # fmt: skip
     if resumed is not None:
+        if args.new_token_rows and not resumed.token_rows:
+            raise changed("new_token_rows", "no new token rows", "--new-token-rows", file)
         return resume_record(resumed, given, file)
-    if args.lora_alpha is not None and args.lora_rank is None:
-        raise ValueError("--lora-alpha is for --lora-rank: full fine-tuning has no adapters")
+    for name in ("lora_alpha", "new_token_rows"):
+        if getattr(args, name) is not None and args.lora_rank is None:
+            raise ValueError(f"{flag(name)} is for --lora-rank: full fine-tuning has no adapters")
     run = {k: DEFAULTS.get(k) if v is None else v for k, v in given.items()}
     if run["lora_rank"] is not None and run["lora_alpha"] is None:
         run["lora_alpha"] = 2.0 * run["lora_rank"]
@@ -137,6 +163,25 @@ def _pairs(data: str, tokenizer, context_len: int, val_fraction: float) -> tuple
             )
     n_val = max(1, int(len(pairs) * val_fraction))
     return encoded[:-n_val], encoded[-n_val:]
+
+
+def new_token_rows(base: dict, base_file: Path, tokenizer, data: str) -> list[int]:
+    """``--new-token-rows``: the tokens the pairs in ``data`` use that the base's training split (the
+    text its record names, checked by its checksum) never held (chapter 15)."""
+    record = RunRecord.from_checkpoint(base)
+    source = record.data if record.data else None if record.corpus == "tiny_shakespeare" else False
+    if source is False or record.data_from or (source and not Path(source).is_file()):
+        raise ValueError(f"--new-token-rows needs the text {base_file} was trained on, and its record names none "
+                         f"that can be read again ({record.data_from or record.data or record.corpus})")  # fmt: skip
+    text = load_corpus(source).text
+    if sha256_of(text.encode()) != record.data_sha256:
+        raise ValueError(f"--new-token-rows: the text at {source or 'the shipped corpus'} is not the one {base_file} "
+                         f"was trained on (its checksum differs)")  # fmt: skip
+    used = "".join(p + PROMPT_END + r for p, r in read_pairs(data))
+    rows = unseen_token_rows(tokenizer, text[: int(len(text) * (1 - record.val_fraction))], among=used)
+    if not rows:
+        raise ValueError(f"--new-token-rows: every token of {data} occurs in the base's training text: no new rows")
+    return rows
 
 
 def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
@@ -179,6 +224,10 @@ def _finetune_in_folder(args, folder: RunFolder) -> int:
             add_lora(model, lora_targets(model), rank=record.lora_rank, alpha=record.lora_alpha, seed=record.seed)
         except ValueError as e:
             raise ValueError(f"--lora-rank {record.lora_rank}: {e}") from None
+        if args.new_token_rows and record.token_rows is None:
+            record = replace(record, token_rows=tuple(new_token_rows(base, base_file, tokenizer, data)))
+        if record.token_rows:  # re-initialised; on resume the checkpoint's values replace them
+            add_token_rows(model, record.token_rows, reinit=True, seed=record.seed)
     if not ckpt:
         folder.write_tokenizer(tokenizer, args.force)
         folder.clear_adapter(args.force)  # --force replaces the run that wrote it

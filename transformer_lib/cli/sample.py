@@ -27,23 +27,31 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
     parser = Parser(
         prog="python -m transformer_lib sample",
-        description="Generate text from a GPT checkpoint written by python -m transformer_lib train.",
+        description="Generate text from a GPT checkpoint written by python -m transformer_lib train or finetune. A "
+        "fine-tuned run is given --prompt in its fine-tuning format and prints its response, up to the end token.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--ckpt", default="out", help="a checkpoint file or the folder holding ckpt.pt")
+    parser.add_argument("--ckpt", default="out", help="a checkpoint file or the run folder holding ckpt.pt")
     parser.add_argument("--prompt", default="\n", help="text the sample continues")
-    parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
+    parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (characters for a "
+                        "character-level run); a fine-tuned model stops earlier at its end token")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.8, help="below 1: safer, above 1: wilder")
-    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely characters")
+    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens "
+                        "(default: all)")  # fmt: skip
     parser.add_argument(
-        "--top-p", type=float, default=None, help="sample only among the most likely characters that reach this mass"
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample only among the most likely tokens that reach this probability mass (default: all)",
     )
     parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
     parser.add_argument("--adapter", default=None, help="a LoRA adapter file of python -m transformer_lib finetune, "
-                        "added to the model of --ckpt, the base it was trained on (chapter 15)")  # fmt: skip
-    parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1)")
+                        "added to the model of --ckpt, the base it was trained on (chapter 15; default: "
+                        "none)")  # fmt: skip
+    parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1; "
+                        "default: off)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")

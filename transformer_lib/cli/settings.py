@@ -10,6 +10,7 @@ out of range). The commands themselves are in :mod:`transformer_lib.cli`.
 from __future__ import annotations
 
 import argparse
+import difflib
 from dataclasses import fields
 from pathlib import Path
 
@@ -30,34 +31,101 @@ _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, a
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
-    prints the usage too), like every other error of the command."""
+    prints the usage too), like every other error of the command; an unknown flag is answered
+    with the nearest known one."""
 
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(self._unrecognized(extra))
+        return parsed
 
-def add_setting_flags(parser: argparse.ArgumentParser, shape: bool = True, defaults: str = "the preset's") -> None:
+    def _unrecognized(self, extra: list[str]) -> str:
+        """What to say of arguments no flag takes: the first unknown flag and the nearest known one."""
+        flag = next((a.split("=")[0] for a in extra if a.startswith("-")), None)
+        if flag is None:
+            return f"unrecognized arguments: {' '.join(extra)} (see {self.prog} --help)"
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        return f"unknown flag {flag}" + (f"; did you mean {near[0]}?" if near else f" (see {self.prog} --help)")
+
+
+#: The names Hugging Face's trainer and peft give some settings, accepted as the same flags.
+ALIASES = {
+    "max_iters": ("--max-steps",),
+    "lr": ("--learning-rate",),
+    "warmup_iters": ("--warmup-steps",),
+    "batch_size": ("--per-device-train-batch-size",),
+    "out_dir": ("--output-dir",),
+    "lora_rank": ("--lora-r",),
+}
+
+
+def flags_of(name: str) -> tuple[str, ...]:
+    """The flag of the setting ``name`` and its aliases: ``lr`` -> ``("--lr", "--learning-rate")``."""
+    return (_flag(name), *ALIASES.get(name, ()))
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _preset_defaults(values: dict[str, object]) -> str:
+    """``(default: V)`` from ``{preset: value}``, or each preset's value where they differ."""
+    if len({repr(v) for v in values.values()}) == 1:
+        return f"(default: {_shown(values['cpu'])})"
+    by_preset = [f"{_shown(v)} with --preset {k}" if i == 0 else f"{_shown(v)} with {k}"
+                 for i, (k, v) in enumerate(values.items())]  # fmt: skip
+    return f"(default: {', '.join(by_preset)})"
+
+
+def _with_default(help_: str, shown: str | None) -> str:
+    """``help_`` ending with its default, unless it already says it."""
+    return help_ if shown is None or "(default" in help_ else f"{help_} {shown}"
+
+
+def add_setting_flags(
+    parser: argparse.ArgumentParser, shape: bool = True, defaults: str | dict = "the preset's"
+) -> None:
     """One flag per GPTConfig shape setting (unless not ``shape``) and per TrainConfig field, default
-    None (= ``defaults``, or the checkpoint's with --resume)."""
+    None (= ``defaults``, or the checkpoint's with --resume). Each flag's help ends with its default:
+    the presets' values, or with ``defaults`` a dict ``{field: value}`` (a command's own defaults)
+    those values and :class:`TrainConfig`'s for the rest."""
     if shape:
         group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
         model_types = {f.name: f.type for f in (*fields(GPTConfig), *fields(BlockRecipe))}  # the recipe's choices too
+        base = GPTConfig(vocab_size=1).settings()
         for name, help_ in MODEL_SETTINGS.items():
-            _add_flag(group, name, model_types[name], help_, RECIPE_CHOICES.get(name))
-    group = parser.add_argument_group(f"training (default: {defaults}, or the checkpoint's with --resume)")
+            values = {k: changes.get(name, base[name]) for k, (changes, _) in PRESETS.items()}
+            shown = None if None in values.values() else _preset_defaults(values)
+            _add_flag(group, name, model_types[name], _with_default(help_, shown), RECIPE_CHOICES.get(name))
+    title = defaults if isinstance(defaults, str) else "the command's"
+    group = parser.add_argument_group(f"training (default: {title}, or the checkpoint's with --resume)")
     for f in fields(TrainConfig):
         if f.name != "out_dir":
             choices = ["auto", *DTYPES] if f.name == "dtype" else None
-            _add_flag(group, f.name, f.type, f.metadata["help"], choices)
+            if isinstance(defaults, dict):
+                value = defaults.get(f.name, f.default)
+                shown = None if value is None else f"(default: {_shown(value)})"
+            else:
+                values = {k: getattr(config, f.name) for k, (_, config) in PRESETS.items()}
+                shown = None if None in values.values() else _preset_defaults(values)
+            _add_flag(group, f.name, f.type, _with_default(f.metadata["help"], shown), choices)
 
 
 def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
-    """``--name`` for a dataclass field of type ``type_`` (as written): ``--name/--no-name`` for a bool."""
+    """``--name`` (and its :data:`ALIASES`) for a dataclass field of type ``type_`` (as written):
+    ``--name/--no-name`` for a bool."""
     kind = type_.split("|")[0].strip()
     if kind == "bool":
         group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_)
     else:
-        group.add_argument(_flag(name), type=_TYPES[kind], default=None, choices=choices, help=help_)
+        group.add_argument(*flags_of(name), dest=name, type=_TYPES[kind], default=None, choices=choices, help=help_)
 
 
 def model_settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +29,36 @@ __all__ = ["PROMPT_END", "InstructionBatches", "date_pairs", "encode_pair", "rea
 PROMPT_END = "\n=> "
 
 
-def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
+#: The end token the layout writes after every response: a prompt or response that spells it is refused.
+END_TOKEN = "<|endoftext|>"
+
+
+def _pair_problem(pair, specials: Sequence[str]) -> tuple[type[Exception], str] | None:
+    """What is wrong with ``pair`` as a ``(prompt, response)`` of text, or None: the error's class and words."""
+    if isinstance(pair, (str, bytes, dict)) or not isinstance(pair, Sequence):
+        return TypeError, f"is a {type(pair).__name__}, not a (prompt, response) pair"
+    if len(pair) != 2:
+        return ValueError, f"has {len(pair)} items, not 2 (a prompt and a response)"
+    for name, text in zip(("prompt", "response"), pair, strict=True):
+        if not isinstance(text, str):
+            return TypeError, f"has a {name} of type {type(text).__name__}, not text"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return ValueError, f"has a {name} holding {text[e.start]!r} at index {e.start}, a lone surrogate"
+        if spelt := next((s for s in specials if s in text), None):
+            return ValueError, f"has a {name} that spells the special token {spelt!r}, which the layout adds itself"
+    if not pair[1]:
+        return ValueError, "has an empty response"
+    return None
+
+
+def read_pairs(path: str | os.PathLike, *, specials: Sequence[str] = (END_TOKEN,)) -> list[tuple[str, str]]:
     """The ``(prompt, response)`` pairs of a JSON Lines file, one object ``{"prompt": str,
     "response": str}`` a line (blank lines are skipped) (chapter 15). A line that is not such an object is a
-    ``ValueError`` naming the file and the line's number."""
+    ``ValueError`` naming the file and the line's number, as is text that cannot be encoded: a lone
+    surrogate (``"\\ud800"`` in JSON), or the spelling of one of ``specials`` (by default the end
+    token; pass the tokenizer's ``specials`` to refuse all of its special tokens)."""
     path = Path(path)
     pairs = []
     with open(path, encoding="utf-8-sig") as f:
@@ -48,18 +74,28 @@ def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
                 raise ValueError(f'{path}, line {n}: expected {{"prompt": ..., "response": ...}}, got {keys}')
             if not all(isinstance(obj[k], str) for k in obj) or not obj["response"]:
                 raise ValueError(f"{path}, line {n}: the prompt and the response must be text, the response not empty")
+            if problem := _pair_problem((obj["prompt"], obj["response"]), specials):
+                raise ValueError(f"{path}, line {n}: the pair {problem[1]}")
             pairs.append((obj["prompt"], obj["response"]))
     if not pairs:
         raise ValueError(f"{path} holds no prompt/response pair")
     return pairs
 
 
-def write_pairs(pairs: Sequence[tuple[str, str]], path: str | os.PathLike, *, force: bool = False) -> Path:
+def write_pairs(pairs: Iterable[tuple[str, str]], path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write ``pairs`` to ``path`` as JSON Lines (the ``finetune`` command's input) (chapter 15),
-    atomically; an existing file that holds anything else is kept unless ``force``."""
+    atomically; an existing file that holds anything else is kept unless ``force``. Each pair must
+    be a ``(prompt, response)`` of text that :func:`read_pairs` reads back (a dict, a triple, a
+    number, an empty response, a lone surrogate or the end token's spelling is refused by its index)."""
     from ..utils import atomic_write
 
     path = Path(path)
+    if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, Iterable):
+        raise TypeError(f"pairs must be a list of (prompt, response) pairs, got a {type(pairs).__name__}")
+    pairs = list(pairs)
+    for i, pair in enumerate(pairs):
+        if problem := _pair_problem(pair, (END_TOKEN,)):
+            raise problem[0](f"pairs[{i}] {problem[1]}: {str(pair)[:80]}")
     lines = "".join(json.dumps({"prompt": p, "response": r}, ensure_ascii=False) + "\n" for p, r in pairs)
     if path.exists() and not force and (not path.is_file() or path.read_text(encoding="utf-8") != lines):
         raise FileExistsError(f"{path} exists and holds something else: choose another path, or force=True")
@@ -69,11 +105,18 @@ def write_pairs(pairs: Sequence[tuple[str, str]], path: str | os.PathLike, *, fo
 def encode_pair(tokenizer, prompt: str, response: str, *, end: bool = True) -> tuple[list[int], int]:
     """``(ids, n_prompt)``: ``prompt + PROMPT_END`` then ``response`` as ids, with the tokenizer's
     end token after them (``end=True``); ``n_prompt`` counts the prompt's ids (chapter 15). The two parts are
-    encoded apart, so the response's first token never merges with the prompt's last."""
+    encoded apart, so the response's first token never merges with the prompt's last. A part that
+    the tokenizer refuses (it spells a special token, say) is a ``ValueError`` that says which."""
     if end and getattr(tokenizer, "eos_id", None) is None:
         raise ValueError("the tokenizer has no end token (<|endoftext|> or <eos>): train it with one")
-    head = tokenizer.encode(prompt + PROMPT_END)
-    ids = head + tokenizer.encode(response) + ([tokenizer.eos_id] if end else [])
+    parts = []
+    for name, text in (("prompt", prompt + PROMPT_END), ("response", response)):
+        try:
+            parts.append(tokenizer.encode(text))
+        except ValueError as e:
+            raise ValueError(f"the {name} {text[:40]!r}: {e}") from None
+    head, body = parts
+    ids = head + body + ([tokenizer.eos_id] if end else [])
     return ids, len(head)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_int
+from .._checks import check_int, is_int
 
 __all__ = ["LabelledTexts", "Speech", "encode_texts", "speaker_task", "split_speeches", "word_order_task"]
 
@@ -38,14 +38,25 @@ class Speech:
 
 @dataclass
 class LabelledTexts:
-    """A classification task: ``texts`` with integer ``labels`` (``0 . (chapter 15). len(classes) - 1``),
-    split into ``train`` and ``test`` index lists, and the ``classes``' names."""
+    """A classification task (chapter 15): ``texts`` with integer ``labels`` (``0 .. len(classes) - 1``),
+    split into ``train`` and ``test`` index lists, and the ``classes``' names; checked when made."""
 
     texts: list[str]
     labels: list[int]
     classes: list[str]
     train: list[int]
     test: list[int]
+
+    def __post_init__(self):
+        """One label per text, each a class's index; the splits index the texts."""
+        if len(self.labels) != len(self.texts):
+            raise ValueError(f"{len(self.texts)} texts but {len(self.labels)} labels: give one label per text")
+        n = len(self.classes)
+        if bad := [y for y in self.labels if not (is_int(y) and 0 <= y < n)]:
+            raise ValueError(f"labels must be ints in [0, {n}) (the classes {self.classes}), got {bad[0]!r}")
+        for part in ("train", "test"):
+            if bad := [i for i in getattr(self, part) if not (is_int(i) and 0 <= i < len(self.texts))]:
+                raise ValueError(f"the {part} split holds {bad[0]!r}, not an index of the {len(self.texts)} texts")
 
     def split(self, part: str) -> tuple[list[str], list[int]]:
         """``(texts, labels)`` of ``part``, ``"train"`` or ``"test"``."""

@@ -25,6 +25,7 @@ The command line (``--dry-run`` prints and writes nothing)::
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -32,6 +33,7 @@ import torch
 
 import transformer_lib as tl
 
+from . import ch15_diagnosis
 from .recorder import Experiment, Part
 
 __all__ = ["EXPERIMENT"]
@@ -270,11 +272,17 @@ def instructions(seeds: list[int], steps: int | None = None) -> dict:
     return {"settings": SETTINGS, "instructions": part}
 
 
+def diagnosis(seeds: list[int], steps: int | None = None) -> dict:
+    """Why LoRA learned the dates' format and not the dates, and the fix (:mod:`.ch15_diagnosis`)."""
+    return ch15_diagnosis.diagnosis(seeds, steps, sys.modules[__name__])
+
+
 EXPERIMENT = Experiment(
     "ch15",
     {
         "classification": Part(classification, SEEDS),
         "contamination": Part(contamination, THREE_SEEDS),
         "instructions": Part(instructions, THREE_SEEDS),
+        "diagnosis": Part(diagnosis, THREE_SEEDS),  # ch15_diagnosis.py
     },
 )
