@@ -337,7 +337,7 @@ def test_the_base_folder_is_never_the_out_dir_even_with_force(base, tmp_path, ca
     folder = shutil.copytree(base / "bpe", tmp_path / "base")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     given = folder if ckpt == "folder" else folder / "ckpt.pt"
-    for extra in (["--force"], ["--force", "--lora-rank", "2"]):
+    for extra in ([], ["--force"], ["--force", "--lora-rank", "2"]):  # without --force too: named as the base
         code, err = finetune(capsys, base, given, folder, *extra)
         assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
         assert f"holds the base checkpoint {folder / 'ckpt.pt'}" in err and "even with --force" in err, err

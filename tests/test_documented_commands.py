@@ -80,6 +80,11 @@ NBGRADER_TEST = "tests/test_nbgrader.py runs nbgrader's generate_assignment, aut
 RULES = [
     Rule(r"bash scripts/setup\.sh", "skip", "the set-up itself: scripts/test.sh runs it first on every CI run"),
     Rule(r"bash scripts/test\.sh", "skip", "the test command itself (.ci/run runs it)"),
+    Rule(
+        r"\.venv/bin/python -m pytest -n 2 -m .not slow. tests --ignore=tests/browser --ignore=tests/pdf",
+        "skip",
+        "the library's tests themselves, a subset of what the test command runs",
+    ),
     Rule(r"bash scripts/build_book\.sh", "skip", "builds the whole book (minutes): .ci/run runs it"),
     Rule(r"bash scripts/browser_test\.sh", "skip", "needs the built book: .ci/run runs it after the build"),
     Rule(r"bash scripts/test_other_kernels\.sh", "skip", "every notebook a second time (minutes): .ci/run runs it"),

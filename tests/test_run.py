@@ -96,7 +96,7 @@ def test_resume_refuses_a_changed_setting_by_name():
     full = RunRecord(kind="finetune", seed=1, val_fraction=0.1)
     with pytest.raises(ValueError, match=r"cannot change --lora-rank: .* uses none \(full fine-tuning\), not 4"):
         resume_record(full, {"lora_rank": 4}, "f")
-    assert set(KINDS["finetune"].fixed) == {"lora_rank", "lora_alpha", "seed", "val_fraction"}
+    assert set(KINDS["finetune"].fixed) == {"lora_rank", "lora_alpha", "seed", "val_fraction", "token_rows"}
 
 
 def test_the_folder_refuses_another_runs_files(tmp_path):

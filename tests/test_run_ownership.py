@@ -291,10 +291,10 @@ def test_resume_keeps_the_device_dtype_and_compilation_it_started_with(text, tmp
     assert train("--data", text, "--out-dir", out, "--max-iters", 2, "--dtype", "float32") == 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # "auto" would now pick a GPU
     args = cli.build_parser().parse_args(["--resume", "--out-dir", str(out)])
-    _, _, config = cli._settings(args, tl.read_checkpoint(out), out / "ckpt.pt")
+    _, _, config = cli.model_settings(args, tl.read_checkpoint(out), out / "ckpt.pt")
     assert (str(config.device), config.dtype, config.compile) == ("cpu", "float32", False)
     args = cli.build_parser().parse_args(["--resume", "--out-dir", str(out), "--no-compile", "--device", "cuda"])
-    assert cli._settings(args, tl.read_checkpoint(out), out / "ckpt.pt")[2].device == "cuda"  # a flag moves it
+    assert cli.model_settings(args, tl.read_checkpoint(out), out / "ckpt.pt")[2].device == "cuda"  # a flag moves it
 
 
 def test_resume_on_a_machine_without_the_runs_device_says_how_to_continue(tmp_path):

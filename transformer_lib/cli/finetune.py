@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint, read_checkpoint
+from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
 from ..data import load_corpus, sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
 from ..finetune import lora_targets
@@ -149,7 +149,7 @@ def finetune_config(args, record: RunRecord, ckpt: dict | None, file: Path) -> T
 def _pairs(data: str, tokenizer, context_len: int, val_fraction: float) -> tuple[list, list]:
     """The pairs of ``data`` encoded, split into train and validation; a pair longer than the model
     reads is refused by its line number, as are fewer than two pairs."""
-    pairs = read_pairs(data)
+    pairs = read_pairs(data, specials=tuple(getattr(tokenizer, "special_ids", {})) or ("<|endoftext|>",))
     if len(pairs) < 2:
         raise ValueError(f"{data} holds 1 pair: fine-tuning needs at least 2 (one to train on, one to validate)")
     text = Path(data).read_bytes().decode("utf-8-sig")
@@ -188,6 +188,8 @@ def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
     """With ``--resume``, the run's checkpoint (read once) and its record, refused when it is not
     a fine-tuning run; else nothing, another run's checkpoint refused unless ``--force``."""
     if not args.resume:
+        if args.ckpt is not None and checkpoint_file(args.ckpt).resolve() == folder.checkpoint.resolve():
+            read_base(args.ckpt, None, folder.checkpoint)  # refuses --out-dir holding the base, by name
         folder.check_fresh(args.force)
         return None, None
     ckpt = read_checkpoint(folder.checkpoint)
