@@ -74,8 +74,9 @@ def _covered(chunks: list, text: str, pattern: str) -> list:
 
 def _specials(specials) -> tuple[str, ...]:
     if isinstance(specials, (str, bytes)):
-        raise TypeError(f"specials must be a list of strings, got the {type(specials).__name__} {specials!r}: "
-                        f"write [{specials!r}]")  # fmt: skip
+        raise TypeError(
+            f"specials must be a list of strings, got the {type(specials).__name__} {specials!r}: write [{specials!r}]"
+        )
     return tuple(specials)
 
 
@@ -286,8 +287,11 @@ class BPETokenizer:
         character (ids that end mid-character) reads as U+FFFD; special tokens are dropped
         (``skip_specials``) or written out."""
         if skip_specials:
-            ids = [i for i in (ids.tolist() if isinstance(ids, Tensor) and ids.dim() == 1 else ids)
-                   if not (is_int(i) and len(self.token_bytes) <= i < self.vocab_size)]  # fmt: skip
+            ids = [
+                i
+                for i in (ids.tolist() if isinstance(ids, Tensor) and ids.dim() == 1 else ids)
+                if not (is_int(i) and len(self.token_bytes) <= i < self.vocab_size)
+            ]
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def mergeable_ranks(self) -> dict[bytes, int]:

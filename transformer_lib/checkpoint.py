@@ -336,8 +336,10 @@ def load_checkpoint(
     ckpt = path if isinstance(path, dict) else read_checkpoint(path)
     if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter 15: an adapter, not a model
         base = (ckpt.get("meta") or {}).get("base") or "its base"
-        raise ValueError(f"{'the checkpoint' if isinstance(path, dict) else path} is a LoRA adapter file (adapters "
-                         f"only, no model): load {base} and add the adapter with load_adapter")  # fmt: skip
+        raise ValueError(
+            f"{'the checkpoint' if isinstance(path, dict) else path} is a LoRA adapter file (adapters "
+            f"only, no model): load {base} and add the adapter with load_adapter"
+        )
     check_recorded(ckpt, "the checkpoint" if isinstance(path, dict) else checkpoint_file(path))
     model_cls, config_cls = MODELS[ckpt["model_class"]]
     model = model_cls(config_cls(**ckpt["model_config"]))

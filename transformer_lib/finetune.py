@@ -181,8 +181,11 @@ class ClassBatches(_Batches):
         self._check_split(split)
         ids, lengths, labels = self.data[split]
         rows = self._rows(split, len(ids))
-        return {"idx": ids[rows].to(self.device), "labels": labels[rows].to(self.device),
-                "lengths": lengths[rows].to(self.device)}  # fmt: skip
+        return {
+            "idx": ids[rows].to(self.device),
+            "labels": labels[rows].to(self.device),
+            "lengths": lengths[rows].to(self.device),
+        }
 
 
 @torch.no_grad()
@@ -257,8 +260,10 @@ def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: in
     check_int(batch_size, "batch_size")
     _int_tensors(tokens=tokens)
     if tokens.dim() != 1 or len(tokens) < T + 1:
-        raise ValueError(f"tokens must be a stream (N,) of at least context_len + 1 = {T + 1} tokens (a window and "
-                         f"its next token), got shape {tuple(tokens.shape)}")  # fmt: skip
+        raise ValueError(
+            f"tokens must be a stream (N,) of at least context_len + 1 = {T + 1} tokens (a window and "
+            f"its next token), got shape {tuple(tokens.shape)}"
+        )
     g = torch.Generator().manual_seed(seed)
     was, total = model.training, 0.0
     model.eval()
@@ -272,22 +277,42 @@ def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: in
 
 
 def _config(steps: int, lr: float, batch_size: int) -> TrainConfig:
-    return TrainConfig(batch_size=batch_size, max_iters=steps, lr=lr, min_lr=lr / 10, warmup_iters=min(20, steps),
-                       weight_decay=0.0, eval_interval=0, device="cpu", progress=False, verbose=False)  # fmt: skip
+    return TrainConfig(
+        batch_size=batch_size,
+        max_iters=steps,
+        lr=lr,
+        min_lr=lr / 10,
+        warmup_iters=min(20, steps),
+        weight_decay=0.0,
+        eval_interval=0,
+        device="cpu",
+        progress=False,
+        verbose=False,
+    )
 
 
 def classifier_run(
-    base: GPT, tokenizer, task, method: str, seed: int, *, steps: int = 150, batch_size: int = 16, rank: int = 4,
+    base: GPT,
+    tokenizer,
+    task,
+    method: str,
+    seed: int,
+    *,
+    steps: int = 150,
+    batch_size: int = 16,
+    rank: int = 4,
     dtype: torch.dtype = torch.float32,
-) -> dict:  # fmt: skip
+) -> dict:
     """Train a :class:`GPTClassifier` on ``task`` (a :class:`~transformer_lib.data.LabelledTexts`)
     by ``method`` (one of :data:`FINETUNE_METHODS`, or ``"scratch"``: every weight of a new GPT of
     ``base``'s shape) for ``steps`` steps with ``seed``, and score it on the test split (chapter 15).
     ``base`` is left as it was. Returns ``{"accuracy", "correct", "n", "trainable", "seconds",
     "model"}``."""
     if len(task.classes) < 2:
-        raise ValueError(f"the task has {len(task.classes)} class{'es' * (len(task.classes) != 1)} ({task.classes}): "
-                         f"a classifier needs at least 2")  # fmt: skip
+        raise ValueError(
+            f"the task has {len(task.classes)} class{'es' * (len(task.classes) != 1)} ({task.classes}): "
+            f"a classifier needs at least 2"
+        )
     for part in ("train", "test"):
         if not getattr(task, part):
             raise ValueError(f"the task's {part} split holds no text")
@@ -303,20 +328,39 @@ def classifier_run(
         texts, labels = task.split(part)
         split[part] = (*encode_texts(tokenizer, texts, T, pad), torch.tensor(labels))
     start = time.perf_counter()
-    train(model, ClassBatches(split["train"], split["test"], batch_size, seed=seed),
-          _config(steps, CLASSIFIER_LR[method], batch_size))  # fmt: skip
+    train(
+        model,
+        ClassBatches(split["train"], split["test"], batch_size, seed=seed),
+        _config(steps, CLASSIFIER_LR[method], batch_size),
+    )
     seconds = time.perf_counter() - start
     correct = round(accuracy(model, *split["test"]) * len(split["test"][0]))
     n = len(split["test"][0])
-    return {"accuracy": correct / n, "correct": correct, "n": n, "trainable": trainable, "seconds": seconds,
-            "model": model}  # fmt: skip
+    return {
+        "accuracy": correct / n,
+        "correct": correct,
+        "n": n,
+        "trainable": trainable,
+        "seconds": seconds,
+        "model": model,
+    }
 
 
 def instruction_run(
-    base: GPT, tokenizer, train_pairs, test_pairs, variant: str, seed: int, *, steps: int = 300,
-    batch_size: int = 16, lr: float = 1e-3, lora_rank: int | None = None, max_new_tokens: int = 16,
+    base: GPT,
+    tokenizer,
+    train_pairs,
+    test_pairs,
+    variant: str,
+    seed: int,
+    *,
+    steps: int = 300,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    lora_rank: int | None = None,
+    max_new_tokens: int = 16,
     dtype: torch.dtype = torch.float32,
-) -> dict:  # fmt: skip
+) -> dict:
     """Fine-tune a copy of ``base`` on prompt/response pairs the way ``variant`` (a key of
     :data:`INSTRUCTION_VARIANTS`) says, every weight or (``lora_rank``) adapters only, and answer
     ``test_pairs``' prompts greedily (chapter 15). Returns ``{"exact_match"`` (the answer before the
@@ -332,8 +376,9 @@ def instruction_run(
         add_lora(model, lora_targets(model), rank=lora_rank, alpha=2.0 * lora_rank, seed=seed)
     rows = [encode_pair(tokenizer, p, r, end=how["end"]) for p, r in train_pairs]
     masks = {k: how[k] for k in ("mask_prompt", "mask_padding")}
-    batches = InstructionBatches(rows, rows[:batch_size], base.config.context_len, batch_size, tokenizer.eos_id,
-                                 seed=seed, **masks)  # fmt: skip
+    batches = InstructionBatches(
+        rows, rows[:batch_size], base.config.context_len, batch_size, tokenizer.eos_id, seed=seed, **masks
+    )
     train(model, batches, _config(steps, lr, batch_size))
     model.eval()
     prompts = []

@@ -67,9 +67,19 @@ class GPTConfig:
     recipe: BlockRecipe  # chapter 14: the block's choices
 
     def __init__(
-        self, vocab_size: int, context_len: int = 64, n_layers: int = 4, n_heads: int = 4, d_model: int = 128,
-        dropout: float = 0.0, *, n_kv_heads: int | None = None, window: int | None = None, recipe=None, **choices,
-    ):  # fmt: skip
+        self,
+        vocab_size: int,
+        context_len: int = 64,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        d_model: int = 128,
+        dropout: float = 0.0,
+        *,
+        n_kv_heads: int | None = None,
+        window: int | None = None,
+        recipe=None,
+        **choices,
+    ):
         self.vocab_size, self.context_len, self.n_layers, self.n_heads = vocab_size, context_len, n_layers, n_heads
         self.d_model, self.dropout, self.n_kv_heads, self.window = d_model, dropout, n_kv_heads, window
         self.recipe = as_recipe(recipe, **choices)
@@ -126,9 +136,17 @@ class GPT(nn.Module):
         learned = r.positions == "learned"  # chapter 14: rotary positions are applied inside attention instead
         self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout) if learned else None
         self.decoder = Decoder(
-            c.d_model, c.n_heads, c.n_layers, dropout=c.dropout, norm_first=True, cross_attention=False,
-            n_kv_heads=c.n_kv_heads, window=c.window, parts=r, _checked=True,  # GPTConfig checked them
-        )  # fmt: skip
+            c.d_model,
+            c.n_heads,
+            c.n_layers,
+            dropout=c.dropout,
+            norm_first=True,
+            cross_attention=False,
+            n_kv_heads=c.n_kv_heads,
+            window=c.window,
+            parts=r,
+            _checked=True,  # GPTConfig checked them
+        )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
         if r.tie_embeddings:
@@ -145,9 +163,14 @@ class GPT(nn.Module):
         return self.decoder.new_cache()
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False,
-        cache: DecoderCache | None = None, *, loss_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        need_weights: bool = False,
+        cache: DecoderCache | None = None,
+        *,
+        loss_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """``idx (B, T)`` token ids -> ``(logits (B, T, vocab_size), loss)``: the mean next-token
         cross-entropy when ``targets (B, T)`` (ids in ``[0, vocab_size)``) are given, else None.
         ``loss_mask (B, T)`` (chapter 15, booleans): the mean is over the targets it marks
@@ -244,9 +267,15 @@ class GPT(nn.Module):
         return idx.clone()  # outside inference mode: a plain tensor the caller may use anywhere
 
     def _generate(
-        self, idx: Tensor, max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
-        generator: torch.Generator | None, use_cache: bool,
-    ) -> Tensor:  # fmt: skip
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        generator: torch.Generator | None,
+        use_cache: bool,
+    ) -> Tensor:
         """:meth:`generate`'s loop, its settings checked."""
         L = self.config.context_len
         if not use_cache:

@@ -51,8 +51,15 @@ def _rope(cfg) -> float:
 
 
 # The settings a Llama config must give (the others have defaults).
-_REQUIRED = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings",
-             "intermediate_size", "rms_norm_eps")  # fmt: skip
+_REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "intermediate_size",
+    "rms_norm_eps",
+)
 
 
 def gpt_config_from_llama(cfg) -> GPTConfig:
@@ -70,15 +77,23 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
         raise ValueError(f"Llama settings hidden_size={d_model!r} and num_attention_heads={n_heads!r} must be ints > 0")
     head_dim = _setting(cfg, "head_dim") or d_model // n_heads
     if head_dim * n_heads != d_model:
-        raise ValueError(f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads "
-                         f"(hidden_size={d_model} / num_attention_heads={n_heads})")  # fmt: skip
+        raise ValueError(
+            f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads "
+            f"(hidden_size={d_model} / num_attention_heads={n_heads})"
+        )
     return GPTConfig(
-        vocab_size=_setting(cfg, "vocab_size"), context_len=_setting(cfg, "max_position_embeddings"),
-        n_layers=_setting(cfg, "num_hidden_layers"), n_heads=n_heads, d_model=d_model,
-        n_kv_heads=_setting(cfg, "num_key_value_heads") or n_heads, recipe=LLAMA_BLOCK,
-        norm_eps=float(_setting(cfg, "rms_norm_eps")), d_ff=_setting(cfg, "intermediate_size"),
-        rotary_base=_rope(cfg), tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
-    )  # fmt: skip
+        vocab_size=_setting(cfg, "vocab_size"),
+        context_len=_setting(cfg, "max_position_embeddings"),
+        n_layers=_setting(cfg, "num_hidden_layers"),
+        n_heads=n_heads,
+        d_model=d_model,
+        n_kv_heads=_setting(cfg, "num_key_value_heads") or n_heads,
+        recipe=LLAMA_BLOCK,
+        norm_eps=float(_setting(cfg, "rms_norm_eps")),
+        d_ff=_setting(cfg, "intermediate_size"),
+        rotary_base=_rope(cfg),
+        tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
+    )
 
 
 def _pair_order(n_heads: int, d_k: int) -> Tensor:
@@ -114,8 +129,10 @@ def _layer_names(gpt: GPT, i: int) -> dict:
 def _llama_shapes(c: GPTConfig, d_ff: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Each tensor a Llama of the config ``c`` holds: its shape, and the settings that make it."""
     d, kv_rows = c.d_model, (c.n_kv_heads or c.n_heads) * (c.d_model // c.n_heads)
-    shapes = {"model.embed_tokens.weight": ((c.vocab_size, d), "vocab_size, hidden_size"),
-              "model.norm.weight": ((d,), "hidden_size")}  # fmt: skip
+    shapes = {
+        "model.embed_tokens.weight": ((c.vocab_size, d), "vocab_size, hidden_size"),
+        "model.norm.weight": ((d,), "hidden_size"),
+    }
     if not c.tie_embeddings:
         shapes["lm_head.weight"] = ((c.vocab_size, d), "vocab_size, hidden_size")
     kv = ((kv_rows, d), "hidden_size, num_attention_heads, num_key_value_heads")
@@ -144,8 +161,9 @@ def _check_llama_state(gpt: GPT, s: Mapping[str, Tensor]) -> None:
             raise ValueError(f"the Llama state dict has no {name} ({where})")
         if not isinstance(s[name], Tensor) or tuple(s[name].shape) != shape:
             got = tuple(s[name].shape) if isinstance(s[name], Tensor) else type(s[name]).__name__
-            raise ValueError(f"the Llama state dict's {name} ({where}) has shape {got}, but the config ({settings}) "
-                             f"makes it {shape}")  # fmt: skip
+            raise ValueError(
+                f"the Llama state dict's {name} ({where}) has shape {got}, but the config ({settings}) makes it {shape}"
+            )
 
 
 def _book_state(gpt: GPT, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -200,8 +218,10 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
         inner = " (convert its .gpt: a classifier's head has no Llama counterpart)" if hasattr(gpt, "gpt") else ""
         raise TypeError(f"llama_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
     if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
-        raise ValueError("llama_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write them "
-                         "into its weights first with remove_lora(gpt), which merges them")  # fmt: skip
+        raise ValueError(
+            "llama_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write them "
+            "into its weights first with remove_lora(gpt), which merges them"
+        )
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = gpt.config
@@ -212,18 +232,30 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     d_k = c.d_model // c.n_heads
     layer0 = gpt.decoder.layers[0].ff if c.n_layers else None
     cfg = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-        num_key_value_heads=c.n_kv_heads or c.n_heads, head_dim=d_k, max_position_embeddings=c.context_len,
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads or c.n_heads,
+        head_dim=d_k,
+        max_position_embeddings=c.context_len,
         intermediate_size=layer0.gate_proj.out_features if layer0 is not None else c.d_ff or 1,
-        rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
-        tie_word_embeddings=c.tie_embeddings, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        rms_norm_eps=c.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
+        tie_word_embeddings=c.tie_embeddings,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     book = gpt.state_dict()
     q_back = torch.argsort(_pair_order(c.n_heads, d_k))
     k_back = torch.argsort(_pair_order(c.n_kv_heads or c.n_heads, d_k))
-    state = {"model.embed_tokens.weight": book["tok_embed.weight"], "model.norm.weight": book["decoder.norm.weight"],
-             "lm_head.weight": book["lm_head.weight"]}  # fmt: skip
+    state = {
+        "model.embed_tokens.weight": book["tok_embed.weight"],
+        "model.norm.weight": book["decoder.norm.weight"],
+        "lm_head.weight": book["lm_head.weight"],
+    }
     for i in range(c.n_layers):
         hf, names = f"model.layers.{i}.", _layer_names(gpt, i)
         q, k, v = book[names["attention", "qkv"]].split([c.d_model, len(k_back), len(k_back)])

@@ -110,9 +110,14 @@ class BlockRecipe:
         return FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation=self.activation, bias=self.bias)
 
     def attention_layer(
-        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0,
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
         self_attention: bool = True,
-    ) -> nn.Module:  # fmt: skip
+    ) -> nn.Module:
         """One attention layer of the kind :attr:`attention` names."""
         return ATTENTIONS[self.attention](
             self, d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, self_attention=self_attention

@@ -135,5 +135,7 @@ def _owners_parametrized(model: nn.Module) -> list[tuple[nn.Module, str]]:
         raise ValueError("the model's token embedding has no trainable rows")
     embed = _owners(model)[0][0]
     heads = [h for h in find_parts(model, "head").values() if parametrize.is_parametrized(h, "weight")]
-    return [(embed, "weight"), *((h, "weight") for h in heads if h.parametrizations.weight.original is
-                                 embed.parametrizations.weight.original)]  # fmt: skip
+    return [
+        (embed, "weight"),
+        *((h, "weight") for h in heads if h.parametrizations.weight.original is embed.parametrizations.weight.original),
+    ]

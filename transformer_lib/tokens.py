@@ -25,9 +25,16 @@ __all__ = ["TOKEN_RUN", "bits_per_byte", "token_byte_lengths", "token_run"]
 #: The settings of chapter 13's comparison: one model shape, one budget of steps and tokens, for
 #: both tokenizers, and the BPE's vocabulary.
 TOKEN_RUN = dict(
-    n_layers=2, n_heads=4, d_model=64, context_len=64, batch_size=16, steps=300, lr=3e-3,
-    val_fraction=0.1, bpe_vocab=512,
-)  # fmt: skip
+    n_layers=2,
+    n_heads=4,
+    d_model=64,
+    context_len=64,
+    batch_size=16,
+    steps=300,
+    lr=3e-3,
+    val_fraction=0.1,
+    bpe_vocab=512,
+)
 
 
 def token_byte_lengths(tokenizer: CharTokenizer | BPETokenizer) -> Tensor:
@@ -88,8 +95,9 @@ def bits_per_byte(
         n_bytes += int(byte_lengths[w[:, 1:]].sum())
     model.train(was_training)
     if n_bytes == 0:
-        raise ValueError(f"the {count} predicted tokens stand for 0 bytes (special tokens only?): bits per byte is "
-                         f"undefined")  # fmt: skip
+        raise ValueError(
+            f"the {count} predicted tokens stand for 0 bytes (special tokens only?): bits per byte is undefined"
+        )
     return {
         "nats_per_token": total / count,
         "bits_per_byte": total / math.log(2) / n_bytes,

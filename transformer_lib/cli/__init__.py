@@ -59,13 +59,19 @@ class _Command(NamedTuple):
 
 # The subcommands, by the name that comes first on the command line.
 COMMANDS = {
-    "train": _Command(train_main, "train a GPT on Tiny Shakespeare or your text, characters or BPE tokens (ch. 9, 13)",
-                      "; no checkpoint was written"),
+    "train": _Command(
+        train_main,
+        "train a GPT on Tiny Shakespeare or your text, characters or BPE tokens (ch. 9, 13)",
+        "; no checkpoint was written",
+    ),
     "sample": _Command(sample_main, "generate text from a run, or a fine-tuned model's answer to --prompt (ch. 9, 15)"),
-    "finetune": _Command(finetune_main, "fine-tune a BPE run on prompt/response pairs, every weight or LoRA (ch. 15)",
-                         "; no checkpoint was written"),
+    "finetune": _Command(
+        finetune_main,
+        "fine-tune a BPE run on prompt/response pairs, every weight or LoRA (ch. 15)",
+        "; no checkpoint was written",
+    ),
     "export": _Command(export_main, "write a run for Hugging Face transformers (GPT-2 or Llama), LoRA for peft"),
-}  # fmt: skip
+}
 DEFAULT_COMMAND = "train"  # arguments that start with a flag are the training command's
 HELP = ("help", "-h", "--help")
 
@@ -73,19 +79,21 @@ HELP = ("help", "-h", "--help")
 def overview() -> str:
     """The list of commands that ``python -m transformer_lib`` and its ``--help`` print (chapter 9)."""
     rows = [f"  {name:<9} {command.about}" for name, command in COMMANDS.items()]
-    return "\n".join([
-        "usage: python -m transformer_lib COMMAND [flags]",
-        "",
-        'The command line of "Attention, Executed": train, sample, fine-tune and export small GPTs.',
-        "",
-        "commands:",
-        *rows,
-        f"  {'help':<9} this list; help COMMAND (or COMMAND --help) lists a command's flags and their defaults",
-        "",
-        "a first run, about 3 CPU-minutes (the full --preset cpu run of 2,000 steps takes about 30):",
-        "  python -m transformer_lib train --preset cpu --max-iters 200 --out-dir out/first",
-        "  python -m transformer_lib sample --ckpt out/first --prompt ROMEO:",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "usage: python -m transformer_lib COMMAND [flags]",
+            "",
+            'The command line of "Attention, Executed": train, sample, fine-tune and export small GPTs.',
+            "",
+            "commands:",
+            *rows,
+            f"  {'help':<9} this list; help COMMAND (or COMMAND --help) lists a command's flags and their defaults",
+            "",
+            "a first run, about 3 CPU-minutes (the full --preset cpu run of 2,000 steps takes about 30):",
+            "  python -m transformer_lib train --preset cpu --max-iters 200 --out-dir out/first",
+            "  python -m transformer_lib sample --ckpt out/first --prompt ROMEO:",
+        ]
+    )
 
 
 def _unknown(name: str) -> int:

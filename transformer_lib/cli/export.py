@@ -24,21 +24,39 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         "runs), or none for a character run.",
     )
     parser.add_argument("--ckpt", required=True, help="the run's folder or checkpoint file (required)")
-    parser.add_argument("--out-dir", "--output-dir", required=True, help="the folder to write (required); a "
-                        "folder that holds files is refused unless --force")  # fmt: skip
-    parser.add_argument("--force", action="store_true", help="write into a folder that holds files, replacing the "
-                        "exported files of the same names and keeping every other file (default: refuse)")  # fmt: skip
+    parser.add_argument(
+        "--out-dir",
+        "--output-dir",
+        required=True,
+        help="the folder to write (required); a folder that holds files is refused unless --force",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder that holds files, replacing the "
+        "exported files of the same names and keeping every other file (default: refuse)",
+    )
     adapter = parser.add_mutually_exclusive_group()
-    adapter.add_argument("--merge-adapter", action="store_true", help="a LoRA run: merge its adapters into the "
-                         "weights and write one model (default: a LoRA run is refused)")  # fmt: skip
-    adapter.add_argument("--peft-adapter", action="store_true", help="a LoRA run: write its base model and, in "
-                         "OUT_DIR/adapter, its adapters in peft's format (peft.PeftModel.from_pretrained)")  # fmt: skip
+    adapter.add_argument(
+        "--merge-adapter",
+        action="store_true",
+        help="a LoRA run: merge its adapters into the weights and write one model (default: a LoRA run is refused)",
+    )
+    adapter.add_argument(
+        "--peft-adapter",
+        action="store_true",
+        help="a LoRA run: write its base model and, in "
+        "OUT_DIR/adapter, its adapters in peft's format (peft.PeftModel.from_pretrained)",
+    )
     args = parser.parse_args(argv)
-    files = export_hf(args.ckpt, args.out_dir, merge_adapter=args.merge_adapter, peft_adapter=args.peft_adapter,
-                      force=args.force)  # fmt: skip
+    files = export_hf(
+        args.ckpt, args.out_dir, merge_adapter=args.merge_adapter, peft_adapter=args.peft_adapter, force=args.force
+    )
     print(f"wrote {len(files)} files to {args.out_dir}: {', '.join(sorted(str(f.name) for f in files))}")
-    print(f"load them with AutoModelForCausalLM.from_pretrained({str(args.out_dir)!r}) and "
-          f"AutoTokenizer.from_pretrained({str(args.out_dir)!r})")  # fmt: skip
+    print(
+        f"load them with AutoModelForCausalLM.from_pretrained({str(args.out_dir)!r}) and "
+        f"AutoTokenizer.from_pretrained({str(args.out_dir)!r})"
+    )
     if args.peft_adapter:
         print(f"and the adapters with peft.PeftModel.from_pretrained(model, {str(args.out_dir) + '/adapter'!r})")
     return 0

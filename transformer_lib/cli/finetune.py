@@ -72,29 +72,53 @@ def build_parser() -> argparse.ArgumentParser:
         "adapters. The loss counts the response and its end token. Sample the result with python -m "
         "transformer_lib sample --ckpt OUT_DIR (full) or --ckpt BASE --adapter OUT_DIR/adapter.pt (LoRA).",
     )
-    parser.add_argument("--ckpt", default=None, help="the base: a BPE run's folder or checkpoint file, such as "
-                        f"the book's shipped 6,000-step base {_SHIPPED} (required; with --resume: the run's "
-                        f"own)")  # fmt: skip
     parser.add_argument(
-        "--data", default=None, metavar="FILE.jsonl", help='one {"prompt": ..., "response": ...} a line; the '
+        "--ckpt",
+        default=None,
+        help="the base: a BPE run's folder or checkpoint file, such as "
+        f"the book's shipped 6,000-step base {_SHIPPED} (required; with --resume: the run's "
+        f"own)",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="FILE.jsonl",
+        help='one {"prompt": ..., "response": ...} a line; the '
         "last --val-fraction of the pairs (at least one) validate, the rest train (with --resume: the run's own)",
-    )  # fmt: skip
-    parser.add_argument("--val-fraction", type=float, default=None, help="last fraction of the pairs kept for "
-                        "validation (default: 0.1)")  # fmt: skip
-    parser.add_argument("--out-dir", "--output-dir", default="out/finetune", help="folder for ckpt.pt (default: "
-                        "out/finetune)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--val-fraction", type=float, default=None, help="last fraction of the pairs kept for validation (default: 0.1)"
+    )
+    parser.add_argument(
+        "--out-dir", "--output-dir", default="out/finetune", help="folder for ckpt.pt (default: out/finetune)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly where it stopped")
     parser.add_argument("--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
-    parser.add_argument("--lora-rank", "--lora-r", type=int, default=None, help="train only adapters of this rank "
-                        "on every attention and feed-forward matrix, written to OUT_DIR/adapter.pt (default: none, "
-                        "full fine-tuning)")  # fmt: skip
-    parser.add_argument("--lora-alpha", type=float, default=None, help="the adapters' scale alpha, applied as "
-                        "alpha / rank (default: 2 x --lora-rank)")  # fmt: skip
-    parser.add_argument("--new-token-rows", action="store_true", default=None, help="with --lora-rank: also train, "
-                        "re-initialised, the embedding rows of the tokens the pairs use that the base's training "
-                        "text never held (LoRA freezes the embedding, and those rows never learned anything; "
-                        "chapter 15) (default: off)")  # fmt: skip
+    parser.add_argument(
+        "--lora-rank",
+        "--lora-r",
+        type=int,
+        default=None,
+        help="train only adapters of this rank "
+        "on every attention and feed-forward matrix, written to OUT_DIR/adapter.pt (default: none, "
+        "full fine-tuning)",
+    )
+    parser.add_argument(
+        "--lora-alpha",
+        type=float,
+        default=None,
+        help="the adapters' scale alpha, applied as alpha / rank (default: 2 x --lora-rank)",
+    )
+    parser.add_argument(
+        "--new-token-rows",
+        action="store_true",
+        default=None,
+        help="with --lora-rank: also train, "
+        "re-initialised, the embedding rows of the tokens the pairs use that the base's training "
+        "text never held (LoRA freezes the embedding, and those rows never learned anything; "
+        "chapter 15) (default: off)",
+    )
     add_setting_flags(parser, shape=False, defaults=_SHOWN_DEFAULTS)
     return parser
 
@@ -122,8 +146,12 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
 def finetune_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
     """What a fine-tuning run is, as far as its flags say: the LoRA rank and alpha, seed and split
     (or their defaults), or on resume the run's, a flag that differs refused."""
-    given = {"lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "seed": args.seed,
-             "val_fraction": args.val_fraction}  # fmt: skip
+    given = {
+        "lora_rank": args.lora_rank,
+        "lora_alpha": args.lora_alpha,
+        "seed": args.seed,
+        "val_fraction": args.val_fraction,
+    }
     if resumed is not None:
         if args.new_token_rows and not resumed.token_rows:
             raise changed("new_token_rows", "no new token rows", "--new-token-rows", file)
@@ -171,12 +199,16 @@ def new_token_rows(base: dict, base_file: Path, tokenizer, data: str) -> list[in
     record = RunRecord.from_checkpoint(base)
     source = record.data if record.data else None if record.corpus == "tiny_shakespeare" else False
     if source is False or record.data_from or (source and not Path(source).is_file()):
-        raise ValueError(f"--new-token-rows needs the text {base_file} was trained on, and its record names none "
-                         f"that can be read again ({record.data_from or record.data or record.corpus})")  # fmt: skip
+        raise ValueError(
+            f"--new-token-rows needs the text {base_file} was trained on, and its record names none "
+            f"that can be read again ({record.data_from or record.data or record.corpus})"
+        )
     text = load_corpus(source).text
     if sha256_of(text.encode()) != record.data_sha256:
-        raise ValueError(f"--new-token-rows: the text at {source or 'the shipped corpus'} is not the one {base_file} "
-                         f"was trained on (its checksum differs)")  # fmt: skip
+        raise ValueError(
+            f"--new-token-rows: the text at {source or 'the shipped corpus'} is not the one {base_file} "
+            f"was trained on (its checksum differs)"
+        )
     used = "".join(p + PROMPT_END + r for p, r in read_pairs(data))
     rows = unseen_token_rows(tokenizer, text[: int(len(text) * (1 - record.val_fraction))], among=used)
     if not rows:
@@ -195,8 +227,10 @@ def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
     ckpt = read_checkpoint(folder.checkpoint)
     record = RunRecord.from_checkpoint(ckpt)
     if record.kind != "finetune":
-        raise ValueError(f"{folder.checkpoint} holds a training run, not a fine-tuning run: continue it with python "
-                         f"-m transformer_lib train --resume --out-dir {args.out_dir}")  # fmt: skip
+        raise ValueError(
+            f"{folder.checkpoint} holds a training run, not a fine-tuning run: continue it with python "
+            f"-m transformer_lib train --resume --out-dir {args.out_dir}"
+        )
     return ckpt, record
 
 
@@ -210,13 +244,16 @@ def _finetune_in_folder(args, folder: RunFolder) -> int:
     data = resumed_data(args.data, resumed, file)
     data_sha256 = sha256_of(data)
     if resumed is not None and data_sha256 != resumed.data_sha256:
-        raise ValueError(f"{data} is not the data the run in {file} was fine-tuned on ({resumed.data}): give that "
-                         f"file with --data")  # fmt: skip
+        raise ValueError(
+            f"{data} is not the data the run in {file} was fine-tuned on ({resumed.data}): give that file with --data"
+        )
     model, tokenizer, _ = load_checkpoint(base)
     tokenizer = RunFolder(base_file.parent).checked_tokenizer(tokenizer)
     if getattr(tokenizer, "eos_id", None) is None:
-        raise ValueError(f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
-                         f"with it; fine-tune a base trained with --tokenizer bpe")  # fmt: skip
+        raise ValueError(
+            f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
+            f"with it; fine-tune a base trained with --tokenizer bpe"
+        )
     train_pairs, val_pairs = _pairs(data, tokenizer, model.config.context_len, record.val_fraction)
     device = pick_device(config.device)
     set_seed(record.seed)
@@ -233,18 +270,41 @@ def _finetune_in_folder(args, folder: RunFolder) -> int:
     if not ckpt:
         folder.write_tokenizer(tokenizer, args.force)
         folder.clear_adapter(args.force)  # --force replaces the run that wrote it
-    batches = InstructionBatches(train_pairs, val_pairs, model.config.context_len, config.batch_size,
-                                 tokenizer.eos_id, seed=record.seed, device=device)  # fmt: skip
-    record = replace(record, base=str(base_file.resolve()), base_sha256=base["checksum"],
-                     data=str(Path(data).resolve()), data_sha256=data_sha256, corpus=Path(data).name,
-                     n_train=len(train_pairs), n_val=len(val_pairs),
-                     tokenizer_sha256=tokenizer_checksum(tokenizer))  # fmt: skip
-    print(f"{Path(data).name}: {len(train_pairs)} pairs to train on, {len(val_pairs)} to validate; "
-          f"{record.method} fine-tuning of {base_file} ({count_parameters(model):,} of "
-          f"{count_parameters(model, trainable=False):,} parameters trained); device {device}")  # fmt: skip
+    batches = InstructionBatches(
+        train_pairs,
+        val_pairs,
+        model.config.context_len,
+        config.batch_size,
+        tokenizer.eos_id,
+        seed=record.seed,
+        device=device,
+    )
+    record = replace(
+        record,
+        base=str(base_file.resolve()),
+        base_sha256=base["checksum"],
+        data=str(Path(data).resolve()),
+        data_sha256=data_sha256,
+        corpus=Path(data).name,
+        n_train=len(train_pairs),
+        n_val=len(val_pairs),
+        tokenizer_sha256=tokenizer_checksum(tokenizer),
+    )
+    print(
+        f"{Path(data).name}: {len(train_pairs)} pairs to train on, {len(val_pairs)} to validate; "
+        f"{record.method} fine-tuning of {base_file} ({count_parameters(model):,} of "
+        f"{count_parameters(model, trainable=False):,} parameters trained); device {device}"
+    )
     try:
-        history = train(model, batches, config, tokenizer=tokenizer, meta=record.to_meta(), resume=ckpt or False,
-                        on_save=folder.adapter_writer(model, record))  # fmt: skip
+        history = train(
+            model,
+            batches,
+            config,
+            tokenizer=tokenizer,
+            meta=record.to_meta(),
+            resume=ckpt or False,
+            on_save=folder.adapter_writer(model, record),
+        )
     except KeyboardInterrupt:
         print(f"Interrupted. Continue with: python -m transformer_lib finetune --resume --out-dir {args.out_dir}")
         return 130

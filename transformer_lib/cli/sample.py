@@ -33,11 +33,17 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--ckpt", default="out", help="a checkpoint file or the run folder holding ckpt.pt")
     parser.add_argument("--prompt", default="\n", help="text the sample continues")
-    parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (characters for a "
-                        "character-level run); a fine-tuned model stops earlier at its end token")  # fmt: skip
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=500,
+        help="tokens to generate (characters for a "
+        "character-level run); a fine-tuned model stops earlier at its end token",
+    )
     parser.add_argument("--temperature", type=float, default=0.8, help="below 1: safer, above 1: wilder")
-    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens "
-                        "(default: all)")  # fmt: skip
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="sample only among the k most likely tokens (default: all)"
+    )
     parser.add_argument(
         "--top-p",
         type=float,
@@ -47,11 +53,14 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-samples", type=int, default=1, help="how many samples")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'mps', ...")
-    parser.add_argument("--adapter", default=None, help="a LoRA adapter file of python -m transformer_lib finetune, "
-                        "added to the model of --ckpt, the base it was trained on (chapter 15; default: "
-                        "none)")  # fmt: skip
-    parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1; "
-                        "default: off)")  # fmt: skip
+    parser.add_argument(
+        "--adapter",
+        default=None,
+        help="a LoRA adapter file of python -m transformer_lib finetune, "
+        "added to the model of --ckpt, the base it was trained on (chapter 15; default: "
+        "none)",
+    )
+    parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1; default: off)")
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")

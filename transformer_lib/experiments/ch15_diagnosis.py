@@ -53,16 +53,18 @@ def diagnosed_run(model, tokenizer, train_pairs, test_pairs, how: dict, seed: in
     tuned = copy.deepcopy(model).train()
     added = 0
     if how["method"] == "lora":
-        tl.add_lora(tuned, tl.lora_targets(tuned), rank=settings["lora_rank"], alpha=2.0 * settings["lora_rank"],
-                    seed=seed)  # fmt: skip
+        tl.add_lora(
+            tuned, tl.lora_targets(tuned), rank=settings["lora_rank"], alpha=2.0 * settings["lora_rank"], seed=seed
+        )
         if how.get("rows"):
             added = tl.add_token_rows(tuned, new_rows(tokenizer, train_pairs), reinit=True, seed=seed)
     elif how.get("freeze_embedding"):
         tuned.tok_embed.weight.requires_grad_(False)  # tied: the head's matrix is frozen with it
     encoded = [tl.encode_pair(tokenizer, p, r) for p, r in train_pairs]
     batch = settings["instruction_batch"]
-    batches = tl.InstructionBatches(encoded, encoded[:batch], model.config.context_len, batch, tokenizer.eos_id,
-                                    seed=seed)  # fmt: skip
+    batches = tl.InstructionBatches(
+        encoded, encoded[:batch], model.config.context_len, batch, tokenizer.eos_id, seed=seed
+    )
     prompts = []
     for p, r in test_pairs:
         ids, n_prompt = tl.encode_pair(tokenizer, p, r, end=False)
@@ -77,9 +79,18 @@ def diagnosed_run(model, tokenizer, train_pairs, test_pairs, how: dict, seed: in
         return batches(split)
 
     get_batch.state_dict, get_batch.load_state_dict = batches.state_dict, batches.load_state_dict
-    config = tl.TrainConfig(batch_size=batch, max_iters=steps, lr=how["lr"], min_lr=how["lr"] / 10,
-                            warmup_iters=min(20, steps), weight_decay=0.0, eval_interval=0, device="cpu",
-                            progress=False, verbose=False)  # fmt: skip
+    config = tl.TrainConfig(
+        batch_size=batch,
+        max_iters=steps,
+        lr=how["lr"],
+        min_lr=how["lr"] / 10,
+        warmup_iters=min(20, steps),
+        weight_decay=0.0,
+        eval_interval=0,
+        device="cpu",
+        progress=False,
+        verbose=False,
+    )
     start = time.perf_counter()
     tl.train(tuned, get_batch, config)
     tuned.eval()
