@@ -179,7 +179,7 @@ class RunFolder:
     adapter = property(lambda self: self.path / ADAPTER_NAME)
 
     def own(self):
-        """``with folder.own():`` this process alone writes here (:func:`~transformer_lib.checkpoint.own_folder`)."""
+        """``with folder.own():`` this process alone writes here (``checkpoint.own_folder``)."""
         return own_folder(self.path)
 
     def check_fresh(self, force: bool) -> None:

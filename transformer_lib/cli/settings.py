@@ -171,7 +171,7 @@ BPE_VOCAB_DEFAULT = 512  # --tokenizer bpe without --vocab-size
 def pretrain_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
     """What a pretraining run is, as far as its flags say: ``--preset``, ``--seed``,
     ``--val-fraction``, ``--tokenizer`` and ``--vocab-size`` (or their defaults), or on resume the
-    run's, a flag that differs refused (:func:`~transformer_lib.run.resume_record`)."""
+    run's, a flag that differs refused (``run.resume_record``)."""
     given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction,
              "tokenizer": args.tokenizer, "vocab_size": args.vocab_size}  # fmt: skip
     if resumed is not None:

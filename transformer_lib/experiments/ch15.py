@@ -273,7 +273,8 @@ def instructions(seeds: list[int], steps: int | None = None) -> dict:
 
 
 def diagnosis(seeds: list[int], steps: int | None = None) -> dict:
-    """Why LoRA learned the dates' format and not the dates, and the fix (:mod:`.ch15_diagnosis`)."""
+    """Why LoRA learned the dates' format and not the dates, and the fix
+    (:mod:`transformer_lib.experiments.ch15_diagnosis`)."""
     return ch15_diagnosis.diagnosis(seeds, steps, sys.modules[__name__])
 
 

@@ -1,5 +1,5 @@
-"""Chapter 15's diagnosis of a failed fine-tune (part ``diagnosis`` of :mod:`.ch15`): why LoRA
-learned the dates' format and never the dates, and the fix.
+"""Chapter 15's diagnosis of a failed fine-tune (part ``diagnosis`` of
+:mod:`transformer_lib.experiments.ch15`): why LoRA learned the dates' format and never the dates, and the fix.
 
 The dates are digits, and Tiny Shakespeare, the base's pretraining text, has one digit: the rows of
 the other nine never trained and ended nearly one vector (their cosines are recorded). LoRA freezes
@@ -120,8 +120,8 @@ def snapshot(model, tokenizer, prompts, step: int, max_new_tokens: int) -> dict:
 
 
 def diagnosis(seeds: list[int], steps: int | None, chapter) -> dict:
-    """The runs of :data:`DIAGNOSIS` over ``seeds``; ``chapter`` is :mod:`.ch15` (its base model,
-    dates, validation text and settings)."""
+    """The runs of :data:`DIAGNOSIS` over ``seeds``; ``chapter`` is
+    :mod:`transformer_lib.experiments.ch15` (its base model, dates, validation text and settings)."""
     settings = chapter.SETTINGS
     model, tokenizer = chapter.base()
     train_pairs, test_pairs = chapter.date_splits()
