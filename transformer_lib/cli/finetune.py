@@ -234,6 +234,36 @@ def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
     return ckpt, record
 
 
+def _base_model(base: dict, base_file: Path):
+    """The base's model and tokenizer (checked against a ``tokenizer.json`` beside it), which must
+    have the end token every response ends with."""
+    model, tokenizer, _ = load_checkpoint(base)
+    tokenizer = RunFolder(base_file.parent).checked_tokenizer(tokenizer)
+    if getattr(tokenizer, "eos_id", None) is None:
+        raise ValueError(
+            f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
+            f"with it; fine-tune a base trained with --tokenizer bpe"
+        )
+    return model, tokenizer
+
+
+def _adapt(model, record: RunRecord, new_rows: bool | None, find_rows) -> RunRecord:
+    """A LoRA run's adapters on ``model`` and, with ``new_rows`` (or a resumed run's record), its
+    trainable token rows, re-initialised (on resume the checkpoint's values replace them); the
+    record, with the rows ``find_rows()`` gave a fresh run."""
+    if record.method != "lora":
+        return record
+    try:
+        add_lora(model, lora_targets(model), rank=record.lora_rank, alpha=record.lora_alpha, seed=record.seed)
+    except ValueError as e:
+        raise ValueError(f"--lora-rank {record.lora_rank}: {e}") from None
+    if new_rows and record.token_rows is None:
+        record = replace(record, token_rows=tuple(find_rows()))
+    if record.token_rows:
+        add_token_rows(model, record.token_rows, reinit=True, seed=record.seed)
+    return record
+
+
 def _finetune_in_folder(args, folder: RunFolder) -> int:
     """The fine-tuning run of :func:`finetune_main`, inside the folder it owns."""
     file = folder.checkpoint
@@ -247,26 +277,12 @@ def _finetune_in_folder(args, folder: RunFolder) -> int:
         raise ValueError(
             f"{data} is not the data the run in {file} was fine-tuned on ({resumed.data}): give that file with --data"
         )
-    model, tokenizer, _ = load_checkpoint(base)
-    tokenizer = RunFolder(base_file.parent).checked_tokenizer(tokenizer)
-    if getattr(tokenizer, "eos_id", None) is None:
-        raise ValueError(
-            f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
-            f"with it; fine-tune a base trained with --tokenizer bpe"
-        )
+    model, tokenizer = _base_model(base, base_file)
     train_pairs, val_pairs = _pairs(data, tokenizer, model.config.context_len, record.val_fraction)
     device = pick_device(config.device)
     set_seed(record.seed)
     model.train()
-    if record.method == "lora":
-        try:
-            add_lora(model, lora_targets(model), rank=record.lora_rank, alpha=record.lora_alpha, seed=record.seed)
-        except ValueError as e:
-            raise ValueError(f"--lora-rank {record.lora_rank}: {e}") from None
-        if args.new_token_rows and record.token_rows is None:
-            record = replace(record, token_rows=tuple(new_token_rows(base, base_file, tokenizer, data)))
-        if record.token_rows:  # re-initialised; on resume the checkpoint's values replace them
-            add_token_rows(model, record.token_rows, reinit=True, seed=record.seed)
+    record = _adapt(model, record, args.new_token_rows, lambda: new_token_rows(base, base_file, tokenizer, data))
     if not ckpt:
         folder.write_tokenizer(tokenizer, args.force)
         folder.clear_adapter(args.force)  # --force replaces the run that wrote it

@@ -23,8 +23,8 @@ from .settings import Parser, check_seed
 __all__ = ["sample_main"]
 
 
-def sample_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The sampling command's argument parser (``python -m transformer_lib sample --help``, chapter 9)."""
     parser = Parser(
         prog="python -m transformer_lib sample",
         description="Generate text from a GPT checkpoint written by python -m transformer_lib train or finetune. A "
@@ -61,6 +61,12 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
         "none)",
     )
     parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1; default: off)")
+    return parser
+
+
+def sample_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive int, got {args.num_samples}")
