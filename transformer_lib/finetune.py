@@ -45,6 +45,7 @@ __all__ = [
     "instruction_run",
     "lora_targets",
     "prepare_finetune",
+    "short_run_config",
     "window_loss",
     "wilson_interval",
 ]
@@ -276,7 +277,8 @@ def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: in
     return total / batches
 
 
-def _config(steps: int, lr: float, batch_size: int) -> TrainConfig:
+def short_run_config(steps: int, lr: float, batch_size: int) -> TrainConfig:
+    """Chapter 15's short runs: a warm-up, a cosine decay to a tenth of ``lr``, no weight decay or evaluation."""
     return TrainConfig(
         batch_size=batch_size,
         max_iters=steps,
@@ -331,7 +333,7 @@ def classifier_run(
     train(
         model,
         ClassBatches(split["train"], split["test"], batch_size, seed=seed),
-        _config(steps, CLASSIFIER_LR[method], batch_size),
+        short_run_config(steps, CLASSIFIER_LR[method], batch_size),
     )
     seconds = time.perf_counter() - start
     correct = round(accuracy(model, *split["test"]) * len(split["test"][0]))
@@ -379,7 +381,7 @@ def instruction_run(
     batches = InstructionBatches(
         rows, rows[:batch_size], base.config.context_len, batch_size, tokenizer.eos_id, seed=seed, **masks
     )
-    train(model, batches, _config(steps, lr, batch_size))
+    train(model, batches, short_run_config(steps, lr, batch_size))
     model.eval()
     prompts = []
     for p, r in test_pairs:

@@ -79,18 +79,7 @@ def diagnosed_run(model, tokenizer, train_pairs, test_pairs, how: dict, seed: in
         return batches(split)
 
     get_batch.state_dict, get_batch.load_state_dict = batches.state_dict, batches.load_state_dict
-    config = tl.TrainConfig(
-        batch_size=batch,
-        max_iters=steps,
-        lr=how["lr"],
-        min_lr=how["lr"] / 10,
-        warmup_iters=min(20, steps),
-        weight_decay=0.0,
-        eval_interval=0,
-        device="cpu",
-        progress=False,
-        verbose=False,
-    )
+    config = tl.short_run_config(steps, how["lr"], batch)
     start = time.perf_counter()
     tl.train(tuned, get_batch, config)
     tuned.eval()
