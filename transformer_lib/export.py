@@ -4,8 +4,8 @@
 offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only when called)::
 
     tl.export_hf("out/bpe", "hf/bpe")
-    model = AutoModelForCausalLM.from_pretrained("hf/bpe")  # the same logits as the book's GPT
-    tokenizer = AutoTokenizer.from_pretrained("hf/bpe")  # the same ids as the run's tokenizer
+    model = AutoModelForCausalLM.from_pretrained("hf/bpe")  # the GPT's logits
+    tokenizer = AutoTokenizer.from_pretrained("hf/bpe")  # the run's ids
 
 - **The model.** A GPT-2-style GPT (LayerNorm, GELU MLP, learned positions) becomes a
   ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`, the reverse of chapter 10's

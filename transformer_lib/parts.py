@@ -69,7 +69,7 @@ def part_weights(model: nn.Module, roles: str | tuple[str, ...], kinds: tuple[st
     part's matrices (``("qkv",)``, ``("in", "gate")``; a part without that kind gives none).
     A weight shared by two parts (tied embeddings) is named once, by its first name.
 
-    >>> part_weights(gpt, ("attention", "feed_forward"))   # LoRA's usual targets
+    >>> part_weights(gpt, ("attention", "feed_forward"))  # LoRA's targets
     """
     roles = (roles,) if isinstance(roles, str) else tuple(roles)
     for role in roles:

@@ -4,16 +4,17 @@ rules for what ``--resume`` may change, and :func:`load_run`, which gives a run 
 
 A run folder holds::
 
-    ckpt.pt (and ckpt.pt.lock while a run writes)  the checkpoint: atomic, checksummed (checkpoint.py)
-    tokenizer.json  a BPE run's tokenizer (chapter 13), and a fine-tuning run's (its base's)
-    adapter.pt      a LoRA run's adapters (and trained token rows) alone (chapter 15), at every save
+    ckpt.pt         the checkpoint, atomic and checksummed (checkpoint.py)
+    ckpt.pt.lock    while a run writes in the folder
+    tokenizer.json  a BPE run's tokenizer (chapter 13), or its base's
+    adapter.pt      a LoRA run's adapters and token rows (chapter 15)
 
 What the run is (its kind, tokenizer, base, data, LoRA rank, seed, split) is a frozen
 :class:`RunRecord`; on disk it is the checkpoint's ``meta`` dict, with the keys that earlier
 versions wrote, so every checkpoint, old or new, reads as a record and back::
 
-    model, tokenizer, adapters = tl.load_run("out/finetune")  # a LoRA run: its adapters added
-    record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', lora_rank=4, ...)
+    model, tokenizer, adapters = tl.load_run("out/finetune")
+    record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', ...)
 
 A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one. A
 preference-tuning run records what a fine-tuning run does (base, data, LoRA), and DPO's beta::

@@ -12,9 +12,9 @@ bit for bit. ``peft`` calls the same idea ``trainable_token_indices``.
 The rows are a parametrization of the embedding's weight, ``W -> W`` with ``W[rows] += delta``, so
 a tied output head (GPT-2's, the book's GPT by default) reads the same rows: the two stay tied.
 
->>> rows = tl.unseen_token_rows(tokenizer, pretraining_text, among=pairs_text)
+>>> rows = tl.unseen_token_rows(tokenizer, pretrain_text, among=pairs)
 >>> tl.add_lora(model, tl.lora_targets(model), rank=4, alpha=8)
->>> tl.add_token_rows(model, rows, reinit=True)      # trains len(rows) * d_model more numbers
+>>> tl.add_token_rows(model, rows, reinit=True)  # len(rows) * d_model more
 """
 
 from __future__ import annotations

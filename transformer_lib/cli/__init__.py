@@ -4,9 +4,9 @@ export it in Hugging Face's format.
 
 ::
 
-    python -m transformer_lib                      # the commands, one line each (nothing runs)
-    python -m transformer_lib train --preset cpu   # or: transformer-train train --preset cpu
-    python -m transformer_lib train --resume       # continue out/ckpt.pt
+    python -m transformer_lib                     # the commands (nothing runs)
+    python -m transformer_lib train --preset cpu  # or: transformer-train ...
+    python -m transformer_lib train --resume      # continue out/ckpt.pt
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
     python -m transformer_lib finetune --ckpt out --data pairs.jsonl
     python -m transformer_lib export --ckpt out --out-dir hf

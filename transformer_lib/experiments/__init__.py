@@ -6,7 +6,7 @@ A notebook reads a record with :func:`recorded`::
 
     from transformer_lib.experiments import recorded
 
-    sweep = recorded("ch14")  # the parsed transformer_lib/data/ch14/block_sweep.json
+    sweep = recorded("ch14")  # transformer_lib/data/ch14/block_sweep.json
 
 and the command line re-runs a part of one (``--dry-run`` prints and writes nothing)::
 

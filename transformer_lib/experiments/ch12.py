@@ -4,9 +4,12 @@ each live; the claims that need several seeds read the record,
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    python -m transformer_lib.experiments ch12                     # everything (about 15 minutes, 1 core)
-    python -m transformer_lib.experiments ch12 --parts repeats     # one part, merged into the record
-    python -m transformer_lib.experiments ch12 --parts repeats --seeds 0 --dry-run   # print only
+    # everything (about 15 minutes, 1 core)
+    python -m transformer_lib.experiments ch12
+    # one part, merged into the record
+    python -m transformer_lib.experiments ch12 --parts repeats
+    # print only
+    python -m transformer_lib.experiments ch12 --parts repeats --dry-run
 
 Parts:
 

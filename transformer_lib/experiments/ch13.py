@@ -8,8 +8,10 @@ validation text (the last 10 % of Tiny Shakespeare; the BPE is trained on the fi
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    python -m transformer_lib.experiments ch13                       # five seeds (a few minutes, 1 core)
-    python -m transformer_lib.experiments ch13 --seeds 0 --dry-run   # print only
+    # five seeds (a few minutes, 1 core)
+    python -m transformer_lib.experiments ch13
+    # print only
+    python -m transformer_lib.experiments ch13 --seeds 0 --dry-run
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ characters, measured on the last 10 % in bits per byte.
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    python -m transformer_lib.experiments ch14                     # three seeds (about 10 minutes, 1 core)
-    python -m transformer_lib.experiments ch14 --parts lr --seeds 0 --dry-run   # print only
+    # three seeds (about 10 minutes, 1 core)
+    python -m transformer_lib.experiments ch14
+    # print only
+    python -m transformer_lib.experiments ch14 --parts lr --seeds 0 --dry-run
 
 Parts:
 

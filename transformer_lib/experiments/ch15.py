@@ -19,8 +19,10 @@ made by ``scripts/pretrain_ch15.py`` on the first 90 % of Tiny Shakespeare):
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    python -m transformer_lib.experiments ch15      # everything (about 20 minutes on one core)
-    python -m transformer_lib.experiments ch15 --parts instructions --seeds 0 --dry-run
+    # everything (about 20 minutes on one core)
+    python -m transformer_lib.experiments ch15
+    # print only
+    python -m transformer_lib.experiments ch15 --parts diagnosis --dry-run
 """
 
 from __future__ import annotations
