@@ -197,3 +197,18 @@ def test_the_scripts_are_the_package_under_their_old_names():
         [sys.executable, "scripts/block_sweep.py", "--steps", "2"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode == 2 and "needs --dry-run" in done.stderr
+
+
+@pytest.mark.parametrize("content", ['{"my": "notes"}', "not json at all", "[1, 2]"])
+def test_an_out_file_that_is_not_a_record_is_kept_and_refused_before_any_training(
+    content, tmp_path, monkeypatch, capsys
+):
+    calls = []
+    mine = tmp_path / "mine.json"
+    mine.write_text(content)
+    monkeypatch.setattr(experiments, "experiment", lambda name: fake(name, calls))
+    with pytest.raises(SystemExit) as stop:
+        experiments.main(["ch14", "--out", str(mine)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "something other than a record of ch14" in err, err
+    assert calls == [] and mine.read_text() == content

@@ -62,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chosen = experiment(args.chapter)
-        from .recorder import check_request
+        from .recorder import check_out, check_request
 
         check_request(chosen, args.parts, args.seeds, args.steps, args.dry_run)
+        check_out(chosen, args.out)
     except ValueError as e:
         parser.error(str(e))
     run_experiment(chosen, args.parts, args.seeds, args.steps, args.dry_run, args.out)

@@ -26,7 +26,17 @@ import torch
 
 from ..utils import atomic_write
 
-__all__ = ["RECORDS", "Experiment", "Part", "merge", "record_path", "recorded", "run_experiment", "write_record"]
+__all__ = [
+    "RECORDS",
+    "Experiment",
+    "Part",
+    "check_out",
+    "merge",
+    "record_path",
+    "recorded",
+    "run_experiment",
+    "write_record",
+]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 #: each chapter's record, in ``transformer_lib/data/<chapter>/``
@@ -157,6 +167,20 @@ def check_request(experiment: Experiment, parts=None, seeds=None, steps=None, dr
     return parts
 
 
+def check_out(experiment: Experiment, out: str | Path | None) -> None:
+    """Before any training: a file already at ``out`` (None: the shipped record) must be a record of
+    ``experiment``, which is merged into and rewritten, never another file of the user's (chapter 12)."""
+    out = experiment.path if out is None else Path(out)
+    if not out.exists():
+        return
+    try:
+        old = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if not isinstance(old, dict) or not set(old) & {*experiment.parts, "settings"}:
+        raise ValueError(f"{out} holds something other than a record of {experiment.chapter}: choose another --out")
+
+
 def run_experiment(experiment: Experiment, parts=None, seeds=None, steps=None, dry_run=False, out=None) -> dict:
     """Run ``parts`` (default: all) of ``experiment`` for ``seeds`` (default: each part's own),
     merge them into the record at ``out`` (default: the shipped one) and write it, unless
@@ -166,6 +190,7 @@ def run_experiment(experiment: Experiment, parts=None, seeds=None, steps=None, d
     needs ``dry_run``. The runs use one thread, as the records were made."""
     parts = check_request(experiment, parts, seeds, steps, dry_run)
     out = Path(out) if out is not None else experiment.path
+    check_out(experiment, out)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
