@@ -153,6 +153,27 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "normalisation applied to the heads' queries and keys.",
     ),
     (
+        "latent_attention",
+        ["transformer_lib.latent_attention"],
+        "16",
+        "Multi-head latent attention: one cached latent per token and a shared rotary key, the folded decoding "
+        "path, and the converter from DeepSeek-V3's attention.",
+    ),
+    (
+        "sparse_attention",
+        ["transformer_lib.sparse_attention"],
+        "16",
+        "Sparse attention by selection: the indexer that scores every key, the top-k each query reads, the "
+        "indexer's training by imitation, and its cache.",
+    ),
+    (
+        "sinks",
+        ["transformer_lib.sinks"],
+        "16",
+        "Attention sinks: the softmax with a sink logit per head, attention that keeps the first tokens beside a "
+        "sliding window, and the weight trained heads put on the first token.",
+    ),
+    (
         "recipe",
         ["transformer_lib.recipe"],
         "14",

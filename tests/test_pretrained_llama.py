@@ -88,11 +88,9 @@ def test_a_state_dict_with_its_config_and_the_way_back(llama_in_float64):
 
 def test_the_rotary_conventions_agree_after_reordering_the_rows():
     # Llama's rotate_half on a head equals the book's pairwise rotation of the reordered head
-    from transformer_lib.pretrained_llama import _pair_order
-
     d_k, T = 8, 5
     x = torch.randn(1, 1, T, d_k, dtype=torch.float64)
-    order = _pair_order(1, d_k)
+    order = tl.half_split_rows(1, d_k)
     rotary = modeling_llama.LlamaRotaryEmbedding(transformers.LlamaConfig(hidden_size=8, num_attention_heads=1))
     cos, sin = rotary(x, torch.arange(T)[None])
     theirs, _ = modeling_llama.apply_rotary_pos_emb(x, x, cos, sin)

@@ -1,4 +1,5 @@
-"""Every tool on every recipe: for GPT-2's block, Llama's block and each single departure from GPT-2's,
+"""Every tool on every recipe: for GPT-2's block, Llama's block, each single departure from GPT-2's and
+chapter 16's attentions,
 the book's tools work (train and resume exactly, sample with and without the cache, fine-tune the
 head, LoRA or everything, LoRA merge and unmerge, the instruction run, capture, ablate and patch
 heads, save and load a checkpoint, the Llama converter both ways where it applies). The command
@@ -34,6 +35,13 @@ RECIPES = {
     "gelu-tanh": {"activation": "gelu_tanh"},
     "grouped-query": {"n_kv_heads": 1},
     "window": {"window": 4},
+    # chapter 16's attention: latent, sparse (the indexer picks 4 keys), a sink logit, and the first
+    # tokens kept beside a window
+    "latent": {"recipe": "latent"},
+    "latent-query-latent": {"recipe": "latent", "kv_latent": 8, "q_latent": 12, "rope_dim": 2},
+    "sparse": {"recipe": "sparse", "sparse_k": 4},
+    "sinks": {"recipe": "sinks"},
+    "sinks-window-keep-first": {"sinks": True, "window": 4, "keep_first": 2},
 }
 ALL = pytest.mark.parametrize("choices", list(RECIPES.values()), ids=list(RECIPES))
 
@@ -118,7 +126,9 @@ def test_lora_adapts_every_block_matrix_and_merges_exactly(choices):
     adapted = copy.deepcopy(base)
     names = tl.add_lora(adapted, tl.lora_targets(adapted), rank=2, alpha=4.0)
     n_ffn = 3 if adapted.config.ffn == "swiglu" else 2
-    assert len(names) == adapted.config.n_layers * (2 + n_ffn)  # Q, K, V fused, output; the feed-forward's
+    r = adapted.config.recipe
+    n_attention = 2 if r.attention != "latent" else (5 if r.q_latent else 4)  # Q, K, V fused and the output;
+    assert len(names) == adapted.config.n_layers * (n_attention + n_ffn)  # latent: q (down, up), kv down, up, out
     x = ids()
     assert torch.equal(adapted(x)[0], base(x)[0])  # B starts at zero
     g = torch.Generator().manual_seed(0)

@@ -5,7 +5,9 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 ``multihead`` (5, with 10's grouped-query and 11's sliding-window attention), ``positional`` (6),
 ``blocks`` (7), ``encoder_decoder`` (8), ``sampling`` (9), ``models`` (9: GPT) and
 ``long_context`` (11: the online softmax and tiled attention), ``inspect_heads`` (12: capturing
-attention weights, intervening on heads, scoring patterns) and ``bpe`` (13: byte-level BPE).
+attention weights, intervening on heads, scoring patterns), ``bpe`` (13: byte-level BPE),
+``modern_block`` and ``recipe`` (14: today's block and the recipe that assembles it) and
+``latent_attention``, ``sparse_attention`` and ``sinks`` (16: the cache compressed three ways).
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
@@ -35,11 +37,12 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 
 # The library's layout, which tests/test_layout.py checks. Concept modules, in the order a reader
 # meets them: each imports only the ones before it, and never a tool. `parts` (what a part's role is)
-# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-14, so it
+# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-16, so it
 # comes after them.
 _CONCEPTS = (
     "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
-    "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "recipe", "models",
+    "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention", "sparse_attention",
+    "sinks", "recipe", "models",
 )  # fmt: skip
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
+from .positional import half_split_rows
 from .pretrained_llama import llama_from_gpt
 from .run import load_run
 from .token_rows import remove_token_rows, token_rows
@@ -273,19 +274,13 @@ def _base_state(model: nn.Module) -> dict[str, Tensor]:
             if not k.endswith((".0.A", ".0.B"))}  # fmt: skip
 
 
-def _pair_order(n_heads: int, d_k: int) -> Tensor:
-    """Row ``j`` of the book's rotary ``W_q`` is row ``order[j]`` of Llama's (chapter 14's reordering)."""
-    head = torch.arange(d_k).view(2, d_k // 2).t().reshape(-1)
-    return (torch.arange(n_heads)[:, None] * d_k + head).reshape(-1)
-
-
 def _qkv_rows(gpt: GPT) -> list[tuple[str, slice, Tensor | None]]:
     """Llama's q, k, v projections: their rows of the fused matrix and each one's row order (None: as is)."""
     c = gpt.config
     d_k, n_kv = c.d_model // c.n_heads, c.n_kv_heads or c.n_heads
     sizes = [c.d_model, n_kv * d_k, n_kv * d_k]
     starts = [0, sizes[0], sizes[0] + sizes[1]]
-    orders = [_pair_order(c.n_heads, d_k), _pair_order(n_kv, d_k), None]
+    orders = [half_split_rows(c.n_heads, d_k), half_split_rows(n_kv, d_k), None]
     return [(n, slice(s, s + k), o) for n, s, k, o in zip(_QKV, starts, sizes, orders, strict=True)]
 
 

@@ -72,7 +72,7 @@ def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) ->
     (before dropout): the same projections, causal mask and hand-written attention, run again."""
     if kwargs.get("cache") is not None:
         raise ValueError("capture_attention does not follow a KVCache: run the model without cache= to capture")
-    if not isinstance(module, MultiHeadAttention):  # a later chapter's attention computes its own
+    if type(module) is not MultiHeadAttention:  # a later chapter's attention computes its own
         return module.attention_weights(*args, **kwargs)
     query, key, value = _attention_inputs(args, kwargs)
     # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice: with chapter 14's query-key transform (rotary, QK-norm)

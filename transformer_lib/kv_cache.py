@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_window
+from ._checks import check_bool, check_int, check_window
 
 __all__ = ["DecoderCache", "KVCache", "LayerCache"]
 
@@ -30,7 +30,9 @@ class KVCache:
     * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
       returns all of them. With ``window`` (sliding-window attention) only the last
       ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
-      stays bounded; without it, everything is kept.
+      stays bounded; without it, everything is kept. ``keep_first`` (chapter 16, with a window
+      only) also keeps the first ``keep_first`` positions ever appended, StreamingLLM's attention
+      sinks: at most ``keep_first + window - 1`` positions are held.
     * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
       forward call, with the projected keys and values of the encoder's output; every later call
       reuses them and does not project the memory again.
@@ -46,13 +48,18 @@ class KVCache:
     and for a window's short cache, it concatenates.
     """
 
-    def __init__(self, *, window: int | None = None, static: bool = False, _checked: bool = False):
+    def __init__(self, *, window: int | None = None, keep_first: int = 0, static: bool = False, _checked: bool = False):
         if not _checked:  # a layer making its cache checked its window where it entered
             check_window(window)
+        check_int(keep_first, "keep_first", minimum=0)
         check_bool(static, "static")
         if static and window is not None:
             raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
-        self.window, self.static = window, static
+        if keep_first and window is None:
+            raise ValueError(
+                f"keep_first={keep_first} keeps the first keys besides a window: give the KVCache a window"
+            )
+        self.window, self.keep_first, self.static = window, keep_first, static
         self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
         self.v: Tensor | None = None
         self.position = 0
@@ -114,9 +121,17 @@ class KVCache:
         self._buffers = None
         if self.k is not None:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, n_kv, T_cached + T_new, d_k)
-        keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
-        self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
+        self.k, self.v = self._kept(k), self._kept(v)
         return k, v
+
+    def _kept(self, x: Tensor) -> Tensor:
+        """What a window keeps of ``x (B, n_kv_heads, T, d_k)``, every position held plus the new ones:
+        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter 16)."""
+        T = x.shape[2]
+        if self.window is None or T <= self.keep_first + self.window - 1:
+            return x
+        recent = x[:, :, T - (self.window - 1) :]
+        return torch.cat([x[:, :, : self.keep_first], recent], dim=2) if self.keep_first else recent
 
     def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
@@ -156,18 +171,24 @@ class KVCache:
     def __repr__(self) -> str:
         shape = None if self.k is None else tuple(self.k.shape)
         extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
+        extra += f", keep_first={self.keep_first}" if self.keep_first else ""
         return f"KVCache(shape={shape}, position={self.position}{extra})"
 
 
-def check_cache(cache: object, window: int | None, batch: int) -> None:
-    """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` and a query
-    batch of ``batch`` may use (chapter 10); a clear error otherwise."""
+def check_cache(cache: object, window: int | None, batch: int, keep_first: int = 0) -> None:
+    """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` (and
+    ``keep_first``, chapter 16) and a query batch of ``batch`` may use (chapter 10); a clear error otherwise."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
     if cache.window is not None and (window is None or cache.window < window):
         raise ValueError(
             f"this KVCache keeps only what a window of {cache.window} needs, but the attention's window is "
             f"{window}: give the cache the attention's window (or none)"
+        )
+    if cache.keep_first != keep_first and cache.window is not None:
+        raise ValueError(
+            f"this KVCache keeps the first {cache.keep_first} keys besides its window, the attention keeps "
+            f"keep_first={keep_first}: give the cache the attention's keep_first"
         )
     if cache.static and cache.filled and cache.k.shape[0] != batch:
         raise ValueError(f"the static KVCache holds a batch of {cache.k.shape[0]}, the query has B={batch}")

@@ -8,6 +8,10 @@ with its weighted sum of values, so it never needs the ``(T_q, T_k)`` matrix of 
 ``(block, block)`` tile of it at a time. That is the idea behind FlashAttention; here it is
 written in plain PyTorch, for reading, not for speed.
 
+Chapter 16 adds an attention sink: one extra logit per row (per head in attention) that joins
+the softmax's denominator but has no value, so a row's weights may sum to less than 1. The
+running max then starts at the sink and the running sum at ``exp(sink - sink) = 1``.
+
 Shapes: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key lengths, ``d`` the query/key
 width, ``d_v`` the value width.
 """
@@ -30,7 +34,31 @@ def _safe_max(m: Tensor) -> Tensor:
     return torch.where(m == -math.inf, torch.zeros_like(m), m)
 
 
-def online_softmax(x: Tensor, block_size: int) -> Tensor:
+def _sink_start(sink: Tensor | None, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+    """The running max and sum before any column (chapter 16), ``shape`` each, of ``like``'s dtype and
+    device: ``-inf`` and 0, or, with a sink (broadcast to ``shape``), the sink and
+    ``exp(sink - sink) = 1`` (0 for a sink of ``-inf``)."""
+    if sink is None:
+        return like.new_full(shape, -math.inf), like.new_zeros(shape)
+    m = sink.to(like).expand(shape)
+    return m, torch.exp(m - _safe_max(m))
+
+
+def _check_sink(sink: object, like: Tensor, name: str, shape: tuple[int, ...], shape_name: str) -> None:
+    """``sink`` must be a tensor of the dtype and device of ``like`` (named ``name``) that broadcasts to ``shape``."""
+    check_float_tensors({name: like, "sink": sink})
+    try:
+        ok = torch.broadcast_shapes(sink.shape, shape) == shape and sink.device == like.device
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"sink must broadcast to {shape_name} {tuple(shape)} on {like.device}, got shape "
+            f"{tuple(sink.shape)} on {sink.device}"
+        )
+
+
+def online_softmax(x: Tensor, block_size: int, *, sink: Tensor | None = None) -> Tensor:
     """Softmax over the last axis, computed block by block with a running max and sum (chapter 11).
 
     One pass reads ``x (..., n)`` in blocks of ``block_size`` columns and keeps, per row, the
@@ -38,14 +66,19 @@ def online_softmax(x: Tensor, block_size: int) -> Tensor:
     far; a block that raises the maximum to ``m'`` rescales ``l`` by ``exp(m - m')`` first. At
     the end ``softmax(x) = exp(x - m) / l``. Returns ``(..., n)``, equal to
     ``torch.softmax(x, dim=-1)`` up to rounding (a row of only ``-inf`` gives NaN, as there).
+
+    ``sink`` (chapter 16), a tensor broadcastable to ``x.shape[:-1]``: one more logit per row, in
+    the denominator only; the result is the softmax of the row with a column holding ``sink``
+    added, that column dropped, so rows sum to less than 1 (a row of only ``-inf`` gives zeros).
     """
     check_float_tensors({"x": x})
     check_int(block_size, "block_size")
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"x must have at least one column (..., n) with n >= 1, got shape {tuple(x.shape)}")
+    if sink is not None:
+        _check_sink(sink, x, "x", x.shape[:-1], "x.shape[:-1]")
     n = x.shape[-1]
-    m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)  # (...,) running max
-    l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)  # (...,) running sum of exp(x - m)
+    m, l = _sink_start(sink, x.shape[:-1], x)  # (...,) running max, running sum of exp(x - m)
     for start in range(0, n, block_size):
         block = x[..., start : start + block_size]  # (..., b)
         m_new = torch.maximum(m, block.amax(dim=-1))  # (...,)
@@ -103,8 +136,11 @@ def _key_blocks(i0: int, i1: int, T_k: int, block_size: int, is_causal: bool) ->
     return range(0, min(T_k, i1) if is_causal else T_k, block_size)
 
 
-def _tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size: int) -> tuple[Tensor, Tensor]:
-    """``(out (B, h, T_q, d_v), lse (B, h, T_q))``; ``lse`` is each query's log-sum-exp of scores."""
+def _tiled_forward(
+    q: Tensor, k: Tensor, v: Tensor, sink: Tensor | None, is_causal: bool, block_size: int
+) -> tuple[Tensor, Tensor]:
+    """``(out (B, h, T_q, d_v), lse (B, h, T_q))``; ``lse`` is each query's log-sum-exp of scores
+    (and of its head's sink, chapter 16)."""
     B, h, T_q, d = q.shape
     T_k, d_v = k.shape[2], v.shape[-1]
     work = _work_dtype(q.dtype)
@@ -114,8 +150,8 @@ def _tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size:
     for i0 in range(0, T_q, block_size):
         i1 = min(i0 + block_size, T_q)
         q_blk = q[:, :, i0:i1].to(work)  # (B, h, bq, d)
-        m = torch.full((B, h, i1 - i0), -math.inf, dtype=work, device=q.device)  # running max
-        l = torch.zeros(B, h, i1 - i0, dtype=work, device=q.device)  # running sum of exp(s - m)
+        sink_h = None if sink is None else sink[:, None]  # (h, 1): broadcasts over (B, h, bq)
+        m, l = _sink_start(sink_h, (B, h, i1 - i0), q_blk)  # running max, running sum of exp(s - m)
         acc = torch.zeros(B, h, i1 - i0, d_v, dtype=work, device=q.device)  # running sum of exp(s - m) v
         for j0 in _key_blocks(i0, i1, T_k, block_size, is_causal):
             j1 = min(j0 + block_size, T_k)
@@ -132,11 +168,12 @@ def _tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size:
     return out, lse
 
 
-def _tiled_backward(q, k, v, out, lse, grad_out, is_causal: bool, block_size: int):
-    """Gradients of q, k, v, recomputing each tile's weights ``p = exp(s - lse)`` from the saved ``lse``.
+def _tiled_backward(q, k, v, sink, out, lse, grad_out, is_causal: bool, block_size: int):
+    """Gradients of q, k, v and the sink, recomputing each tile's weights ``p = exp(s - lse)`` from ``lse``.
 
     With ``dP = dO V^T`` and ``D_i = sum_j P_ij dP_ij = dO_i . O_i``, the softmax's gradient is
     ``dS = P * (dP - D)``; then ``dQ = dS K / sqrt(d)``, ``dK = dS^T Q / sqrt(d)`` and ``dV = P^T dO``.
+    The sink (chapter 16) has no value, so its ``dP`` is 0: ``dsink_h = -sum_i P_sink(i) D_i``.
     """
     T_q, d = q.shape[2], q.shape[3]
     T_k = k.shape[2]
@@ -159,28 +196,33 @@ def _tiled_backward(q, k, v, out, lse, grad_out, is_causal: bool, block_size: in
             ds = p * (dp - D[:, :, i0:i1, None]) * scale  # (B, h, bq, bk)
             dq[:, :, i0:i1] += ds @ k_blk  # (B, h, bq, d)
             dk[:, :, j0:j1] += ds.transpose(-2, -1) @ q_blk  # (B, h, bk, d)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsink = None
+    if sink is not None:  # P_sink = exp(sink - lse), (B, h, T_q)
+        dsink = -(torch.exp(sink.to(work)[:, None] - lse) * D).sum(dim=(0, 2)).to(sink.dtype)  # (h,)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink
 
 
 class _TiledAttention(torch.autograd.Function):
     """Forward and backward of :func:`tiled_attention`; saves only ``out`` and ``lse``, O(T) memory."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size: int) -> Tensor:
-        out, lse = _tiled_forward(q, k, v, is_causal, block_size)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sink: Tensor | None, is_causal: bool, block_size: int):
+        out, lse = _tiled_forward(q, k, v, sink, is_causal, block_size)
+        ctx.save_for_backward(q, k, v, sink, out, lse)
         ctx.is_causal, ctx.block_size = is_causal, block_size
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _tiled_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.block_size)
-        return dq, dk, dv, None, None
+        q, k, v, sink, out, lse = ctx.saved_tensors
+        dq, dk, dv, dsink = _tiled_backward(q, k, v, sink, out, lse, grad_out, ctx.is_causal, ctx.block_size)
+        return dq, dk, dv, dsink, None, None
 
 
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, block_size: int = 64) -> Tensor:
+def tiled_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, block_size: int = 64, sink: Tensor | None = None
+) -> Tensor:
     """softmax(q k^T / sqrt(d)) v, one ``(block_size, block_size)`` tile at a time (chapter 11).
 
     ``q (B, h, T_q, d)``, ``k (B, h, T_k, d)``, ``v (B, h, T_k, d_v)`` in, ``(B, h, T_q, d_v)``
@@ -197,6 +239,16 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
     where PyTorch's top-left causal mask and :func:`~transformer_lib.masks.causal_mask` agree);
     key blocks that lie wholly after a query block are skipped, not computed and masked. The
     result is differentiable once (no double backward).
+
+    ``sink (h,)`` (chapter 16): one learned logit per head, in every query's softmax denominator
+    but with no value (gpt-oss's attention sink); the running max starts at it. It is
+    differentiable too.
     """
     _check_tiled_inputs(q, k, v, is_causal, block_size)
-    return _TiledAttention.apply(q, k, v, is_causal, block_size)
+    if sink is not None:
+        _check_sink(sink, q, "q", (q.shape[1],), "(h,)")
+        if sink.shape != (q.shape[1],):
+            raise ValueError(
+                f"sink must have shape (h,) = ({q.shape[1]},), one logit per head, got {tuple(sink.shape)}"
+            )
+    return _TiledAttention.apply(q, k, v, sink, is_causal, block_size)

@@ -41,8 +41,9 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
 
 
 def sliding_window_mask(
-    T_q: int, T_k: int | None = None, window: int | None = None, *, device: torch.device | str | None = None
-) -> Tensor:
+    T_q: int, T_k: int | None = None, window: int | None = None, *, keep_first: int = 0,
+    device: torch.device | str | None = None,
+) -> Tensor:  # fmt: skip
     """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 11).
 
     Query ``i`` may attend to itself and the ``window - 1`` keys before it, never to the future.
@@ -51,6 +52,9 @@ def sliding_window_mask(
     sees keys ``max(0, p - window + 1) .. p``. ``window`` is a positive int (required; it is the
     third argument only so that ``sliding_window_mask(T_q, T_k, window)`` reads naturally);
     ``window >= T_k`` gives :func:`causal_mask`.
+
+    ``keep_first`` (chapter 16, StreamingLLM's attention sinks): every query also sees the first
+    ``keep_first`` keys, ``0 .. keep_first - 1``, those not in its future.
     """
     T_k = T_q if T_k is None else T_k
     for name, n in (("T_q", T_q), ("T_k", T_k)):
@@ -59,9 +63,14 @@ def sliding_window_mask(
     if window is None:
         raise ValueError("sliding_window_mask needs a window (a positive int), got None")
     check_int(window, "window")
+    check_int(keep_first, "keep_first", minimum=0)
     ones = torch.ones(T_q, T_k, dtype=torch.bool, device=device)
     offset = T_k - T_q  # query i sits at key position i + offset
-    return torch.tril(ones, diagonal=offset) & ~torch.tril(ones, diagonal=offset - window)
+    causal = torch.tril(ones, diagonal=offset)
+    recent = ~torch.tril(ones, diagonal=offset - window)
+    if keep_first:
+        recent[:, :keep_first] = True  # the first keys stay in view (still only where causal)
+    return causal & recent
 
 
 def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:

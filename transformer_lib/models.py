@@ -88,6 +88,10 @@ class GPTConfig:
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
         check_window(self.window)
+        if self.recipe.keep_first and self.window is None:
+            raise ValueError(
+                f"keep_first={self.recipe.keep_first} keeps the first tokens in a sliding window's view: give a window"
+            )
         if self.recipe.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "

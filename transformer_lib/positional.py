@@ -21,6 +21,7 @@ __all__ = [
     "relative_rotation",
     "sinusoidal_encoding",
     "sinusoidal_frequencies",
+    "half_split_rows",
 ]
 
 
@@ -195,3 +196,21 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d={self.d}, base={self.base}"
+
+
+def half_split_rows(n_heads: int, d: int) -> Tensor:
+    """The rows that turn rotary weights of the half-split convention into the book's (chapters 14
+    and 16): ``(n_heads * d,)`` indices, per head ``0, d/2, 1, d/2 + 1, ...``.
+
+    The book rotates neighbouring dimensions ``(2i, 2i + 1)`` together (:func:`apply_rotary`);
+    ``transformers``' Llama, gpt-oss and DeepSeek-V3.2's indexer rotate ``(i, i + d/2)``, with the
+    same frequency for pair ``i``. Row ``j`` of the book's query (or key) projection is then row
+    ``rows[j]`` of theirs: ``W_book = W_theirs[half_split_rows(h, d)]``, which leaves every score
+    unchanged. ``d`` is a head's rotated width (even).
+    """
+    check_int(n_heads, "n_heads")
+    check_int(d, "d")
+    if d % 2:
+        raise ValueError(f"a rotated width pairs its dimensions: d must be even, got {d}")
+    head = torch.arange(d).view(2, d // 2).t().reshape(-1)  # (d,): 0, d/2, 1, d/2 + 1, ...
+    return (torch.arange(n_heads)[:, None] * d + head).reshape(-1)  # (n_heads * d,)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ._checks import is_int
 from .models import GPT, GPTConfig
 from .parts import find_parts, part_weights
+from .positional import half_split_rows
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
@@ -94,13 +95,6 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
         rotary_base=_rope(cfg),
         tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
     )
-
-
-def _pair_order(n_heads: int, d_k: int) -> Tensor:
-    """Row ``j`` of the book's ``W_q`` (or ``W_k``) is row ``order[j]`` of Llama's: per head
-    ``0, d_k/2, 1, d_k/2 + 1, ...``, so that Llama's halves become the book's neighbouring pairs."""
-    head = torch.arange(d_k).view(2, d_k // 2).t().reshape(-1)  # (d_k,)
-    return (torch.arange(n_heads)[:, None] * d_k + head).reshape(-1)  # (n_heads * d_k,)
 
 
 # Llama's name (after "model.layers.i.") of each matrix of a layer, by the role and kind the book's part
@@ -170,7 +164,7 @@ def _book_state(gpt: GPT, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Llama's tensors (``model.`` names) under the names of ``gpt``'s parts, ``W_q`` and ``W_k`` rows reordered."""
     c = gpt.config
     d_k = c.d_model // c.n_heads
-    q_order, k_order = _pair_order(c.n_heads, d_k), _pair_order(c.n_kv_heads, d_k)
+    q_order, k_order = half_split_rows(c.n_heads, d_k), half_split_rows(c.n_kv_heads, d_k)
     out = {"tok_embed.weight": s["model.embed_tokens.weight"], "decoder.norm.weight": s["model.norm.weight"]}
     out["lm_head.weight"] = s["model.embed_tokens.weight"] if c.tie_embeddings else s["lm_head.weight"]
     for i in range(c.n_layers):
@@ -249,8 +243,8 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
         attn_implementation="sdpa",
     )
     book = gpt.state_dict()
-    q_back = torch.argsort(_pair_order(c.n_heads, d_k))
-    k_back = torch.argsort(_pair_order(c.n_kv_heads or c.n_heads, d_k))
+    q_back = torch.argsort(half_split_rows(c.n_heads, d_k))
+    k_back = torch.argsort(half_split_rows(c.n_kv_heads or c.n_heads, d_k))
     state = {
         "model.embed_tokens.weight": book["tok_embed.weight"],
         "model.norm.weight": book["decoder.norm.weight"],

@@ -9,8 +9,11 @@ and asks it for each part (:meth:`BlockRecipe.norm`, :meth:`~BlockRecipe.feed_fo
 :meth:`~BlockRecipe.attention`): nothing is registered anywhere, and every part the recipe makes
 is an import of this module.
 
-A new kind of attention (latent attention, say) is one new module with its layer and its cache,
-and one new value of ``attention`` here, in :data:`ATTENTIONS`.
+A new kind of attention is one new module with its layer and its cache, and one new value of
+``attention`` here, in :data:`ATTENTIONS`: chapter 16's latent attention
+(:mod:`~transformer_lib.latent_attention`) and sparse attention
+(:mod:`~transformer_lib.sparse_attention`) are two; its sink logits and kept first tokens
+(:mod:`~transformer_lib.sinks`) are options of the multi-head attention.
 """
 
 from __future__ import annotations
@@ -21,15 +24,41 @@ from torch import nn
 
 from ._checks import check_base, check_bool, check_int
 from .blocks import FeedForward
+from .latent_attention import LatentAttention
 from .modern_block import QKTransform, RMSNorm, SwiGLU
 from .multihead import MultiHeadAttention
+from .sinks import SinkAttention
+from .sparse_attention import SparseAttention
 
 __all__ = ["ATTENTIONS", "GPT2_BLOCK", "LLAMA_BLOCK", "RECIPES", "RECIPE_CHOICES", "BlockRecipe", "as_recipe"]
 
 
 def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
-    """Chapter 5's attention (10's grouped-query), with chapter 14's query-key transform in self-attention."""
-    mha = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True)
+    """Chapter 5's attention (10's grouped-query), with chapter 14's query-key transform in self-attention
+    and chapter 16's sink logits and kept first tokens."""
+    options = dict(n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True)
+    if self_attention and (recipe.sinks or recipe.keep_first):
+        mha = SinkAttention(d_model, n_heads, sinks=recipe.sinks, keep_first=recipe.keep_first, **options)
+    else:
+        mha = MultiHeadAttention(d_model, n_heads, **options)
+    return _with_qk_transform(recipe, mha, self_attention)
+
+
+def _sparse(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
+    """Chapter 16's sparse attention: each query reads the ``sparse_k`` keys an indexer picks."""
+    if not self_attention:
+        raise ValueError("attention='sparse' is a causal self-attention: an encoder-decoder's cross-attention is not")
+    d_k = d_model // n_heads
+    rope = d_k // 2 if recipe.positions == "rotary" else 0  # the indexer rotates half of its width, as DeepSeek's
+    sparse = SparseAttention(
+        d_model, n_heads, top_k=recipe.sparse_k, rope_dim=rope, rotary_base=recipe.rotary_base,
+        n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True,
+    )  # fmt: skip
+    return _with_qk_transform(recipe, sparse, self_attention)
+
+
+def _with_qk_transform(recipe: BlockRecipe, mha: MultiHeadAttention, self_attention: bool) -> MultiHeadAttention:
+    """``mha`` with chapter 14's query-key transform (rotary, query-key norm) in self-attention."""
     rotary = recipe.positions == "rotary"
     if self_attention and (rotary or recipe.qk_norm):  # applied to q and k, before the scores and the cache
         mha.qk_transform = QKTransform(
@@ -38,9 +67,28 @@ def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, 
     return mha
 
 
+def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
+    """Chapter 16's multi-head latent attention: one ``kv_latent``-wide latent per token is cached."""
+    if not self_attention:
+        raise ValueError("attention='latent' is a causal self-attention: an encoder-decoder's cross-attention is not")
+    if n_kv_heads is not None:
+        raise ValueError(f"n_kv_heads={n_kv_heads} is grouped-query attention's: latent attention shares a latent")
+    d_k = d_model // n_heads
+    return LatentAttention(
+        d_model, n_heads, kv_latent=recipe.kv_latent or 4 * d_k, q_latent=recipe.q_latent,
+        rope_dim=recipe.rope_dim or d_k // 2, rotary_base=recipe.rotary_base, eps=recipe.norm_eps,
+        dropout=dropout, bias=recipe.bias,
+    )  # fmt: skip
+
+
 # The attention a recipe names, and the function that makes one layer's: (recipe, d_model, n_heads,
 # *, n_kv_heads, dropout, self_attention) -> the layer. A new attention adds one entry.
-ATTENTIONS = {"multi_head": _multi_head}
+ATTENTIONS = {"multi_head": _multi_head, "latent": _latent, "sparse": _sparse}
+# The choices only one kind of attention reads (chapter 16), refused with another.
+_ATTENTION_OPTIONS = {
+    "kv_latent": "latent", "q_latent": "latent", "rope_dim": "latent", "sparse_k": "sparse",
+    "sinks": "multi_head", "keep_first": "multi_head",
+}  # fmt: skip
 
 # The names each choice accepts, GPT-2's first.
 RECIPE_CHOICES = {
@@ -72,13 +120,35 @@ class BlockRecipe:
     qk_norm: bool = False  # an RMSNorm on each head's queries and keys before the scores
     bias: bool = True  # biases in the linear maps and LayerNorms
     tie_embeddings: bool = True  # the output head shares the token embedding's matrix (GPT-2); Llama's does not
+    # chapter 16: latent attention's widths (None: 4 d_k, no query latent, d_k / 2) ...
+    kv_latent: int | None = None  # the latent each token caches (DeepSeek's kv_lora_rank)
+    q_latent: int | None = None  # the query's latent (q_lora_rank); None: a full query projection
+    rope_dim: int | None = None  # each head's rotated width, and the shared rotary key's
+    sparse_k: int | None = None  # ... sparse attention's keys per query (DeepSeek-V3.2's index_topk) ...
+    sinks: bool = False  # ... and a learned sink logit per head (gpt-oss's)
+    keep_first: int = 0  # with a sliding window, every query also sees the first tokens (StreamingLLM)
 
     def __post_init__(self):
         for name, allowed in RECIPE_CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
-        for name in ("qk_norm", "bias", "tie_embeddings"):
+        for name in ("qk_norm", "bias", "tie_embeddings", "sinks"):
             check_bool(getattr(self, name), name)
+        for name in ("kv_latent", "q_latent", "rope_dim", "sparse_k"):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name)
+        check_int(self.keep_first, "keep_first", minimum=0)
+        for name, kind in _ATTENTION_OPTIONS.items():
+            if getattr(self, name) not in (None, False, 0) and self.attention != kind:
+                value = getattr(self, name)
+                raise ValueError(f"{name}={value!r} is {kind} attention's: attention is {self.attention!r}")
+        if self.attention == "latent" and self.positions != "rotary":
+            raise ValueError("attention='latent' rotates a small shared key (decoupled rotary positions): "
+                             f"it needs positions='rotary', got {self.positions!r}")  # fmt: skip
+        if self.attention == "latent" and self.qk_norm:
+            raise ValueError("qk_norm normalises each head's keys: latent attention's keys are rebuilt from a latent")
+        if self.attention == "sparse" and self.sparse_k is None:
+            raise ValueError("attention='sparse' needs sparse_k, the number of keys each query reads")
         check_base(self.norm_eps, "norm_eps")
         check_base(self.rotary_base, "rotary_base")
         if self.d_ff is not None:
@@ -126,7 +196,11 @@ class BlockRecipe:
 
 GPT2_BLOCK = BlockRecipe()
 LLAMA_BLOCK = BlockRecipe(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False)
-RECIPES = {"gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK}
+# chapter 16: Llama's block with the attention of DeepSeek-V3 (latent), DeepSeek-V3.2 (sparse) or gpt-oss (sinks)
+RECIPES = {
+    "gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK, "latent": replace(LLAMA_BLOCK, attention="latent"),
+    "sparse": replace(LLAMA_BLOCK, attention="sparse", sparse_k=16), "sinks": replace(LLAMA_BLOCK, sinks=True),
+}  # fmt: skip
 
 
 def as_recipe(recipe=None, **changes) -> BlockRecipe:

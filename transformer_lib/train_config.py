@@ -106,6 +106,15 @@ MODEL_SETTINGS = {
     "rotary_base": "the base of the rotary frequencies",
     "qk_norm": "RMSNorm on each head's queries and keys before the scores",
     "tie_embeddings": "the output head shares the token embedding's matrix",
+    # chapter 16, "Latent, sparse and sink attention"
+    "window": "sliding-window attention: each token sees itself and the window - 1 before it (default: none)",
+    "attention": "the attention: multi_head, latent (DeepSeek-V3's) or sparse (DeepSeek-V3.2's)",
+    "kv_latent": "latent attention: the latent each token caches (default: 4 d_k)",
+    "q_latent": "latent attention: the query's latent (default: none, a full query projection)",
+    "rope_dim": "latent attention: the rotated width of each head (default: d_k / 2)",
+    "sparse_k": "sparse attention: the keys each query reads, picked by the indexer",
+    "sinks": "a learned sink logit per head (gpt-oss's attention sinks)",
+    "keep_first": "with --window, every token also sees the first this many tokens",
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig

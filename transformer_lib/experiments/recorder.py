@@ -45,6 +45,7 @@ RECORDS = {
     "ch13": "token_sweep.json",
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
+    "ch16": "attention_today.json",
 }
 #: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
 #: by the fields of this tuple that its items have, a missing one read as None; an item with a
@@ -83,7 +84,7 @@ def record_path(chapter: str) -> Path:
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch15"``), as the
+    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch16"``), as the
     chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 

@@ -1,0 +1,349 @@
+"""Multi-head latent attention, DeepSeek-V2's and V3's (chapter 16, "Latent, sparse and sink attention").
+
+Each token is compressed to one small latent ``c`` (``kv_latent`` numbers, normalised) from which
+every head's key and value are projected back up, plus one rotary key ``k_rope`` (``rope_dim``
+numbers) that all heads share. A cache keeps only these two: ``kv_latent + rope_dim`` numbers per
+token and layer, against ``2 h d_k`` for multi-head attention. Positions touch only the shared
+rotary part ("decoupled" rotary), never the latent, so the key up-projection can be folded into the
+query and the value up-projection moved past the weighted sum: the *folded* path attends over the
+latents directly, as multi-query attention with one key and value head, and computes the same.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
+from .attention import check_mask, scaled_dot_product_attention
+from .modern_block import RMSNorm
+from .multihead import _SDPA_HAS_GQA, MultiHeadAttention, merge_heads
+from .positional import RotaryEmbedding
+
+__all__ = ["LatentAttention", "LatentCache", "latent_from_deepseek"]
+
+
+class LatentCache:
+    """What a :class:`LatentAttention` layer keeps per token for generation (chapter 16).
+
+    ``c (B, T_cached, kv_latent)``, the normalised latents, and ``k_rope (B, T_cached, rope_dim)``,
+    the shared rotary keys already rotated at their positions (None while empty); not the heads'
+    keys and values. As :class:`~transformer_lib.kv_cache.KVCache`: :meth:`append` adds the new
+    tokens' and returns all of them; with ``window`` only the last ``window - 1`` are kept.
+    ``length`` is the number of positions held, ``position`` the number appended in all,
+    ``nbytes()`` the memory held. Outside autograd an unbounded cache writes into buffers whose
+    capacity doubles when full, so that a step does not copy the whole cache.
+    """
+
+    def __init__(self, *, window: int | None = None):
+        check_window(window)
+        self.window = window
+        self.c: Tensor | None = None  # (B, T_cached, kv_latent)
+        self.k_rope: Tensor | None = None  # (B, T_cached, rope_dim)
+        self.position = 0
+        self._buffers: tuple[Tensor, Tensor] | None = None  # (B, capacity, width) each
+
+    @property
+    def length(self) -> int:
+        """The number of positions held, ``T_cached``."""
+        return 0 if self.c is None else self.c.shape[1]
+
+    @property
+    def filled(self) -> bool:
+        """True once anything is cached."""
+        return self.c is not None
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated: ``length`` plus the spare room of the buffers, if any."""
+        return self.length if self._buffers is None else self._buffers[0].shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes taken by the held latents and rotary keys."""
+        if self.c is None:
+            return 0
+        return self.c.numel() * self.c.element_size() + self.k_rope.numel() * self.k_rope.element_size()
+
+    def _check(self, c: Tensor, k_rope: Tensor) -> None:
+        for name, t in (("c", c), ("k_rope", k_rope)):
+            if not isinstance(t, Tensor) or t.dim() != 3:
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"LatentCache: {name} must have shape (B, T, width), got {got}")
+        new = (c.shape[0], c.shape[2], k_rope.shape[2], c.dtype)
+        held = new if self.c is None else (self.c.shape[0], self.c.shape[2], self.k_rope.shape[2], self.c.dtype)
+        if c.shape[:2] != k_rope.shape[:2] or c.dtype != k_rope.dtype or held != new:
+            raise ValueError(
+                f"LatentCache: cannot add c {tuple(c.shape)} {c.dtype} and k_rope {tuple(k_rope.shape)} "
+                f"{k_rope.dtype}: they must share B, T and dtype, and (B, kv_latent, rope_dim, dtype) must stay "
+                f"{held} (a different batch, layer or dtype: start a new cache)"
+            )
+
+    def append(self, c: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
+        """Add ``c (B, T_new, kv_latent)`` and ``k_rope (B, T_new, rope_dim)``; returns every latent and
+        rotary key, ``(B, T_cached + T_new, kv_latent)`` and ``(B, T_cached + T_new, rope_dim)``."""
+        self._check(c, k_rope)
+        self.position += c.shape[1]
+        if self.window is None and not (torch.is_grad_enabled() and (c.requires_grad or k_rope.requires_grad)):
+            return self._write(c, k_rope)
+        self._buffers = None
+        if self.c is not None:
+            c, k_rope = torch.cat([self.c, c], dim=1), torch.cat([self.k_rope, k_rope], dim=1)
+        keep = c.shape[1] if self.window is None else min(c.shape[1], self.window - 1)
+        self.c, self.k_rope = c[:, c.shape[1] - keep :], k_rope[:, c.shape[1] - keep :]
+        return c, k_rope
+
+    def _write(self, c: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
+        """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
+        n, need = self.length, self.length + c.shape[1]
+        if self._buffers is None or need > self.capacity:
+            size = max(need, 2 * self.capacity)
+            self._buffers = tuple(t.new_empty(t.shape[0], size, t.shape[2]) for t in (c, k_rope))
+            if n:
+                self._buffers[0][:, :n], self._buffers[1][:, :n] = self.c, self.k_rope
+        cb, kb = self._buffers
+        cb[:, n:need], kb[:, n:need] = c, k_rope
+        self.c, self.k_rope = cb[:, :need], kb[:, :need]  # views of the first `need` positions
+        return self.c, self.k_rope
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.c = self.k_rope = None
+        self._buffers = None
+        self.position = 0
+
+    def __repr__(self) -> str:
+        shapes = None if self.c is None else (tuple(self.c.shape), tuple(self.k_rope.shape))
+        window = f", window={self.window}" if self.window else ""
+        return f"LatentCache(shapes={shapes}, position={self.position}{window})"
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention, DeepSeek-V2's and V3's (chapter 16). Self-attention only.
+
+    ``LatentAttention(d_model, n_heads, *, kv_latent, q_latent=None, rope_dim=None, nope_dim=None,
+    v_dim=None, rotary_base=10000.0, eps=1e-6, dropout=0.0, bias=False)``; with ``d_k = d_model //
+    n_heads`` the defaults are ``nope_dim = v_dim = d_k`` and ``rope_dim = d_k // 2`` (even). Its maps:
+
+    - queries: ``q_proj`` (``d_model -> h (nope_dim + rope_dim)``), or with ``q_latent`` ``q_down``
+      (``d_model -> q_latent``), the :class:`~transformer_lib.modern_block.RMSNorm` ``q_norm`` and
+      ``q_up`` (``q_latent -> h (nope_dim + rope_dim)``, no bias);
+    - ``kv_down`` (``d_model -> kv_latent + rope_dim``): the latent, then the shared rotary key;
+      ``kv_norm`` normalises the latent ``c``;
+    - ``kv_up`` (``kv_latent -> h (nope_dim + v_dim)``, no bias): per head its key's ``nope_dim``
+      rows, then its value's ``v_dim`` rows;
+    - ``out_proj`` (``h v_dim -> d_model``), which reads the merged heads.
+
+    ``bias`` adds biases to ``q_down``, ``kv_down`` and ``out_proj`` (never to ``q_proj``, as in
+    DeepSeek). Head ``i``'s key is ``[k_nope_i, k_rope]``, its query ``[q_nope_i, q_rope_i]``; the
+    rope parts turn in the book's interleaved pairs; the scale is ``1 / sqrt(nope_dim + rope_dim)``.
+
+    ``folded`` (attribute, default False; or ``forward(..., folded=)``): the folded path, computed
+    on the fly from views of ``kv_up.weight`` (:meth:`up_matrices`). Head ``i``'s query becomes
+    ``[q_nope_i W_uk_i, q_rope_i]``, scored against ``[c, k_rope]``; the heads attend over the
+    latents ``c`` and each head's latent result is mapped up by ``W_uv_i`` afterwards, then by
+    ``out_proj``. No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
+    """
+
+    part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
+    part_matrices = {"q": "q_proj.weight", "q_down": "q_down.weight", "q_up": "q_up.weight",
+                     "kv_down": "kv_down.weight", "kv_up": "kv_up.weight", "out": "out_proj.weight"}  # fmt: skip
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, kv_latent: int, q_latent: int | None = None, rope_dim: int | None = None,
+        nope_dim: int | None = None, v_dim: int | None = None, rotary_base: float = 10000.0, eps: float = 1e-6,
+        dropout: float = 0.0, bias: bool = False,
+    ):  # fmt: skip
+        super().__init__()
+        sizes = dict(d_model=d_model, n_heads=n_heads, kv_latent=kv_latent, q_latent=q_latent, rope_dim=rope_dim,
+                     nope_dim=nope_dim, v_dim=v_dim)  # fmt: skip
+        for i, (name, value) in enumerate(sizes.items()):
+            if i < 3 or value is not None:  # the first three are required
+                check_int(value, name)
+        d_k = d_model // n_heads if d_model % n_heads == 0 else None
+        if d_k is None and None in (rope_dim, nope_dim, v_dim):
+            raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so rope_dim, nope_dim and "
+                             "v_dim have no default (d_k): give all three")  # fmt: skip
+        nope_dim, v_dim, rope_dim = nope_dim or d_k, v_dim or d_k, rope_dim or d_k // 2
+        if rope_dim < 2 or rope_dim % 2:
+            raise ValueError(f"rope_dim must be even and >= 2 (rotated in pairs), got {rope_dim}")
+        check_base(rotary_base, "rotary_base")
+        check_probability(dropout, "dropout")
+        check_bool(bias, "bias")
+        self.d_model, self.n_heads, self.kv_latent, self.q_latent = d_model, n_heads, kv_latent, q_latent
+        self.rope_dim, self.nope_dim, self.v_dim, self.dropout = rope_dim, nope_dim, v_dim, dropout
+        self.scale = 1.0 / math.sqrt(nope_dim + rope_dim)
+        self.folded = False
+        q_width = n_heads * (nope_dim + rope_dim)
+        if q_latent is None:
+            self.q_proj = nn.Linear(d_model, q_width, bias=False)
+        else:
+            self.q_down = nn.Linear(d_model, q_latent, bias=bias)
+            self.q_norm = RMSNorm(q_latent, eps=eps)
+            self.q_up = nn.Linear(q_latent, q_width, bias=False)
+        self.kv_down = nn.Linear(d_model, kv_latent + rope_dim, bias=bias)
+        self.kv_norm = RMSNorm(kv_latent, eps=eps)
+        self.kv_up = nn.Linear(kv_latent, n_heads * (nope_dim + v_dim), bias=False)
+        self.out_proj = nn.Linear(n_heads * v_dim, d_model, bias=bias)
+        self.rotary = RotaryEmbedding(rope_dim, base=rotary_base)
+
+    def cache_elements_per_token(self) -> int:
+        """Numbers cached per token: ``kv_latent + rope_dim`` (multi-head attention with ``d_k``-wide
+        heads caches ``2 h d_k``: a key and a value per head)."""
+        return self.kv_latent + self.rope_dim
+
+    def new_cache(self, window: int | None = None) -> LatentCache:
+        """An empty :class:`LatentCache` for this layer (``window``: a sliding window's)."""
+        return LatentCache(window=window)
+
+    def up_matrices(self) -> tuple[Tensor, Tensor]:
+        """``W_uk (h, nope_dim, kv_latent)`` and ``W_uv (h, v_dim, kv_latent)``: views of ``kv_up.weight``."""
+        w = self.kv_up.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_latent)
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]
+
+    def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``x (B, T, d_model)`` -> ``q_nope (B, h, T, nope_dim)``, ``q_rope (B, h, T, rope_dim)`` (rotated)."""
+        q = self.q_proj(x) if self.q_latent is None else self.q_up(self.q_norm(self.q_down(x)))
+        q = q.view(*x.shape[:2], self.n_heads, self.nope_dim + self.rope_dim).transpose(1, 2)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        return q_nope, self.rotary(q_rope, positions)
+
+    def _latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``x (B, T, d_model)`` -> ``c (B, T, kv_latent)`` (normalised), ``k_rope (B, T, rope_dim)`` (rotated)."""
+        c, k_rope = self.kv_down(x).split([self.kv_latent, self.rope_dim], dim=-1)
+        return self.kv_norm(c), self.rotary(k_rope, positions)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, causal: bool, need_weights: bool, p: float):
+        """``q (B, h, T_q, d)``, ``k (B, h or 1, T_k, d)``, ``v (B, h or 1, T_k, d_v)`` -> ``(B, h, T_q, d_v)``
+        and the weights ``(B, h, T_q, T_k)`` (None without ``need_weights``), scaled by ``self.scale``."""
+        if need_weights:  # the hand-written function divides by sqrt(q's width): rescale q to self.scale
+            if q.shape[-1] != self.nope_dim + self.rope_dim:
+                q = q * (self.scale * math.sqrt(q.shape[-1]))
+            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)
+        shared = {"enable_gqa": True} if _SDPA_HAS_GQA else {}  # one latent head read by every query head
+        if k.shape[1] != q.shape[1] and not shared:
+            k, v = (t.expand(-1, q.shape[1], -1, -1) for t in (k, v))
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, None, p, causal, scale=self.scale, **shared), None
+        any_key = mask.any(dim=-1, keepdim=True)  # a query with no key gets zeros, as by hand
+        out = F.scaled_dot_product_attention(q, k, v, mask | ~any_key, p, scale=self.scale, **shared)
+        return torch.where(any_key, out, 0.0), None
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
+        is_causal: bool = False, window: int | None = None, cache: LatentCache | None = None,
+        folded: bool | None = None, _checked: bool = False, _trusted: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """``query (B, T_q, d_model)``, the same tensor as ``key`` and ``value`` (self-attention) ->
+        ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
+
+        ``mask`` (boolean, True = may attend, broadcastable to ``(B, h, T_q, T_k)``), ``is_causal``
+        and ``window`` are those of :meth:`MultiHeadAttention.forward`. ``cache`` (a
+        :class:`LatentCache`): the new tokens sit at positions ``cache.position ..``; their latents
+        and rotary keys are appended and the earlier ones read back, so ``T_k = T_cached + T_q``.
+        ``folded``: the folded path (default ``self.folded``); both give the same function.
+        """
+        if not _trusted:
+            self._check_inputs(query, key, value, is_causal, window, cache, _checked)
+        B, T_q, _ = query.shape
+        T_k = T_q + (0 if cache is None else cache.length)
+        if not _trusted:
+            check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        folded, p = self.folded if folded is None else folded, self.dropout if self.training else 0.0
+        check_bool(folded, "folded")
+        return self._run(query, mask, is_causal, window, cache, folded, need_weights, p)
+
+    def _run(self, x, mask, is_causal, window, cache, folded, need_weights, p) -> tuple[Tensor, Tensor | None]:
+        start = 0 if cache is None else cache.position
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        q_nope, q_rope = self._queries(x, positions)  # (B, h, T_q, nope_dim), (B, h, T_q, rope_dim)
+        c, k_rope = self._latents(x, positions)  # (B, T_new, kv_latent), (B, T_new, rope_dim)
+        if cache is not None:
+            c, k_rope = cache.append(c, k_rope)  # (B, T_k, kv_latent), (B, T_k, rope_dim)
+        T_q, T_k = x.shape[1], c.shape[1]
+        causal = False
+        if is_causal:
+            mask = MultiHeadAttention._causal(mask, T_q, T_k, window, need_weights, x.device)
+            causal = mask is None and T_q == T_k  # the fused kernel's own causal path
+        W_uk, W_uv = self.up_matrices()
+        if folded:  # scores q_nope_i W_uk_i . c + q_rope_i . k_rope; values: the latents, W_uv_i after
+            q = torch.cat([torch.einsum("bhtn,hnl->bhtl", q_nope, W_uk), q_rope], dim=-1)  # (B, h, T_q, L + r)
+            k = torch.cat([c, k_rope], dim=-1).unsqueeze(1)  # (B, 1, T_k, L + r): one head shared by all
+            lat, weights = self._attend(q, k, c.unsqueeze(1), mask, causal, need_weights, p)  # (B, h, T_q, L)
+            heads = torch.einsum("bhtl,hvl->bhtv", lat, W_uv)  # (B, h, T_q, v_dim)
+        else:
+            kv = self.kv_up(c).view(x.shape[0], T_k, self.n_heads, -1).transpose(1, 2)  # (B, h, T_k, nope + v)
+            k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+            k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1)  # (B, h, T_k, n + r)
+            heads, weights = self._attend(torch.cat([q_nope, q_rope], -1), k, v, mask, causal, need_weights, p)
+        return self.out_proj(merge_heads(heads)), weights  # (B, T_q, d_model)
+
+    def attention_weights(self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
+                          is_causal: bool = False, window: int | None = None, **_) -> Tensor:  # fmt: skip
+        """The weights ``(B, h, T_q, T_k)`` of ``forward(query, key, value, need_weights=True, ...)``
+        before dropout, without a cache (for the inspection tools of chapter 12)."""
+        self._check_inputs(query, key, value, is_causal, window, None, False)
+        check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], query.shape[1])))
+        return self._run(query, mask, is_causal, window, None, self.folded, True, 0.0)[1]
+
+    def _check_inputs(self, query, key, value, is_causal, window, cache, window_checked) -> None:
+        """The checks of :meth:`forward`: self-attention, shape and dtype, the window, the cache."""
+        if key is not query or value is not query:
+            raise ValueError("LatentAttention is self-attention only: pass one tensor as query, key and value")
+        check_float_tensors({"query": query}, layer_dtype=self.kv_down.weight.dtype)
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(f"query must have shape (B, T, d_model={self.d_model}), got {tuple(query.shape)}")
+        if window is not None and not window_checked:
+            check_int(window, "window")
+            if not is_causal:
+                raise ValueError(f"window={window} is sliding-window *causal* attention: pass is_causal=True too")
+        if cache is not None and not isinstance(cache, LatentCache):
+            raise TypeError(f"cache must be a LatentCache (layer.new_cache()) or None, got {type(cache).__name__}")
+        if cache is not None and cache.window is not None and (window is None or cache.window < window):
+            raise ValueError(
+                f"this LatentCache keeps only what a window of {cache.window} needs, but the attention's window is "
+                f"{window}: give the cache the attention's window (or none)"
+            )
+
+
+def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> LatentAttention:
+    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 16).
+
+    ``interleaved`` says how the source lays out its rotary rows: True for ``rope_interleave=True``
+    (pairs ``(2i, 2i + 1)``, the book's own: copied as they are), False for half-split pairs
+    ``(i, i + rope_dim / 2)``, whose rows of the query and of ``kv_down``'s rotary key are then
+    reordered into pairs. The wrong choice loads without complaint and computes other scores.
+    """
+    if type(attn).__name__ != "DeepseekV3Attention":
+        raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
+    check_bool(interleaved, "interleaved")
+    rope, n_kv = dict(attn.config.rope_parameters or {}), attn.config.num_key_value_heads
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"latent_from_deepseek follows plain rotary only, got rope_type={rope['rope_type']!r}")
+    if n_kv != attn.num_heads:
+        raise ValueError(f"num_key_value_heads ({n_kv}) must equal num_attention_heads "
+                         f"({attn.num_heads}): every head has its own key")  # fmt: skip
+    w = attn.kv_a_proj_with_mqa.weight
+    new = LatentAttention(
+        attn.hidden_size, attn.num_heads, kv_latent=attn.kv_lora_rank, q_latent=attn.q_lora_rank,
+        rope_dim=attn.qk_rope_head_dim, nope_dim=attn.qk_nope_head_dim, v_dim=attn.v_head_dim,
+        rotary_base=rope.get("rope_theta", 10000.0), eps=attn.kv_a_layernorm.variance_epsilon,
+        dropout=float(attn.attention_dropout), bias=attn.kv_a_proj_with_mqa.bias is not None,
+    ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+    r, L, width = new.rope_dim, new.kv_latent, new.nope_dim + new.rope_dim
+    pairs = torch.arange(r) if interleaved else torch.arange(r).view(2, r // 2).t().reshape(-1)  # 0, r/2, 1, ...
+    q_rows = torch.arange(new.n_heads)[:, None] * width + torch.cat([torch.arange(new.nope_dim), new.nope_dim + pairs])
+    kv_rows = torch.cat([torch.arange(L), L + pairs])  # the latent's rows, then the rotary key's
+    reorder = dict.fromkeys(("q_proj.weight", "q_up.weight"), q_rows.reshape(-1))  # per head: nope rows, rope rows
+    reorder |= dict.fromkeys(("kv_down.weight", "kv_down.bias"), kv_rows)
+    names = dict(q_proj="q_proj", q_down="q_a_proj", q_norm="q_a_layernorm", q_up="q_b_proj", out_proj="o_proj",
+                 kv_down="kv_a_proj_with_mqa", kv_norm="kv_a_layernorm", kv_up="kv_b_proj")  # fmt: skip
+    theirs = attn.state_dict()
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            module, leaf = name.split(".")
+            source = theirs[f"{names[module]}.{leaf}"]
+            p.copy_(source[reorder[name]] if name in reorder else source)
+    return new

@@ -1,0 +1,230 @@
+"""Attention sinks (chapter 16, "Latent, sparse and sink attention").
+
+Softmax makes every query spend all of its attention somewhere, even when nothing in view is
+worth reading. Trained models then park the surplus on a token that carries little, most often
+the first one: an attention sink. Two ways to take that into account:
+
+- a learned sink (gpt-oss): each head has one more logit, ``sinks[h]``, that joins every row's
+  softmax denominator but has no value. The weights of the keys then sum to less than 1, and a
+  head may attend to nothing. :func:`sink_softmax` is that softmax, :class:`SinkAttention` the
+  attention that uses it;
+- keep the first tokens (StreamingLLM): a sliding window drops old keys, and with them the
+  first token the model had learned to park attention on. ``keep_first`` keeps the first keys
+  in view of every query, in the mask and in the key-value cache.
+
+:func:`attention_sink_mass` measures how much of each head's attention a trained model gives to
+position 0. Shapes: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_bool, check_float_tensors, check_int
+from .attention import check_mask
+from .inspect_heads import attention_layers, capture_attention
+from .kv_cache import KVCache, check_cache
+from .masks import causal_mask, sliding_window_mask
+from .modern_block import QKTransform
+from .multihead import MultiHeadAttention
+from .positional import half_split_rows
+
+__all__ = ["SinkAttention", "attention_sink_mass", "sink_attention_from_gpt_oss", "sink_softmax"]
+
+
+def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
+    """The softmax of each row of ``scores`` with one more column holding its head's sink logit,
+    that column then dropped (chapter 16).
+
+    ``scores (..., h, T_q, T_k)`` (masked keys at ``-inf``) and ``sink (h,)`` -> weights
+    ``(..., h, T_q, T_k)``: ``exp(s_j) / (exp(sink) + sum_j exp(s_j))``, computed after
+    subtracting the row's largest logit, the sink included. Rows sum to less than 1; a row whose
+    keys are all masked gives zeros, not NaN, since the sink is always there (with a sink of
+    ``-inf``, which is plain softmax, such a row gives zeros too).
+    """
+    check_float_tensors({"scores": scores, "sink": sink})
+    if scores.dim() < 3:
+        raise ValueError(f"scores must have shape (..., h, T_q, T_k), got {tuple(scores.shape)}")
+    h = scores.shape[-3]
+    if sink.shape != (h,) or sink.device != scores.device:
+        raise ValueError(
+            f"sink must have shape (h,) = ({h},), one logit per head, on {scores.device}, got "
+            f"{tuple(sink.shape)} on {sink.device}"
+        )
+    s = sink[:, None]  # (h, 1): broadcasts over (..., h, T_q)
+    m = torch.maximum(scores.amax(dim=-1), s).detach()  # (..., h, T_q): the shift changes no weight
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)  # no -inf - -inf on a row of nothing
+    e = torch.exp(scores - m[..., None])  # (..., h, T_q, T_k)
+    denominator = e.sum(dim=-1) + torch.exp(s - m)  # (..., h, T_q)
+    denominator = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+    return e / denominator[..., None]
+
+
+class SinkAttention(MultiHeadAttention):
+    """Multi-head attention with a learned sink logit per head and the first keys kept in view of
+    a sliding window (chapter 16).
+
+    ``SinkAttention(d_model, n_heads, *, sinks=True, keep_first=0, n_kv_heads=None, dropout=0.0,
+    bias=True)``. ``sinks``: ``self.sinks``, an ``nn.Parameter (n_heads,)`` initialised to zeros,
+    joins every query's softmax denominator (:func:`sink_softmax`), as in gpt-oss; None with
+    ``sinks=False``. ``keep_first``: with a ``window``, every query also sees the first
+    ``keep_first`` keys (StreamingLLM), and :meth:`new_cache` keeps them. Everything else is
+    :class:`~transformer_lib.multihead.MultiHeadAttention`'s: the fused projections, grouped-query
+    attention, ``qk_transform`` (rotary, query-key norm) and the key-value cache. With sinks the
+    attention is the hand-written one (PyTorch's fused kernel has no sink column).
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, sinks: bool = True, keep_first: int = 0, n_kv_heads: int | None = None,
+        dropout: float = 0.0, bias: bool = True, _checked: bool = False,
+    ):  # fmt: skip
+        super().__init__(d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=bias, _checked=_checked)
+        check_bool(sinks, "sinks")
+        check_int(keep_first, "keep_first", minimum=0)
+        self.keep_first = keep_first
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
+
+    def extra_repr(self) -> str:
+        sinks = self.sinks is not None
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, sinks={sinks}, keep_first={self.keep_first}"
+
+    def new_cache(self, window: int | None) -> KVCache:
+        """An empty :class:`~transformer_lib.kv_cache.KVCache` for this attention with ``window``
+        (chapter 16): with a window it also keeps the first ``keep_first`` keys."""
+        return KVCache(window=window, keep_first=self.keep_first if window is not None else 0, _checked=True)
+
+    def attention_weights(
+        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+        window: int | None = None, **other,
+    ) -> Tensor:  # fmt: skip
+        """``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)`` -> the weights
+        ``(B, h, T_q, T_k)`` :meth:`forward` uses, before dropout; with sinks a row sums to less than 1
+        (chapter 16). The arguments are :meth:`forward`'s; its other keywords are accepted and
+        ignored, but not a cache."""
+        if other.get("cache") is not None:
+            raise ValueError("attention_weights does not follow a KVCache: call it without cache=")
+        self._check_inputs(query, key, value, is_causal, window, None)
+        (B, T_q, _), T_k = query.shape, key.shape[1]
+        check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        q, k, v = self._project_cached(query, key, value, None)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
+        if is_causal:
+            mask = self._causal(mask, T_q, T_k, window, True, query.device)
+        return self._attend_by_hand(q, k, v, mask, 0.0)[1]  # (B, h, T_q, T_k)
+
+    def _check_inputs(
+        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
+        window_checked: bool = False,
+    ) -> None:  # fmt: skip
+        """The parent's checks; a cache must also keep this attention's ``keep_first``."""
+        super()._check_inputs(query, key, value, is_causal, window, None, window_checked)
+        if cache is not None:
+            check_cache(cache, window, query.shape[0], self.keep_first)
+
+    def _causal(
+        self, mask: Tensor | None, T_q: int, T_k: int, window: int | None, need_weights: bool, device: torch.device
+    ) -> Tensor | None:
+        """The parent's causal or sliding-window mask, end-aligned; with ``keep_first`` the window
+        also shows the first ``keep_first`` keys. The keys of a :meth:`new_cache` cache are the first
+        ones followed by the recent ones in order, so the same mask fits them."""
+        if not self.keep_first or window is None or window >= T_k:
+            return super()._causal(mask, T_q, T_k, window, need_weights, device)
+        structural = sliding_window_mask(T_q, T_k, window, keep_first=self.keep_first, device=device)  # (T_q, T_k)
+        return structural if mask is None else mask & structural
+
+    def _attend_by_hand(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> tuple[Tensor, Tensor]:
+        """``q (B, h, T_q, d_k)``, ``k, v (B, h_kv, T_k, d_k)`` -> ``(out (B, h, T_q, d_k), weights
+        (B, h, T_q, T_k))``: the scores, masked keys at ``-inf``, through :func:`sink_softmax`."""
+        if self.sinks is None:
+            return super()._attend_by_hand(q, k, v, mask, p)
+        k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf)
+        weights = sink_softmax(scores, self.sinks.to(scores.dtype))  # (B, h, T_q, T_k)
+        if p > 0.0:
+            weights = F.dropout(weights, p=p, training=True)
+        out = weights @ v  # (B, h, T_q, d_k)
+        if mask is not None:  # a query with no key: zeros, also where a masked value holds NaN
+            out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return out, weights
+
+    def _attend_fused(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, causal: bool = False
+    ) -> Tensor:
+        """The parent's fused kernel without sinks; with them, :meth:`_attend_by_hand`: ``(B, h, T_q, d_k)``."""
+        if self.sinks is None:
+            return super()._attend_fused(q, k, v, mask, p, causal)
+        if causal:
+            mask = causal_mask(q.shape[2], k.shape[2], device=q.device)  # (T_q, T_k)
+        return self._attend_by_hand(q, k, v, mask, p)[0]
+
+    def _attend_fused_masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float) -> Tensor:
+        """As :meth:`_attend_fused`, with a mask: ``(B, h, T_q, d_k)``."""
+        if self.sinks is None:
+            return super()._attend_fused_masked(q, k, v, mask, p)
+        return self._attend_by_hand(q, k, v, mask, p)[0]
+
+
+@torch.no_grad()
+def attention_sink_mass(model: nn.Module, idx: Tensor, first_query: int = 1) -> Tensor:
+    """How much attention each head gives to the first token (chapter 16): ``(n_layers, n_heads)``.
+
+    ``model`` is a language model called as ``model(idx)`` (a :class:`~transformer_lib.models.GPT`),
+    ``idx (B, T)`` token ids with ``T >= 2``. Entry ``[l, i]`` is the mean, over the batch and the
+    queries at positions ``first_query .. T - 1`` (default 1), of the weight head ``i`` of attention
+    layer ``l`` gives to position 0, recorded by :func:`~transformer_lib.inspect_heads.capture_attention`; layers are in
+    the order of :func:`~transformer_lib.inspect_heads.attention_layers`. Uniform causal attention
+    gives ``(1/2 + ... + 1/T) / (T - 1)``; a sink head gives nearly 1. The model runs in eval mode
+    (no dropout) and is put back in its mode after.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.shape[1] < 2:
+        raise ValueError(f"idx must be token ids of shape (B, T) with T >= 2, got {getattr(idx, 'shape', idx)!r}")
+    check_int(first_query, "first_query")
+    if first_query >= idx.shape[1]:
+        raise ValueError(f"first_query={first_query} leaves no query in idx of length T={idx.shape[1]}")
+    was_training = model.training
+    model.eval()
+    try:
+        with capture_attention(model) as weights:
+            model(idx)
+    finally:
+        model.train(was_training)
+    names = [name for name in attention_layers(model) if name in weights]
+    return torch.stack([weights[name][:, :, first_query:, 0].mean(dim=(0, 2)) for name in names])  # (n_layers, h)
+
+
+@torch.no_grad()
+def sink_attention_from_gpt_oss(attn: nn.Module) -> SinkAttention:
+    """A :class:`SinkAttention` with the weights of ``transformers``' ``GptOssAttention`` (chapter 16).
+
+    gpt-oss rotates the half-split pairs ``(i, i + d/2)`` of a head, the book its neighbouring pairs
+    (:func:`~transformer_lib.positional.half_split_rows` reorders the rows of ``W_q`` and ``W_k`` and
+    of their biases; every score is unchanged); ``W_v``, ``W_o`` and the sinks are copied as they are.
+    The layer's sliding window is not a weight: pass ``window=attn.sliding_window`` to its forward.
+    Only the default rotary frequencies (``rope_type="default"``) are supported.
+    """
+    config = attn.config
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only the default rotary frequencies can be copied, got rope_type={rope['rope_type']!r}")
+    h, h_kv, d = config.num_attention_heads, config.num_key_value_heads, attn.head_dim
+    if h * d != config.hidden_size:
+        raise ValueError(f"the book's heads are d_model / n_heads wide, not {h} heads of {d} in {config.hidden_size}")
+    bias = attn.q_proj.bias is not None
+    ours = SinkAttention(config.hidden_size, h, n_kv_heads=h_kv, bias=bias).to(attn.q_proj.weight.dtype)
+    ours.qk_transform = QKTransform(d, rotary_base=float(rope.get("rope_theta", 10000.0)))
+    q_rows, k_rows = half_split_rows(h, d), half_split_rows(h_kv, d)
+    for mine, theirs, rows in ((ours.q_proj, attn.q_proj, q_rows), (ours.k_proj, attn.k_proj, k_rows),
+                               (ours.v_proj, attn.v_proj, slice(None))):  # fmt: skip
+        mine.weight.copy_(theirs.weight[rows])
+        if bias:
+            mine.bias.copy_(theirs.bias[rows])
+    ours.out_proj.load_state_dict(attn.o_proj.state_dict())
+    ours.sinks.copy_(attn.sinks)
+    return ours.eval()
