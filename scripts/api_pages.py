@@ -218,9 +218,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 16)]
+        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 17)]
         + ["transformer_lib.experiments.ch15_diagnosis"],
-        "12, 13, 14 and 15",
+        "12 to 16",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
@@ -239,7 +239,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 16)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 17)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

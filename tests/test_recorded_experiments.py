@@ -1,4 +1,4 @@
-"""The records chapters 12-15 read (``transformer_lib.experiments``): each holds every part and
+"""The records chapters 12-16 read (``transformer_lib.experiments``): each holds every part and
 seed at the current settings, and seed 0 of each chapter's experiment, re-run, reproduces it
 (slow). Also chapter 12's shipped Shakespeare checkpoint, loaded and evaluated."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib.experiments import ch12, ch13, ch14, ch15, ch15_diagnosis, recorded
+from transformer_lib.experiments import ch12, ch13, ch14, ch15, ch15_diagnosis, ch16, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +88,30 @@ def test_chapter_15s_record_holds_every_run_at_the_current_settings():
     assert all(len(r["watched"]) == ch15.SETTINGS["instruction_steps"] // 50 + 1 for r in diagnosis["runs"])
 
 
+def test_chapter_16s_record_holds_every_part_and_seed():
+    sweep = recorded("ch16")
+    rows = sweep["cache"]["rows"]
+    assert [(r["name"], r["options"]) for r in rows] == [(n, o) for n, o in ch16.CACHE_KINDS]
+    for row in rows:
+        assert [r["seed"] for r in row["runs"]] == ch16.SEEDS
+    bytes_ = {row["name"]: row["runs"][0]["cache_bytes_per_token"] for row in rows}
+    assert bytes_["multi-head"] == 2 * 2 * 8 * 8 * 4 and bytes_["latent 16"] == 2 * (16 + 4) * 4  # 2 layers, float32
+    params = [row["runs"][0]["params"] for row in rows]
+    assert max(params) / min(params) < 1.2  # about equal parameters
+    sparse = sweep["sparse"]
+    assert sparse["ks"] == ch16.KS and [r["seed"] for r in sparse["runs"]] == ch16.SEEDS
+    for r in sparse["runs"]:
+        assert set(r["sparse"]) == set(r["window"]) == set(r["agreement"]) == {str(k) for k in ch16.KS}
+        assert all(0 <= a <= 1 for a in r["agreement"].values())
+    sinks = sweep["sinks"]
+    assert sinks["steps"] == ch16.SINK_STEPS
+    assert (sinks["window"], sinks["keep_first"]) == (ch16.WINDOW, ch16.KEEP_FIRST)
+    assert sorted((r["variant"], r["seed"]) for r in sinks["runs"]) == sorted(
+        (v, s) for v in ("plain", "learned sink") for s in ch16.SEEDS
+    )
+    assert all(torch.tensor(r["mass_on_first"]).shape == (2, 4) for r in sinks["runs"])
+
+
 def reproduce_ch12(record: dict) -> None:
     """Seed 0 of the repeat and agreement parts.
 
@@ -154,7 +178,25 @@ def reproduce_ch15(record: dict) -> None:
         assert r["trainable"] == old["trainable"], method
 
 
-REPRODUCE = {"ch12": reproduce_ch12, "ch13": reproduce_ch13, "ch14": reproduce_ch14, "ch15": reproduce_ch15}
+def reproduce_ch16(record: dict) -> None:
+    """Seed 0 of the smallest latent attention and of the sparse model (float32: the last digits may
+    move on another CPU; 0.05 bits is below what the chapter reads from them)."""
+    row = next(r for r in record["cache"]["rows"] if r["name"] == "latent 16")
+    fresh, old = ch16.cache_run("latent 16", 0), row["runs"][0]
+    assert fresh["params"] == old["params"] and fresh["cache_bytes_per_token"] == old["cache_bytes_per_token"]
+    assert fresh["bits_per_byte"] == pytest.approx(old["bits_per_byte"], abs=0.05)
+    fresh, old = ch16.sparse_run(0), record["sparse"]["runs"][0]
+    for k in ("dense",):
+        assert fresh[k] == pytest.approx(old[k], abs=0.05)
+    for k in ("4", "16"):
+        assert fresh["sparse"][k] == pytest.approx(old["sparse"][k], abs=0.05), k
+        assert fresh["window"][k] == pytest.approx(old["window"][k], abs=0.05), k
+
+
+REPRODUCE = {
+    "ch12": reproduce_ch12, "ch13": reproduce_ch13, "ch14": reproduce_ch14, "ch15": reproduce_ch15,
+    "ch16": reproduce_ch16,
+}  # fmt: skip
 
 
 @pytest.mark.slow

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
 from .attention import check_mask, scaled_dot_product_attention
+from .masks import causal_mask
 from .modern_block import RMSNorm
-from .multihead import _SDPA_HAS_GQA, MultiHeadAttention, merge_heads
+from .multihead import MultiHeadAttention, merge_heads
 from .positional import RotaryEmbedding
 
 __all__ = ["LatentAttention", "LatentCache", "latent_from_deepseek"]
@@ -33,9 +34,8 @@ class LatentCache:
     the shared rotary keys already rotated at their positions (None while empty); not the heads'
     keys and values. As :class:`~transformer_lib.kv_cache.KVCache`: :meth:`append` adds the new
     tokens' and returns all of them; with ``window`` only the last ``window - 1`` are kept.
-    ``length`` is the number of positions held, ``position`` the number appended in all,
-    ``nbytes()`` the memory held. Outside autograd an unbounded cache writes into buffers whose
-    capacity doubles when full, so that a step does not copy the whole cache.
+    ``length``: positions held, ``position``: appended in all, ``nbytes()``: the memory held. Outside
+    autograd an unbounded cache writes into buffers whose capacity doubles when full.
     """
 
     def __init__(self, *, window: int | None = None):
@@ -143,8 +143,8 @@ class LatentAttention(nn.Module):
     ``folded`` (attribute, default False; or ``forward(..., folded=)``): the folded path, computed
     on the fly from views of ``kv_up.weight`` (:meth:`up_matrices`). Head ``i``'s query becomes
     ``[q_nope_i W_uk_i, q_rope_i]``, scored against ``[c, k_rope]``; the heads attend over the
-    latents ``c`` and each head's latent result is mapped up by ``W_uv_i`` afterwards, then by
-    ``out_proj``. No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
+    latents ``c`` and each head's latent result is mapped up by ``W_uv_i``, then by ``out_proj``.
+    No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
     """
 
     part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
@@ -218,17 +218,18 @@ class LatentAttention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, causal: bool, need_weights: bool, p: float):
         """``q (B, h, T_q, d)``, ``k (B, h or 1, T_k, d)``, ``v (B, h or 1, T_k, d_v)`` -> ``(B, h, T_q, d_v)``
         and the weights ``(B, h, T_q, T_k)`` (None without ``need_weights``), scaled by ``self.scale``."""
-        if need_weights:  # the hand-written function divides by sqrt(q's width): rescale q to self.scale
-            if q.shape[-1] != self.nope_dim + self.rope_dim:
+        if need_weights or k.shape[1] != q.shape[1]:  # the weights, or the folded path's one latent head (a
+            # matmul broadcasts it to the heads; PyTorch's fused kernel copies it per head, slower on a CPU)
+            if causal:
+                mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
+            if q.shape[-1] != self.nope_dim + self.rope_dim:  # it divides by sqrt(q's width): rescale q
                 q = q * (self.scale * math.sqrt(q.shape[-1]))
-            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)
-        shared = {"enable_gqa": True} if _SDPA_HAS_GQA else {}  # one latent head read by every query head
-        if k.shape[1] != q.shape[1] and not shared:
-            k, v = (t.expand(-1, q.shape[1], -1, -1) for t in (k, v))
+            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p)
+            return out, weights if need_weights else None
         if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, None, p, causal, scale=self.scale, **shared), None
+            return F.scaled_dot_product_attention(q, k, v, None, p, causal, scale=self.scale), None
         any_key = mask.any(dim=-1, keepdim=True)  # a query with no key gets zeros, as by hand
-        out = F.scaled_dot_product_attention(q, k, v, mask | ~any_key, p, scale=self.scale, **shared)
+        out = F.scaled_dot_product_attention(q, k, v, mask | ~any_key, p, scale=self.scale)
         return torch.where(any_key, out, 0.0), None
 
     def forward(

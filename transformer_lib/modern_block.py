@@ -148,9 +148,10 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
 
     The queries and keys are the ones the layer scores, after query-key normalisation and rotary
     positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
+    Chapter 16's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
     """
     found: list[Tensor] = []
-    layers = [m for m in find_parts(model, "attention").values() if isinstance(m, MultiHeadAttention)]
+    layers = list(find_parts(model, "attention").values())
 
     def recording(layer: MultiHeadAttention):
         project = layer._project_cached
@@ -163,11 +164,26 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
 
         return run
 
+    def recording_scored(layer: nn.Module):  # chapter 16's latent attention: its scores, folded or not
+        attend = layer._attend
+
+        def run(q, k, v, *args, **kwargs):  # q (B, h, T_q, d), k (B, h or 1, T_k, d)
+            found.append((q @ k.transpose(-2, -1)).abs().amax() * layer.scale)
+            return attend(q, k, v, *args, **kwargs)
+
+        return run
+
+    hooked = []
     for layer in layers:
-        layer._project_cached = recording(layer)
+        if isinstance(layer, MultiHeadAttention):
+            layer._project_cached = recording(layer)
+            hooked.append((layer, "_project_cached"))
+        elif hasattr(layer, "_attend") and hasattr(layer, "scale"):
+            layer._attend = recording_scored(layer)
+            hooked.append((layer, "_attend"))
     try:
         model(*inputs)
     finally:
-        for layer in layers:
-            del layer._project_cached  # the class's method again
+        for layer, name in hooked:
+            delattr(layer, name)  # the class's method again
     return torch.stack(found) if found else torch.zeros(0)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ._checks import check_base, check_float_tensors, check_int, check_layer_dtype, check_window, is_real
 from .attention import check_mask, masked_softmax, scaled_dot_product_attention
 from .kv_cache import KVCache
-from .masks import causal_mask, sliding_window_mask
+from .masks import sliding_window_mask
 from .multihead import MultiHeadAttention, merge_heads
 from .positional import apply_rotary, half_split_rows
 
@@ -89,13 +89,12 @@ class Indexer(nn.Module):
             raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
 
     def keys(self, x: Tensor, start: int = 0) -> Tensor:
-        """``x (B, T, d_model)`` at positions ``start ..`` -> the key rows ``(B, T, head_dim)``, rotated,
-        which a cache keeps."""
+        """``x (B, T, d_model)`` at positions ``start ..`` -> the rotated key rows ``(B, T, head_dim)``."""
         self._check(x)
         check_int(start, "start", minimum=0)
         return self._rotate(self.k_norm(self.k_proj(x)), start)
 
-    def scores(self, x: Tensor, q_input: Tensor | None = None, start: int = 0, keys: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, q_input: Tensor | None = None, start: int = 0, keys: Tensor | None = None) -> Tensor:
         """``x (B, T_q, d_model)`` (the new tokens, from position ``start``) -> index scores
         ``(B, T_q, T_k)``. ``q_input (B, T_q, q_dim)``: what the queries are read from (default
         ``x``); ``keys (B, T_k, head_dim)``: the key rows to score (default ``keys(x, start)``)."""
@@ -113,24 +112,18 @@ class Indexer(nn.Module):
                 f"keys must have shape (B={x.shape[0]}, T_k, head_dim={self.head_dim}), got {tuple(keys.shape)}"
             )
         B, T, _ = x.shape
-        q = self.q_proj(q_input).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T_q, D)
-        q = self._rotate(q, start)
+        q = self._rotate(self.q_proj(q_input).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), start)
         logits = F.relu(q @ keys.unsqueeze(1).transpose(-2, -1) * self.head_dim**-0.5)  # (B, H, T_q, T_k)
         w = self.weights_proj(x) * self.n_heads**-0.5  # (B, T_q, H)
         return torch.einsum("bsh,bhst->bst", w, logits)  # (B, T_q, T_k)
 
-    def forward(self, x: Tensor, q_input: Tensor | None = None, start: int = 0, keys: Tensor | None = None) -> Tensor:
-        """``x (B, T_q, d_model)`` -> index scores ``(B, T_q, T_k)``: :meth:`scores`."""
-        return self.scores(x, q_input, start, keys)
-
-    select = staticmethod(select_keys)
+    scores = forward  # indexer.scores(x, ...): the same call, by its name
 
 
 class AddAuxiliaryLoss(torch.autograd.Function):
-    """Attach an auxiliary loss to a layer's output (chapter 16), so that it reaches backward
-    without a change to the training loop: ``AddAuxiliaryLoss.apply(out, loss, weight)`` returns
-    ``out`` unchanged (any shape); in backward ``out``'s gradient passes through and the scalar
-    ``loss`` gets the gradient ``weight``, as if ``weight * loss`` were added to the model's loss."""
+    """An auxiliary loss that reaches backward with no change to the training loop (chapter 16):
+    ``AddAuxiliaryLoss.apply(out, loss, weight)`` returns ``out`` unchanged; in backward its gradient
+    passes through and the scalar ``loss`` gets ``weight``, as if ``weight * loss`` joined the loss."""
 
     @staticmethod
     def forward(ctx, out: Tensor, loss: Tensor, weight: float) -> Tensor:
@@ -215,10 +208,8 @@ class SparseAttention(MultiHeadAttention):
             raise TypeError(f"index_loss_weight must be a number, got {index_loss_weight!r}")
         if not 0 <= index_loss_weight < math.inf:
             raise ValueError(f"index_loss_weight must be a finite number >= 0, got {index_loss_weight!r}")
-        index_heads, index_dim = (
-            n_heads if index_heads is None else index_heads,
-            self.d_k if index_dim is None else index_dim,
-        )
+        index_heads = n_heads if index_heads is None else index_heads
+        index_dim = self.d_k if index_dim is None else index_dim
         check_int(index_heads, "index_heads")
         check_int(index_dim, "index_dim")
         self.top_k, self.index_loss_weight, self._rope_dim = top_k, float(index_loss_weight), rope_dim
@@ -329,9 +320,7 @@ class SparseAttention(MultiHeadAttention):
         check_float_tensors({"x": x})
         check_window(window)
         T = x.shape[1]
-        allowed = (
-            causal_mask(T, T, device=x.device) if window is None else sliding_window_mask(T, T, window, device=x.device)
-        )
+        allowed = sliding_window_mask(T, T, window or T, device=x.device)  # a window of T: causal
         return select_keys(self._ready_indexer().scores(x, start=start), self.top_k, allowed)
 
 
@@ -350,8 +339,8 @@ def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"only the default rotary frequencies can be copied, got rope_type={rope['rope_type']!r}")
     order = torch.cat([half_split_rows(1, r), torch.arange(r, D)])  # (D,): the rope rows reordered
-    ours = Indexer(config.hidden_size, H, D, rope_dim=r, q_dim=indexer.q_lora_rank,
-                   rotary_base=float(rope.get("rope_theta", 10000.0)))  # fmt: skip
+    base = float(rope.get("rope_theta", 10000.0))
+    ours = Indexer(config.hidden_size, H, D, rope_dim=r, q_dim=indexer.q_lora_rank, rotary_base=base)
     ours = ours.to(indexer.wk.weight.dtype)
     ours.q_proj.weight.copy_(indexer.wq_b.weight.view(H, D, -1)[:, order].reshape(H * D, -1))
     ours.k_proj.weight.copy_(indexer.wk.weight[order])

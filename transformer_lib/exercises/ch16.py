@@ -32,10 +32,10 @@ def _first_mistake(wrong: dict[str, Tensor], actual: Tensor, right: Tensor) -> s
 def check_sink_softmax(fn: Callable) -> None:
     """Chapter 16, exercise 16.1: check ``fn(scores (..., h, T_q, T_k), sink (h,)) -> (..., h, T_q, T_k)``.
 
-    The softmax of each row of scores with one more column, the head's sink logit, which is then
-    dropped: the weights of the keys sum to less than 1. Compared with the formula on small
-    logits, large ones (where ``exp`` overflows unless the row's maximum is subtracted first), a
-    batch of heads and float64.
+    ``fn`` is given a row of scores per query and one sink logit per head; it returns the softmax
+    of each row with one more column, the head's sink logit, which is then dropped: the weights of
+    the keys sum to less than 1. Compared with the formula on small logits, large ones (where
+    ``exp`` overflows unless the row's maximum is subtracted first), a batch of heads and float64.
     """
     g = torch.Generator().manual_seed(16)
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
@@ -74,10 +74,11 @@ def check_sink_softmax(fn: Callable) -> None:
 def check_fold_query(fn: Callable) -> None:
     """Chapter 16, exercise 16.2: check ``fn(q_nope (B, h, T_q, d_nope), w_uk (h, d_nope, d_c)) -> (B, h, T_q, d_c)``.
 
-    Head ``i`` rebuilds its keys from the latent ``c (d_c,)`` as ``w_uk[i] @ c``; its query
-    ``q`` scores them by ``q . (w_uk[i] @ c) = (w_uk[i]^T q) . c``. The function returns the
-    folded queries ``w_uk[i]^T q`` of every head, which score the latents directly. Compared with
-    the formula on square and non-square matrices and float64.
+    ``fn`` is given each head's queries and key up-projection. Head ``i`` rebuilds its keys from
+    the latent ``c (d_c,)`` as ``w_uk[i] @ c``; its query ``q`` scores them by ``q . (w_uk[i] @ c)
+    = (w_uk[i]^T q) . c``. The function returns the folded queries ``w_uk[i]^T q`` of every head,
+    which score the latents directly. Compared with the formula on square and non-square matrices
+    and float64.
     """
     g = torch.Generator().manual_seed(161)
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731

@@ -9,7 +9,7 @@ weight decay (chapter 13's ``token_run``), measured on the last 10 %.
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    # three seeds of every part (about 20 minutes, 1 core)
+    # three seeds of every part (about 30 minutes, 1 core)
     python -m transformer_lib.experiments ch16
     # print only
     python -m transformer_lib.experiments ch16 --parts sinks --seeds 0 --steps 20 --dry-run
@@ -23,9 +23,10 @@ Parts:
   while its indexer learns to imitate the attention; then the same weights read with each query
   limited to its ``k`` selected keys, or to a sliding window of ``k``, for each ``k`` of
   :data:`KS`; and how often the indexer's keys are the ones the dense attention weighs most;
-* ``sinks``: 4 heads, context 128, without and with a learned sink logit per head: the loss of
-  positions past a window of :data:`WINDOW` with full attention, a plain window, a window that
-  keeps the first :data:`KEEP_FIRST` tokens, and the attention each layer gives to position 0.
+* ``sinks``: 4 heads, context 128, :data:`SINK_STEPS` steps on windows that open with a start
+  token, without and with a learned sink logit per head: the loss of positions past a window of
+  :data:`WINDOW` with full attention, a plain window, a window that keeps the first
+  :data:`KEEP_FIRST` tokens, and the attention each head gives to position 0.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ CACHE_KINDS = [
 LONG = 128  # the context of the sparse and sink parts
 KS = [4, 8, 16, 32, 64]
 WINDOW, KEEP_FIRST = 16, 4
+SINK_STEPS = 2000  # sinks form late: the sink part trains longer
 EVAL_WINDOWS = 48  # validation windows of LONG characters for the per-position losses
 
 
@@ -73,25 +75,29 @@ def cache_bytes_per_token(model: tl.GPT, ids: torch.Tensor) -> float:
     return cache.nbytes() / ids.shape[1]
 
 
-def cache(seeds: list[int], steps: int | None = None) -> dict:
+def cache_run(name: str, seed: int, steps: int | None = None) -> dict:
+    """One model of the ``cache`` part: the attention ``name`` of :data:`CACHE_KINDS`, seed ``seed``."""
     tokenizer, train_text, val_text = _data()
+    options = dict(CACHE_KINDS)[name]
+    settings = run_settings(steps, n_heads=CACHE_HEADS)
+    r = tl.token_run(tokenizer, train_text, val_text, seed, **settings, **LLAMA, **options)
+    model = r["model"]
     val = torch.tensor(tokenizer.encode(val_text[:2000]))[None, :64]
+    return {
+        "seed": seed,
+        "params": sum(p.numel() for p in model.parameters()),
+        "cache_bytes_per_token": cache_bytes_per_token(model, val),
+        "bits_per_byte": r["bits_per_byte"],
+    }
+
+
+def cache(seeds: list[int], steps: int | None = None) -> dict:
     rows = []
     for name, options in CACHE_KINDS:
         runs = []
         for seed in seeds:
-            settings = run_settings(steps, n_heads=CACHE_HEADS)
-            r = tl.token_run(tokenizer, train_text, val_text, seed, **settings, **LLAMA, **options)
-            model = r["model"]
-            runs.append(
-                {
-                    "seed": seed,
-                    "params": sum(p.numel() for p in model.parameters()),
-                    "cache_bytes_per_token": cache_bytes_per_token(model, val),
-                    "bits_per_byte": r["bits_per_byte"],
-                }
-            )
-            print(f"{name:>20} seed {seed}: {r['bits_per_byte']:.4f} bits/byte", flush=True)
+            runs.append(cache_run(name, seed, steps))
+            print(f"{name:>20} seed {seed}: {runs[-1]['bits_per_byte']:.4f} bits/byte", flush=True)
         rows.append({"name": name, "options": options, "runs": runs})
     return {"cache": {"rows": rows}}
 
@@ -157,44 +163,77 @@ def agreement(model: tl.GPT, ids: torch.Tensor, k: int) -> float:
     return hits / total
 
 
-def sparse(seeds: list[int], steps: int | None = None) -> dict:
+def sparse_run(seed: int, steps: int | None = None) -> dict:
+    """One model of the ``sparse`` part: trained dense, read with each ``k`` of :data:`KS`."""
     tokenizer, train_text, val_text = _data()
     windows = eval_windows(tokenizer, val_text)
     options = {**LLAMA, "attention": "sparse", "sparse_k": LONG}  # dense while training
+    r = tl.token_run(tokenizer, train_text, val_text, seed, **run_settings(steps, context_len=LONG), **options)
+    model = r["model"]
+    run = {"seed": seed, "dense": float(position_losses(model, windows).mean()), "sparse": {}, "window": {}}
+    run["agreement"] = {}
+    for k in KS:
+        run["sparse"][str(k)] = float(position_losses(variant(model, sparse_k=k), windows).mean())
+        run["window"][str(k)] = float(position_losses(variant(model, window=k), windows).mean())
+        run["agreement"][str(k)] = agreement(model, windows[:8, :-1], k)
+    return run
+
+
+def sparse(seeds: list[int], steps: int | None = None) -> dict:
     runs = []
     for seed in seeds:
-        r = tl.token_run(tokenizer, train_text, val_text, seed, **run_settings(steps, context_len=LONG), **options)
-        model = r["model"]
-        run = {"seed": seed, "dense": float(position_losses(model, windows).mean()), "sparse": {}, "window": {}}
-        run["agreement"] = {}
-        for k in KS:
-            run["sparse"][str(k)] = float(position_losses(variant(model, sparse_k=k), windows).mean())
-            run["window"][str(k)] = float(position_losses(variant(model, window=k), windows).mean())
-            run["agreement"][str(k)] = agreement(model, windows[:8, :-1], k)
-        print(f"sparse seed {seed}: dense {run['dense']:.3f}, k=16 {run['sparse']['16']:.3f} bits", flush=True)
-        runs.append(run)
+        runs.append(sparse_run(seed, steps))
+        r = runs[-1]
+        print(f"sparse seed {seed}: dense {r['dense']:.3f}, k=16 {r['sparse']['16']:.3f} bits", flush=True)
     return {"sparse": {"context_len": LONG, "ks": KS, "runs": runs}}
 
 
-def sinks(seeds: list[int], steps: int | None = None) -> dict:
+def bos_windows(ids: torch.Tensor, n: int, generator: torch.Generator, bos: int, T: int = LONG) -> torch.Tensor:
+    """``n`` random windows of ``T`` characters of ``ids``, each after a start token ``bos``: ``(n, T + 1)``."""
+    starts = torch.randint(len(ids) - T, (n,), generator=generator)
+    return torch.cat([torch.full((n, 1), bos), ids[starts[:, None] + torch.arange(T)]], dim=1)
+
+
+def sink_run(learned: bool, seed: int, steps: int | None = None) -> tuple[tl.GPT, torch.Tensor]:
+    """A Llama-style GPT trained on windows that open with a start token (as a language model's
+    documents open with one), without or with a learned sink logit; and the validation windows."""
     tokenizer, train_text, val_text = _data()
-    windows = eval_windows(tokenizer, val_text)
+    bos = tokenizer.vocab_size  # one more token: the start
+    train_ids, val_ids = (torch.tensor(tokenizer.encode(t)) for t in (train_text, val_text))
+    torch.manual_seed(seed)
+    config = tl.GPTConfig(bos + 1, LONG, 2, 4, 64, **LLAMA, sinks=learned)
+    model = tl.GPT(config)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=tl.TOKEN_RUN["lr"], weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(SINK_STEPS if steps is None else steps):
+        window = bos_windows(train_ids, tl.TOKEN_RUN["batch_size"], generator, bos, LONG - 1)  # (B, LONG)
+        _, loss = model(window[:, :-1], window[:, 1:])
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+    val = bos_windows(val_ids, EVAL_WINDOWS, torch.Generator().manual_seed(0), bos, LONG)  # (n, LONG + 1)
+    return model.eval(), val
+
+
+def sinks(seeds: list[int], steps: int | None = None) -> dict:
     past = slice(WINDOW, None)  # the positions a window hides something from
     runs = []
     for learned in (False, True):
         for seed in seeds:
-            settings = run_settings(steps, context_len=LONG)
-            r = tl.token_run(tokenizer, train_text, val_text, seed, **settings, **LLAMA, sinks=learned)
-            model = r["model"]
+            model, windows = sink_run(learned, seed, steps)
             run = {"variant": "learned sink" if learned else "plain", "seed": seed}
             run["full"] = float(position_losses(model, windows)[past].mean())
             run["window"] = float(position_losses(variant(model, WINDOW), windows)[past].mean())
             kept = variant(model, WINDOW, keep_first=KEEP_FIRST)
             run["window_keep_first"] = float(position_losses(kept, windows)[past].mean())
-            run["mass_on_first"] = tl.attention_sink_mass(model, windows[:8, :-1]).tolist()
-            print(f"{run['variant']} seed {seed}: full {run['full']:.3f}, window {run['window']:.3f}", flush=True)
+            mass = tl.attention_sink_mass(model, windows[:16, :-1], first_query=WINDOW)
+            run["mass_on_first"] = [[round(float(v), 6) for v in row] for row in mass]
+            print(f"{run['variant']} seed {seed}: full {run['full']:.3f}, window {run['window']:.3f}, "
+                  f"kept {run['window_keep_first']:.3f}", flush=True)  # fmt: skip
             runs.append(run)
-    return {"sinks": {"context_len": LONG, "window": WINDOW, "keep_first": KEEP_FIRST, "runs": runs}}
+    return {"sinks": {"context_len": LONG, "window": WINDOW, "keep_first": KEEP_FIRST, "steps": SINK_STEPS,
+                      "runs": runs}}  # fmt: skip
 
 
 EXPERIMENT = Experiment(
