@@ -4,6 +4,7 @@ token, decodes from that cache as it computes without, and its folded path is th
 
 import pytest
 import torch
+from conftest import float64_rms_norm_and_rotary
 
 from transformer_lib.blocks import DecoderLayer
 from transformer_lib.inspect_heads import capture_attention
@@ -50,19 +51,7 @@ def _theirs(attn, x, start=0, cache=None):
 def deepseek_in_float64(monkeypatch):
     """transformers computes its RMSNorm and its rotary angles in float32 even for float64 weights:
     the same functions in float64, for a comparison at 1e-12."""
-
-    def rms_norm(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        d = 2 * self.inv_freq.shape[0]
-        inv_freq = self.config.rope_parameters["rope_theta"] ** -(torch.arange(0, d, 2, dtype=F64) / d)
-        angles = position_ids[..., None].double() * inv_freq
-        angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-    monkeypatch.setattr(ds.DeepseekV3RMSNorm, "forward", rms_norm)
-    monkeypatch.setattr(ds.DeepseekV3RotaryEmbedding, "forward", rotary)
+    float64_rms_norm_and_rotary(monkeypatch, ds.DeepseekV3RMSNorm, ds.DeepseekV3RotaryEmbedding)
 
 
 def _layer(q_latent=None, bias=True, seed=0, **kw):

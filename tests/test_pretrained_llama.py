@@ -4,6 +4,7 @@ and the settings it cannot follow refused by name."""
 
 import pytest
 import torch
+from conftest import float64_rms_norm_and_rotary
 
 import transformer_lib as tl
 
@@ -30,19 +31,7 @@ def _llama(n_kv_heads=2, tie=False, seed=0):
 def llama_in_float64(monkeypatch):
     """transformers computes the RMSNorm and the rotary angles in float32 even for float64 weights:
     the same functions in float64, for a comparison at 1e-10."""
-
-    def rms_norm(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rotary(self, x, position_ids):
-        d = 2 * self.inv_freq.shape[0]
-        inv_freq = self.config.rope_parameters["rope_theta"] ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
-        angles = position_ids[..., None].double() * inv_freq
-        angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm)
-    monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", rotary)
+    float64_rms_norm_and_rotary(monkeypatch, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaRotaryEmbedding)
 
 
 IDX = torch.randint(0, 50, (2, 23), generator=torch.Generator().manual_seed(1))

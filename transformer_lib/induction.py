@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ._checks import check_bool, check_divisible, check_index, check_int, is_int, is_real
 from .data.repeats import _distance_range, repeat_batch
 from .encoder_decoder import _check_targets, _init_weights, check_token_ids
-from .inspect_heads import _choose, capture_attention, induction_score, previous_token_score
+from .inspect_heads import _choose, eval_attention, induction_score, previous_token_score
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -135,13 +135,7 @@ def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tens
     The model runs once, in eval mode (its mode is restored).
     """
     _check_repeat_batch(idx, loss_mask, distance)
-    was_training = model.training
-    model.eval()
-    try:
-        with capture_attention(model) as weights:
-            model(idx)
-    finally:
-        model.train(was_training)
+    weights = eval_attention(model, idx)
     scores: dict[str, dict[str, list]] = {"induction": {}, "previous_token": {}}
     for name, w in weights.items():  # (B, h, T, T)
         ind = induction_score(w, distance[:, None], loss_mask[:, None, :])  # (B, h)

@@ -22,16 +22,8 @@ from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, split_heads
 from .parts import find_parts
 
-__all__ = [
-    "attention_layers",
-    "capture_attention",
-    "copying_score",
-    "head_activations",
-    "induction_score",
-    "intervene_heads",
-    "previous_token_score",
-    "run_with_attention",
-]
+__all__ = ["attention_layers", "capture_attention", "copying_score", "eval_attention", "head_activations",
+           "induction_score", "intervene_heads", "previous_token_score", "run_with_attention"]  # fmt: skip
 
 MODES = ("zero", "mean", "patch")
 
@@ -134,6 +126,17 @@ def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = N
     with capture_attention(model, layers) as weights:
         out = model(*args, **kwargs)
     return out, dict(weights)
+
+
+def eval_attention(model: nn.Module, *args, **kwargs) -> dict[str, Tensor]:
+    """``{layer name: weights (B, h, T_q, T_k)}`` of ``model(*args, **kwargs)`` run in eval mode (no
+    dropout), the model's mode restored after (chapters 12 and 16)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return run_with_attention(model, *args, **kwargs)[1]
+    finally:
+        model.train(was_training)
 
 
 def head_activations(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):

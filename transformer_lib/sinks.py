@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_float_tensors, check_int
 from .attention import check_mask
-from .inspect_heads import attention_layers, capture_attention
+from .inspect_heads import attention_layers, eval_attention
 from .kv_cache import KVCache, check_cache
 from .masks import causal_mask, sliding_window_mask
 from .modern_block import QKTransform
@@ -188,13 +188,7 @@ def attention_sink_mass(model: nn.Module, idx: Tensor, first_query: int = 1) -> 
     check_int(first_query, "first_query")
     if first_query >= idx.shape[1]:
         raise ValueError(f"first_query={first_query} leaves no query in idx of length T={idx.shape[1]}")
-    was_training = model.training
-    model.eval()
-    try:
-        with capture_attention(model) as weights:
-            model(idx)
-    finally:
-        model.train(was_training)
+    weights = eval_attention(model, idx)
     names = [name for name in attention_layers(model) if name in weights]
     return torch.stack([weights[name][:, :, first_query:, 0].mean(dim=(0, 2)) for name in names])  # (n_layers, h)
 
