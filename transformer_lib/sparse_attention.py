@@ -1,9 +1,8 @@
-"""Sparse attention by selection (chapter 16, "Latent, sparse and sink attention").
+"""Sparse attention by selection (chapter 16, "Latent, sparse and sink attention"): DeepSeek-V3.2's.
 
-DeepSeek-V3.2's sparse attention: a cheap :class:`Indexer` scores every earlier key for each
-query, and the query attends only to its ``top_k`` best keys. The indexer is trained beside the
-model, without changing the model's own training: it learns to imitate the dense attention by an
-auxiliary loss (:class:`AddAuxiliaryLoss`) that reads only detached tensors.
+A cheap :class:`Indexer` scores every earlier key for each query, which attends only to its
+``top_k`` best keys. The indexer learns beside the model to imitate the dense attention, by an
+auxiliary loss (:class:`AddAuxiliaryLoss`) on detached tensors: the model's training is unchanged.
 """
 
 from __future__ import annotations
@@ -127,11 +126,13 @@ class AddAuxiliaryLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, out: Tensor, loss: Tensor, weight: float) -> Tensor:
+        """``out`` (any shape), unchanged."""
         ctx.weight, ctx.like = float(weight), loss.detach()
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        """``out``'s gradient passed through; ``weight`` for the loss."""
         loss_grad = torch.full_like(ctx.like, ctx.weight) if ctx.needs_input_grad[1] else None
         return grad, loss_grad, None
 
@@ -230,8 +231,7 @@ class SparseAttention(MultiHeadAttention):
             self.indexer.rope_dim = self.indexer.head_dim // 2 * 2 if rotates else 0
         return self.indexer
 
-    def _learns(self) -> bool:
-        """Does this call train the indexer (train mode, gradients on, a weight above 0)?"""
+    def _learns(self) -> bool:  # does this call train the indexer?
         return self.training and torch.is_grad_enabled() and self.index_loss_weight > 0
 
     def _check_sparse(self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, cache) -> None:
