@@ -174,6 +174,20 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "sliding window, and the weight trained heads put on the first token.",
     ),
     (
+        "linear_attention",
+        ["transformer_lib.linear_attention"],
+        "17",
+        "Attention as a recurrence: linear attention and the (gated) delta rule in their parallel, recurrent and "
+        "chunked forms, and the attention matrices they equal.",
+    ),
+    (
+        "delta_net",
+        ["transformer_lib.delta_net"],
+        "17",
+        "Gated DeltaNet, Qwen3-Next's recurrent layer: a short convolution, normalised queries and keys, decay "
+        "and write gates, a gated output norm, its fixed-size state as its cache, and the converter.",
+    ),
+    (
         "recipe",
         ["transformer_lib.recipe"],
         "14",

@@ -4,7 +4,7 @@ token, decodes from that cache as it computes without, and its folded path is th
 
 import pytest
 import torch
-from conftest import float64_rms_norm_and_rotary
+from _float64_patches import float64_rms_norm_and_rotary
 
 from transformer_lib.blocks import DecoderLayer
 from transformer_lib.inspect_heads import capture_attention

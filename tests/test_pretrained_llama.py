@@ -4,7 +4,7 @@ and the settings it cannot follow refused by name."""
 
 import pytest
 import torch
-from conftest import float64_rms_norm_and_rotary
+from _float64_patches import float64_rms_norm_and_rotary
 
 import transformer_lib as tl
 

@@ -7,7 +7,8 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 ``long_context`` (11: the online softmax and tiled attention), ``inspect_heads`` (12: capturing
 attention weights, intervening on heads, scoring patterns), ``bpe`` (13: byte-level BPE),
 ``modern_block`` and ``recipe`` (14: today's block and the recipe that assembles it) and
-``latent_attention``, ``sparse_attention`` and ``sinks`` (16: the cache compressed three ways).
+``latent_attention``, ``sparse_attention`` and ``sinks`` (16: the cache compressed three ways),
+``linear_attention`` and ``delta_net`` (17: attention as a recurrence, a fixed-size state).
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
@@ -42,7 +43,7 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 _CONCEPTS = (
     "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
     "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention", "sparse_attention",
-    "sinks", "recipe", "models",
+    "sinks", "linear_attention", "delta_net", "recipe", "models",
 )  # fmt: skip
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (

@@ -1,0 +1,303 @@
+"""Gated DeltaNet, the linear-attention layer of Qwen3-Next (chapter 17, "Attention as a recurrence").
+
+Each token, from ``x (B, T, d_model)``:
+
+1. ``in_proj`` makes the queries, keys and values of every head in one matrix product; a short
+   causal depthwise convolution (``conv_kernel`` taps, each channel its own) mixes each channel with
+   the few tokens before it, then SiLU;
+2. queries and keys are L2-normalised per head, queries scaled by ``1 / sqrt(d_k)``; ``n_qk_heads``
+   query-key heads are shared by the ``n_heads`` value heads as keys and values are in grouped-query
+   attention (value head ``i`` reads query-key head ``i // (n_heads / n_qk_heads)``);
+3. per value head, a write strength ``beta_t = sigmoid(beta_proj(x))`` and a log decay
+   ``g_t = -exp(log_rate) softplus(decay_proj(x) + step_bias)`` (a rate times a positive time step);
+4. the gated delta rule (:func:`~transformer_lib.linear_attention.delta_rule`) reads and writes a
+   state ``(d_k, d_v)`` per head;
+5. each head's output is RMS-normalised and multiplied by ``silu(gate_proj(x))``, the heads merged
+   and mapped back by ``out_proj``.
+
+A :class:`RecurrentState` is the whole cache: the state and the last ``conv_kernel - 1`` inputs of
+the convolution, the same size after ten tokens or a million.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_float_tensors, check_int
+from .linear_attention import delta_rule, delta_rule_weights, l2_normalize, linear_attention, linear_attention_weights
+from .modern_block import RMSNorm
+
+__all__ = ["DELTA_MODES", "GatedDeltaNet", "RecurrentState", "gated_delta_net_from_qwen3_next"]
+
+DELTA_MODES = ("gated", "delta", "linear")
+
+
+class RecurrentState:
+    """The cache of a recurrent layer such as :class:`GatedDeltaNet` (chapter 17).
+
+    ``state (B, h, d_k, d_v)``, the recurrence's matrix per head, and ``conv (B, channels, kernel - 1)``,
+    the last inputs of the short convolution (None while empty). ``position``: tokens seen so far;
+    ``length`` is the same number (what a key-value cache would hold: here nothing grows with it).
+    ``nbytes()`` is the memory held, constant in the number of tokens. It stands where a
+    :class:`~transformer_lib.kv_cache.KVCache` stands in a :class:`~transformer_lib.blocks.DecoderLayer`.
+    """
+
+    def __init__(self):
+        self.state: Tensor | None = None  # (B, h, d_k, d_v)
+        self.conv: Tensor | None = None  # (B, channels, kernel - 1)
+        self.position = 0
+
+    @property
+    def length(self) -> int:
+        """The tokens seen, as ``position``."""
+        return self.position
+
+    @property
+    def filled(self) -> bool:
+        """True once a token has passed."""
+        return self.state is not None
+
+    def nbytes(self) -> int:
+        """Bytes taken by the state and the convolution's inputs."""
+        return sum(t.numel() * t.element_size() for t in (self.state, self.conv) if t is not None)
+
+    def check(self, state_shape: tuple, conv_shape: tuple, dtype: torch.dtype) -> None:
+        """Raise unless a filled cache holds a state and convolution inputs of these shapes and dtype."""
+        if self.state is None:
+            return
+        held = (tuple(self.state.shape), tuple(self.conv.shape), self.state.dtype)
+        if held != (tuple(state_shape), tuple(conv_shape), dtype):
+            raise ValueError(
+                f"RecurrentState holds a state {held[0]} and convolution inputs {held[1]} of {held[2]}; this call "
+                f"needs {tuple(state_shape)} and {tuple(conv_shape)} of {dtype} (a different batch, layer or "
+                "dtype: start a new cache)"
+            )
+
+    def update(self, state: Tensor, conv: Tensor, T_new: int) -> None:
+        """Keep the new ``state`` and ``conv`` inputs, after ``T_new`` more tokens."""
+        self.state, self.conv = state, conv
+        self.position += T_new
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.state = self.conv = None
+        self.position = 0
+
+    def __repr__(self) -> str:
+        shapes = None if self.state is None else (tuple(self.state.shape), tuple(self.conv.shape))
+        return f"RecurrentState(shapes={shapes}, position={self.position})"
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 17). Causal self-attention only.
+
+    ``GatedDeltaNet(d_model, n_heads, *, n_qk_heads=None, d_k=None, d_v=None, conv_kernel=4,
+    mode="gated", chunk_size=64, eps=1e-6)``; ``n_heads`` value heads, ``n_qk_heads`` (default
+    ``n_heads``, must divide it) query-key heads, ``d_k`` (default ``d_model // n_heads``) and ``d_v``
+    (default ``d_k``) their widths. Its maps, none with a bias:
+
+    - ``in_proj`` (``d_model -> 2 n_qk_heads d_k + n_heads d_v``): all queries, all keys, all values,
+      each head after head; ``conv`` (``nn.Conv1d``, depthwise, causal) over those channels;
+    - ``beta_proj`` and ``decay_proj`` (``d_model -> n_heads``), with ``log_rate`` and ``step_bias``
+      ``(n_heads,)``: the write strengths and log decays;
+    - ``gate_proj`` (``d_model -> n_heads d_v``), ``norm`` (an RMSNorm of ``d_v``) and ``out_proj``
+      (``n_heads d_v -> d_model``, reading the merged heads).
+
+    ``mode`` (attribute; may be changed on a built layer): ``"gated"``, the gated delta rule
+    (Qwen3-Next); ``"delta"``, the delta rule without decay (``decay_proj``, ``log_rate`` and
+    ``step_bias`` unused); ``"linear"``, plain linear attention ``S_t = S_{t-1} + k_t v_t^T`` on the
+    same queries, keys and values (``beta_proj`` unused too). Same parameters in every mode, so the
+    three compare at equal size. ``chunk_size``: the blocks of the chunked form used for every call.
+    """
+
+    part_role = "attention"  # see parts.py
+    part_matrices = {"qkv": "in_proj.weight", "beta": "beta_proj.weight", "decay": "decay_proj.weight",
+                     "gate": "gate_proj.weight", "out": "out_proj.weight"}  # fmt: skip
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, n_qk_heads: int | None = None, d_k: int | None = None,
+        d_v: int | None = None, conv_kernel: int = 4, mode: str = "gated", chunk_size: int = 64, eps: float = 1e-6,
+    ):  # fmt: skip
+        super().__init__()
+        check_int(d_model, "d_model")
+        check_int(n_heads, "n_heads")
+        for name, value in (("n_qk_heads", n_qk_heads), ("d_k", d_k), ("d_v", d_v)):
+            if value is not None:
+                check_int(value, name)
+        if d_k is None and d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so d_k has no default: "
+                             "give d_k")  # fmt: skip
+        n_qk_heads = n_heads if n_qk_heads is None else n_qk_heads
+        if n_heads % n_qk_heads:
+            raise ValueError(f"n_qk_heads ({n_qk_heads}) must divide n_heads ({n_heads})")
+        check_int(conv_kernel, "conv_kernel")
+        check_int(chunk_size, "chunk_size")
+        _check_mode(mode)
+        d_k = d_model // n_heads if d_k is None else d_k
+        d_v = d_k if d_v is None else d_v
+        self.d_model, self.n_heads, self.n_qk_heads, self.d_k, self.d_v = d_model, n_heads, n_qk_heads, d_k, d_v
+        self.conv_kernel, self.mode, self.chunk_size, self.dropout = conv_kernel, mode, chunk_size, 0.0
+        self.channels = 2 * n_qk_heads * d_k + n_heads * d_v
+        self.in_proj = nn.Linear(d_model, self.channels, bias=False)
+        self.conv = nn.Conv1d(self.channels, self.channels, conv_kernel, groups=self.channels, bias=False)
+        self.beta_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.decay_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.log_rate = nn.Parameter(torch.empty(n_heads).uniform_(0.01, 16).log())  # rates in [0.01, 16]
+        self.step_bias = nn.Parameter(torch.ones(n_heads))
+        self.gate_proj = nn.Linear(d_model, n_heads * d_v, bias=False)
+        self.norm = RMSNorm(d_v, eps=eps)
+        self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=False)
+
+    def new_cache(self, window: int | None = None) -> RecurrentState:
+        """An empty :class:`RecurrentState` (``window`` must be None: a recurrence has no window)."""
+        _refuse_window(window)
+        return RecurrentState()
+
+    def _inputs(self, x: Tensor, cache: RecurrentState | None):
+        """``x (B, T, d_model)`` -> ``q, k (B, h, T, d_k)`` (unit, heads shared out), ``v (B, h, T, d_v)``,
+        ``beta``, ``g (B, h, T)``, and the convolution's last inputs ``(B, channels, kernel - 1)``."""
+        B, T, _ = x.shape
+        qkv = self.in_proj(x).transpose(1, 2)  # (B, channels, T)
+        before = cache.conv if cache is not None and cache.filled else qkv.new_zeros(B, self.channels, 0)
+        padded = torch.cat([qkv.new_zeros(B, self.channels, self.conv_kernel - 1 - before.shape[2]), before, qkv], 2)
+        qkv = F.silu(self.conv(padded)).transpose(1, 2)  # (B, T, channels): causal, each channel alone
+        group, width = self.n_heads // self.n_qk_heads, self.n_qk_heads * self.d_k
+        q, k, v = qkv.split((width, width, self.n_heads * self.d_v), dim=-1)
+        q, k = (l2_normalize(t.reshape(B, T, -1, self.d_k)).transpose(1, 2).repeat_interleave(group, 1) for t in (q, k))
+        v = v.reshape(B, T, self.n_heads, self.d_v).transpose(1, 2)  # (B, h, T, d_v)
+        beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)  # (B, h, T)
+        g = (-self.log_rate.exp() * F.softplus(self.decay_proj(x) + self.step_bias)).transpose(1, 2)  # (B, h, T)
+        return q, k, v, beta, g, padded[:, :, padded.shape[2] - (self.conv_kernel - 1) :]
+
+    def _recurrence(self, q, k, v, beta, g, state):
+        """The mode's recurrence: ``(heads (B, h, T, d_v), final state (B, h, d_k, d_v))``."""
+        form = dict(form="chunked", chunk_size=self.chunk_size, initial_state=state)
+        if self.mode == "linear":
+            return linear_attention(q * self.d_k**-0.5, k, v, **form)
+        return delta_rule(q, k, v, beta, gate=g if self.mode == "gated" else None, **form)
+
+    def _weights(self, q, k, beta, g) -> Tensor:
+        """The matrix ``(B, h, T, T)`` with ``heads == weights @ v`` from an empty state."""
+        if self.mode == "linear":
+            return linear_attention_weights(q * self.d_k**-0.5, k)
+        return delta_rule_weights(q, k, beta, gate=g if self.mode == "gated" else None)
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
+        is_causal: bool = True, window: int | None = None, cache: RecurrentState | None = None,
+        _checked: bool = False, _trusted: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """``query (B, T, d_model)``, the same tensor as ``key`` and ``value`` -> ``(output (B, T, d_model),
+        weights (B, h, T, T) or None)``.
+
+        The signature of :meth:`MultiHeadAttention.forward`, for a :class:`DecoderLayer`; ``is_causal``
+        must be True and ``mask`` and ``window`` None (a recurrence is causal, has no matrix to mask and
+        no window). ``cache`` (a :class:`RecurrentState`): ``query`` holds the tokens after the
+        ``cache.position`` already seen, whose state it starts from and then updates. ``need_weights``:
+        the matrix that mixes the (convolved) values of each head, ``heads == weights @ v`` (the
+        recurrence never forms it: :func:`~transformer_lib.linear_attention.delta_rule_weights`);
+        only from an empty cache, where it is the whole story.
+        """
+        _check_call(mask, is_causal, window)
+        if not _trusted:
+            self._check_inputs(query, key, value, cache)
+        if need_weights and cache is not None and cache.filled:
+            raise ValueError("need_weights=True needs an empty cache: the state already holds earlier tokens, "
+                             "which no matrix over the new ones shows")  # fmt: skip
+        _check_mode(self.mode)
+        B, T, _ = query.shape
+        if cache is not None:
+            cache.check((B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1), query.dtype)
+        q, k, v, beta, g, conv = self._inputs(query, cache)
+        heads, state = self._recurrence(q, k, v, beta, g, None if cache is None else cache.state)
+        if cache is not None:
+            cache.update(state, conv, T)
+        z = self.gate_proj(query).view(B, T, self.n_heads, self.d_v)
+        out = self.norm(heads.transpose(1, 2)) * F.silu(z)  # (B, T, h, d_v)
+        weights = self._weights(q, k, beta, g) if need_weights else None
+        return self.out_proj(out.reshape(B, T, -1)), weights  # (B, T, d_model)
+
+    def attention_weights(self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
+                          is_causal: bool = True, window: int | None = None, **_) -> Tensor:  # fmt: skip
+        """The weights ``(B, h, T, T)`` of ``forward(query, key, value, need_weights=True)`` (for the
+        inspection tools of chapter 12): each row mixes the convolved values, lower triangular; not a
+        softmax's, so a row need not sum to 1 nor be positive."""
+        _check_call(mask, is_causal, window)
+        self._check_inputs(query, key, value, None)
+        _check_mode(self.mode)
+        q, k, _, beta, g, _ = self._inputs(query, None)
+        return self._weights(q, k, beta, g)
+
+    def _check_inputs(self, query, key, value, cache) -> None:
+        """Self-attention, shape and dtype, the cache's type."""
+        if key is not query or value is not query:
+            raise ValueError("GatedDeltaNet is self-attention only: pass one tensor as query, key and value")
+        check_float_tensors({"query": query}, layer_dtype=self.in_proj.weight.dtype)
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(f"query must have shape (B, T, d_model={self.d_model}), got {tuple(query.shape)}")
+        if cache is not None and not isinstance(cache, RecurrentState):
+            raise TypeError(f"cache must be a RecurrentState (layer.new_cache()) or None, got {type(cache).__name__}")
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_qk_heads={self.n_qk_heads}, d_k={self.d_k}, "
+                f"d_v={self.d_v}, conv_kernel={self.conv_kernel}, mode={self.mode!r}")  # fmt: skip
+
+
+def _check_mode(mode) -> None:
+    if mode not in DELTA_MODES:
+        raise ValueError(f"mode must be one of {DELTA_MODES}, got {mode!r}")
+
+
+def _refuse_window(window) -> None:
+    if window is not None:
+        raise ValueError(f"GatedDeltaNet has no sliding window (its state holds a summary of every token), "
+                         f"got window={window!r}: build the layer without one")  # fmt: skip
+
+
+def _check_call(mask, is_causal, window) -> None:
+    """What a recurrence cannot do, refused by name even for a trusted caller."""
+    if mask is not None:
+        raise ValueError("GatedDeltaNet takes no mask: the recurrence forms no attention matrix to mask (pad on the "
+                         "left, or run each sequence alone)")  # fmt: skip
+    if is_causal is not True:
+        raise ValueError(f"GatedDeltaNet is causal by construction (a recurrence): is_causal must be True, "
+                         f"got {is_causal!r}")  # fmt: skip
+    _refuse_window(window)
+
+
+def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
+    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 17).
+
+    Qwen3-Next fuses its maps per query-key head: ``in_proj_qkvz`` gives, for each of the
+    ``n_qk_heads`` groups, that group's query, key, values and output gates ``z`` side by side, and
+    ``in_proj_ba`` its betas then its decay inputs ``a``. Their rows are sorted here into the
+    book's maps (``in_proj``: all queries, all keys, all values); ``A_log`` is ``log_rate``,
+    ``dt_bias`` is ``step_bias``; the convolution, the gated norm and ``out_proj`` are copied as they are.
+    """
+    if type(layer).__name__ != "Qwen3NextGatedDeltaNet":
+        raise TypeError(f"layer must be a transformers Qwen3NextGatedDeltaNet, got {type(layer).__name__}")
+    if layer.activation != "silu" or layer.conv1d.bias is not None:
+        raise ValueError(f"gated_delta_net_from_qwen3_next follows a SiLU convolution without bias, got "
+                         f"hidden_act={layer.activation!r}, bias={layer.conv1d.bias is not None}")  # fmt: skip
+    w = layer.in_proj_qkvz.weight
+    new = GatedDeltaNet(
+        layer.hidden_size, layer.num_v_heads, n_qk_heads=layer.num_k_heads, d_k=layer.head_k_dim,
+        d_v=layer.head_v_dim, conv_kernel=layer.conv_kernel_size, eps=layer.norm.variance_epsilon,
+    ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+    n_qk, d_k, group_v = layer.num_k_heads, layer.head_k_dim, layer.head_v_dim * layer.num_v_heads // layer.num_k_heads
+    q, k, v, z = (
+        t.reshape(-1, w.shape[1]) for t in w.view(n_qk, -1, w.shape[1]).split([d_k, d_k, group_v, group_v], 1)
+    )
+    ba = layer.in_proj_ba.weight
+    b, a = (t.reshape(-1, ba.shape[1]) for t in ba.view(n_qk, 2, -1, ba.shape[1]).unbind(1))
+    with torch.no_grad():
+        for mine, theirs in (
+            (new.in_proj.weight, torch.cat([q, k, v])), (new.gate_proj.weight, z), (new.beta_proj.weight, b),
+            (new.decay_proj.weight, a), (new.conv.weight, layer.conv1d.weight), (new.log_rate, layer.A_log),
+            (new.step_bias, layer.dt_bias), (new.norm.weight, layer.norm.weight),
+            (new.out_proj.weight, layer.out_proj.weight),
+        ):  # fmt: skip
+            mine.copy_(theirs)
+    return new
