@@ -1,7 +1,6 @@
 """Chapter 16's experiments over seeds: what a cache byte buys, sparse attention against a window
 of the same width, and attention sinks. The chapter reads the record,
-``transformer_lib/data/ch16/attention_today.json`` (``recorded("ch16")``), and runs seed 0 of one
-configuration live.
+``transformer_lib/data/ch16/attention_today.json`` (``recorded("ch16")``).
 
 Every run is a small Llama-style GPT (RMSNorm, SwiGLU, rotary positions, no biases) on Tiny
 Shakespeare's characters: 2 layers, width 64, 300 steps of 16 windows, AdamW at 3e-3 with no
@@ -12,7 +11,8 @@ The command line (``--dry-run`` prints and writes nothing)::
     # three seeds of every part (about 30 minutes, 1 core)
     python -m transformer_lib.experiments ch16
     # print only
-    python -m transformer_lib.experiments ch16 --parts sinks --seeds 0 --steps 20 --dry-run
+    python -m transformer_lib.experiments ch16 --parts sinks --seeds 0 \
+        --steps 20 --dry-run
 
 Parts:
 
