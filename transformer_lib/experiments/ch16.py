@@ -10,9 +10,8 @@ The command line (``--dry-run`` prints and writes nothing)::
 
     # three seeds of every part (about 30 minutes, 1 core)
     python -m transformer_lib.experiments ch16
-    # print only
-    python -m transformer_lib.experiments ch16 --parts sinks --seeds 0 \
-        --steps 20 --dry-run
+    # seed 0 of every part, printed, nothing written
+    python -m transformer_lib.experiments ch16 --seeds 0 --dry-run
 
 Parts:
 
