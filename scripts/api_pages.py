@@ -64,13 +64,14 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.corpus",
             "transformer_lib.data.batches",
             "transformer_lib.data.repeats",
+            "transformer_lib.data.recall",
             "transformer_lib.data.speeches",
             "transformer_lib.data.instructions",
         ],
-        "8, 9, 12 and 15",
+        "8, 9, 12, 15 and 17",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
-        "batches, the sequences with a repeated segment, and chapter 15's labelled speeches and "
-        "prompt/response pairs.",
+        "batches, the sequences with a repeated segment, chapter 15's labelled speeches and "
+        "prompt/response pairs, and chapter 17's associative recall.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),

@@ -1,6 +1,6 @@
 """Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
 dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling;
-chapter 15's labelled speeches and prompt/response pairs.
+chapter 15's labelled speeches and prompt/response pairs; chapter 17's associative recall.
 
 Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
 path or downloaded once into a cache folder (see :mod:`.corpus`).
@@ -30,6 +30,7 @@ from .grammar import (
     grammar_text,
 )
 from .instructions import PROMPT_END, InstructionBatches, date_pairs, encode_pair, read_pairs, write_pairs
+from .recall import RecallBatch, recall_accuracy, recall_batch, recall_vocab_size
 from .repeats import repeat_batch
 from .speeches import LabelledTexts, Speech, encode_texts, speaker_task, split_speeches, word_order_task
 from .tasks import (
@@ -105,6 +106,10 @@ __all__ = [
     "python_stdlib_corpus",
     "render_date",
     "repeat_batch",
+    "RecallBatch",
+    "recall_accuracy",
+    "recall_batch",
+    "recall_vocab_size",
     "sequence_task",
     "sha256_of",
     "split_tokens",
