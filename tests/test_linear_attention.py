@@ -7,6 +7,7 @@ state grows without bound, the normalised outputs and the delta rule's state do 
 import pytest
 import torch
 
+import transformer_lib as tl
 from transformer_lib.blocks import DecoderLayer
 from transformer_lib.delta_net import GatedDeltaNet, RecurrentState, gated_delta_net_from_qwen3_next
 from transformer_lib.inspect_heads import capture_attention
@@ -404,3 +405,34 @@ def test_bad_calls_are_refused_by_name():
     theirs.activation = "gelu"
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         gated_delta_net_from_qwen3_next(theirs)
+
+
+RECIPE_BAD = [
+    ({"attention": "gated_delta", "window": 8}, "is a recurrence whose state sums every token"),
+    ({"attention": "gated_delta", "qk_norm": True}, "L2-normalises its own"),
+    ({"attention": "delta", "n_kv_heads": 1}, "grouped-query attention's"),
+    ({"full_every": 4}, "full_every=4 is linear or delta or gated_delta attention's"),
+    ({"attention": "linear", "full_every": -1}, "full_every"),
+]
+
+
+@pytest.mark.parametrize("settings, message", RECIPE_BAD)
+def test_a_recurrent_recipe_refuses_what_it_cannot_do(settings, message):
+    with pytest.raises(ValueError, match=message):
+        tl.GPT(tl.GPTConfig(20, 16, 2, 2, 16, **settings))
+
+
+def test_a_hybrid_keeps_multi_head_attention_every_full_every_layers():
+    model = tl.GPT(tl.GPTConfig(20, 16, 8, 2, 16, recipe="hybrid"))
+    kinds = [type(layer.self_attn).__name__ for layer in model.decoder.layers]
+    assert kinds == ["GatedDeltaNet"] * 3 + ["MultiHeadAttention"] + ["GatedDeltaNet"] * 3 + ["MultiHeadAttention"]
+    modes = {layer.self_attn.mode for layer in model.decoder.layers if isinstance(layer.self_attn, GatedDeltaNet)}
+    assert modes == {"gated"}
+    cache = model.new_cache()
+    model(torch.randint(0, 20, (1, 10)), cache=cache)
+    sizes = [c.self_attn.nbytes() for c in cache.layers]
+    model(torch.randint(0, 20, (1, 5)), cache=cache)
+    grown = [c.self_attn.nbytes() for c in cache.layers]  # the states keep their size, the caches grow
+    assert [a == b for a, b in zip(sizes, grown, strict=True)] == [kind == "GatedDeltaNet" for kind in kinds]
+    with pytest.raises(ValueError, match="cross-attention is not"):
+        tl.DecoderLayer(16, 2, parts=tl.RECIPES["gated_delta"])

@@ -148,7 +148,11 @@ BAD = [
     (lambda: tl.GPTConfig(5, positions="alibi"), ValueError, r"positions must be one of \['learned', 'rotary'\]"),
     (lambda: tl.GPTConfig(5, attention="flash"), ValueError, r"attention must be one of \['multi_head', 'latent', "),
     (lambda: tl.GPTConfig(5, nrom="rmsnorm"), TypeError, "'nrom' is not a choice of the block"),
-    (lambda: tl.GPTConfig(5, recipe="mistral"), ValueError, r"recipe must be one of \['gpt2', 'latent', 'llama', "),
+    (
+        lambda: tl.GPTConfig(5, recipe="mistral"),
+        ValueError,
+        r"recipe must be one of \['gated_delta', 'gpt2', 'hybrid', ",
+    ),
     (lambda: tl.GPTConfig(5, recipe=3), TypeError, "recipe must be a BlockRecipe"),
     (lambda: tl.GPTConfig(vocab_size=5, qk_norm="yes"), TypeError, "qk_norm"),
     (lambda: tl.GPTConfig(vocab_size=5, tie_embeddings=1), TypeError, "tie_embeddings"),

@@ -1,5 +1,5 @@
 """Every tool on every recipe: for GPT-2's block, Llama's block, each single departure from GPT-2's and
-chapter 16's attentions,
+chapter 16's attentions and chapter 17's recurrences and hybrid,
 the book's tools work (train and resume exactly, sample with and without the cache, fine-tune the
 head, LoRA or everything, LoRA merge and unmerge, the instruction run, capture, ablate and patch
 heads, save and load a checkpoint, the Llama converter both ways where it applies). The command
@@ -42,6 +42,12 @@ RECIPES = {
     "sparse": {"recipe": "sparse", "sparse_k": 4},
     "sinks": {"recipe": "sinks"},
     "sinks-window-keep-first": {"sinks": True, "window": 4, "keep_first": 2},
+    # chapter 17's recurrences in every layer, and a hybrid whose second layer is multi-head attention
+    "linear": {"recipe": "llama", "attention": "linear"},
+    "delta": {"recipe": "llama", "attention": "delta"},
+    "gated-delta": {"recipe": "gated_delta"},
+    "hybrid": {"recipe": "gated_delta", "full_every": 2},
+    "hybrid-gpt2": {"attention": "gated_delta", "full_every": 2, "qk_norm": True},
 }
 ALL = pytest.mark.parametrize("choices", list(RECIPES.values()), ids=list(RECIPES))
 
@@ -127,8 +133,12 @@ def test_lora_adapts_every_block_matrix_and_merges_exactly(choices):
     names = tl.add_lora(adapted, tl.lora_targets(adapted), rank=2, alpha=4.0)
     n_ffn = 3 if adapted.config.ffn == "swiglu" else 2
     r = adapted.config.recipe
-    n_attention = 2 if r.attention != "latent" else (5 if r.q_latent else 4)  # Q, K, V fused and the output;
-    assert len(names) == adapted.config.n_layers * (n_attention + n_ffn)  # latent: q (down, up), kv down, up, out
+    # Q, K, V fused and the output; latent: q (down, up), kv down, up, out; a recurrence: Q, K, V fused,
+    # write strength, decay, output gate and output
+    n_attention = [
+        2 if a in ("multi_head", "sparse") else 4 if a == "latent" and not r.q_latent else 5 for a in _attentions(r)
+    ]
+    assert len(names) == sum(n + n_ffn for n in n_attention)
     x = ids()
     assert torch.equal(adapted(x)[0], base(x)[0])  # B starts at zero
     g = torch.Generator().manual_seed(0)
@@ -162,7 +172,18 @@ def test_capture_ablate_and_patch_heads(choices):
         assert torch.allclose(model(x)[0], logits, atol=1e-12)  # its own activations: nothing changes
     with tl.intervene_heads(model, {name: [0, 1]}, "patch", reference=ids(seed=5)):
         assert not torch.allclose(model(x)[0], logits)
-    assert tl.attention_logit_max(model, x).shape == (2,)
+    scored = sum(a != "recurrent" for a in _attentions(model.config.recipe, recurrent="recurrent"))
+    if scored:  # a hybrid's multi-head layers
+        assert tl.attention_logit_max(model, x).shape == (scored,)
+    else:
+        with pytest.raises(ValueError, match="score no logits"):
+            tl.attention_logit_max(model, x)
+
+
+def _attentions(recipe, n_layers=2, recurrent=None):
+    """The attention of each layer of a two-layer model of ``recipe`` (``recurrent`` names a recurrence's)."""
+    kinds = [recipe.for_layer(i).attention for i in range(n_layers)]
+    return [recurrent if recurrent and a in tl.RECURRENT else a for a in kinds]
 
 
 @pytest.mark.parametrize("name", ["llama", "llama-untied-gqa-qknorm", "gpt2"])
@@ -183,7 +204,7 @@ def test_the_llama_converter_where_it_applies(name):
     assert equal_states(back, model)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "hybrid"])
 def test_an_instruction_run_on_each_named_recipe(name):
     tokenizer = tl.train_bpe(TEXT, 280, specials=["<|endoftext|>"])
     torch.manual_seed(0)
@@ -210,6 +231,27 @@ def test_the_command_line_fine_tunes_a_llama_block_with_lora(tmp_path, capsys):
     adapted = tl.read_checkpoint(out / "adapter.pt")["weights"]
     assert sorted(adapted) == sorted(tl.lora_targets(model))  # the Llama block's matrices, gate included
     assert "decoder.layers.0.ff.gate_proj.weight" in adapted
+
+
+def test_the_command_line_trains_resumes_and_samples_a_hybrid(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT)
+    shape = "--n-layers 2 --n-heads 2 --d-model 16 --context-len 16 --batch-size 4 --eval-iters 1".split()
+    quick = ["--device", "cpu", "--no-progress", "--eval-interval", "2", "--data", str(tmp_path / "text.txt")]
+    hybrid = ["--attention", "gated_delta", "--full-every", "2", "--positions", "rotary"]
+    run = ["train", *shape, *hybrid, *quick, "--out-dir", str(tmp_path / "run")]
+    assert cli.main([*run, "--max-iters", "2"]) == 0
+    assert cli.main(["train", *quick, "--out-dir", str(tmp_path / "run"), "--resume", "--max-iters", "4"]) == 0
+    model, _, _ = tl.load_checkpoint(tmp_path / "run")
+    kinds = [type(layer.self_attn).__name__ for layer in model.decoder.layers]
+    assert kinds == ["GatedDeltaNet", "MultiHeadAttention"] and model.config.recipe.full_every == 2
+    capsys.readouterr()
+    sample = ["sample", "--ckpt", str(tmp_path / "run"), "--prompt", "the ", "--max-new-tokens", "20", "--greedy"]
+    assert cli.main(sample) == 0
+    assert len(capsys.readouterr().out.rstrip("\n")) == len("the ") + 20  # one character per token
+    refused = cli.main(["train", *shape, "--full-every", "2", *quick, "--out-dir", str(tmp_path / "bad")])
+    err = capsys.readouterr().err  # a hybrid of what is not a recurrence: one line, nothing written
+    assert refused == 2 and not (tmp_path / "bad").exists() and err.count("\n") == 1
+    assert "full_every=2 is linear or delta or gated_delta attention's" in err
 
 
 class SeparateProjections(torch.nn.Module):

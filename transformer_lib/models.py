@@ -17,7 +17,7 @@ from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
-from .recipe import BlockRecipe, as_recipe
+from .recipe import RECURRENT, BlockRecipe, as_recipe
 from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
@@ -92,6 +92,9 @@ class GPTConfig:
             raise ValueError(
                 f"keep_first={self.recipe.keep_first} keeps the first tokens in a sliding window's view: give a window"
             )
+        if self.window is not None and self.recipe.attention in RECURRENT:
+            raise ValueError(f"window={self.window} slides an attention's view: attention="
+                             f"{self.recipe.attention!r} is a recurrence whose state sums every token")  # fmt: skip
         if self.recipe.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "

@@ -149,6 +149,8 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     The queries and keys are the ones the layer scores, after query-key normalisation and rotary
     positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
     Chapter 16's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
+    Chapter 17's recurrent layers score no logits: a hybrid's value is its multi-head layers', and a
+    model with no layer that scores is refused by name.
     """
     found: list[Tensor] = []
     layers = list(find_parts(model, "attention").values())
@@ -186,4 +188,7 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     finally:
         for layer, name in hooked:
             delattr(layer, name)  # the class's method again
+    if layers and not hooked:
+        raise ValueError(f"{type(model).__name__}'s attention layers ({type(layers[0]).__name__}) score no logits: "
+                         "a recurrence has no softmax to saturate")  # fmt: skip
     return torch.stack(found) if found else torch.zeros(0)

@@ -13,7 +13,11 @@ A new kind of attention is one new module with its layer and its cache, and one 
 ``attention`` here, in :data:`ATTENTIONS`: chapter 16's latent attention
 (:mod:`~transformer_lib.latent_attention`) and sparse attention
 (:mod:`~transformer_lib.sparse_attention`) are two; its sink logits and kept first tokens
-(:mod:`~transformer_lib.sinks`) are options of the multi-head attention.
+(:mod:`~transformer_lib.sinks`) are options of the multi-head attention. Chapter 17's
+recurrences are three more values, ``"linear"``, ``"delta"`` and ``"gated_delta"`` (the modes of
+:class:`~transformer_lib.delta_net.GatedDeltaNet`), and ``full_every`` makes a hybrid: every
+``full_every``-th layer keeps multi-head attention, as Qwen3-Next keeps one layer in four.
+:meth:`BlockRecipe.for_layer` gives each layer its own recipe.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from torch import nn
 
 from ._checks import check_base, check_bool, check_int
 from .blocks import FeedForward
+from .delta_net import GatedDeltaNet
 from .latent_attention import LatentAttention
 from .modern_block import QKTransform, RMSNorm, SwiGLU
 from .multihead import MultiHeadAttention
 from .sinks import SinkAttention
 from .sparse_attention import SparseAttention
 
-__all__ = ["ATTENTIONS", "GPT2_BLOCK", "LLAMA_BLOCK", "RECIPES", "RECIPE_CHOICES", "BlockRecipe", "as_recipe"]
+__all__ = [
+    "ATTENTIONS", "GPT2_BLOCK", "LLAMA_BLOCK", "RECIPES", "RECIPE_CHOICES", "RECURRENT", "BlockRecipe", "as_recipe",
+]  # fmt: skip
 
 
 def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
@@ -81,13 +88,31 @@ def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, drop
     )  # fmt: skip
 
 
+def _recurrent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
+    """Chapter 17's recurrences: Qwen3-Next's gated DeltaNet layer in the mode the recipe names (linear
+    attention, the delta rule, the gated delta rule), its state the cache. It has no attention weights
+    to drop: ``dropout`` is the residual's alone."""
+    if not self_attention:
+        raise ValueError(f"attention={recipe.attention!r} is a causal recurrence: an encoder-decoder's "
+                         "cross-attention is not")  # fmt: skip
+    if n_kv_heads is not None:
+        raise ValueError(f"n_kv_heads={n_kv_heads} is grouped-query attention's: attention={recipe.attention!r} "
+                         "is a recurrence whose heads each keep a state")  # fmt: skip
+    return GatedDeltaNet(d_model, n_heads, mode=_MODES[recipe.attention], eps=recipe.norm_eps)
+
+
 # The attention a recipe names, and the function that makes one layer's: (recipe, d_model, n_heads,
 # *, n_kv_heads, dropout, self_attention) -> the layer. A new attention adds one entry.
-ATTENTIONS = {"multi_head": _multi_head, "latent": _latent, "sparse": _sparse}
-# The choices only one kind of attention reads (chapter 16), refused with another.
+ATTENTIONS = {
+    "multi_head": _multi_head, "latent": _latent, "sparse": _sparse,
+    "linear": _recurrent, "delta": _recurrent, "gated_delta": _recurrent,
+}  # fmt: skip
+_MODES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # chapter 17: GatedDeltaNet's modes
+RECURRENT = tuple(_MODES)
+# The choices only some kinds of attention read (chapters 16 and 17), refused with another.
 _ATTENTION_OPTIONS = {
-    "kv_latent": "latent", "q_latent": "latent", "rope_dim": "latent", "sparse_k": "sparse",
-    "sinks": "multi_head", "keep_first": "multi_head",
+    "kv_latent": ("latent",), "q_latent": ("latent",), "rope_dim": ("latent",), "sparse_k": ("sparse",),
+    "sinks": ("multi_head",), "keep_first": ("multi_head",), "full_every": RECURRENT,
 }  # fmt: skip
 
 # The names each choice accepts, GPT-2's first.
@@ -127,6 +152,9 @@ class BlockRecipe:
     sparse_k: int | None = None  # ... sparse attention's keys per query (DeepSeek-V3.2's index_topk) ...
     sinks: bool = False  # ... and a learned sink logit per head (gpt-oss's)
     keep_first: int = 0  # with a sliding window, every query also sees the first tokens (StreamingLLM)
+    # chapter 17: with a recurrent attention, every full_every-th layer is multi-head attention (0: none is;
+    # Qwen3-Next's full_attention_interval, 4)
+    full_every: int = 0
 
     def __post_init__(self):
         for name, allowed in RECIPE_CHOICES.items():
@@ -138,15 +166,20 @@ class BlockRecipe:
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name)
         check_int(self.keep_first, "keep_first", minimum=0)
-        for name, kind in _ATTENTION_OPTIONS.items():
-            if getattr(self, name) not in (None, False, 0) and self.attention != kind:
-                value = getattr(self, name)
+        check_int(self.full_every, "full_every", minimum=0)
+        for name, kinds in _ATTENTION_OPTIONS.items():
+            if getattr(self, name) not in (None, False, 0) and self.attention not in kinds:
+                value, kind = getattr(self, name), " or ".join(kinds)
                 raise ValueError(f"{name}={value!r} is {kind} attention's: attention is {self.attention!r}")
         if self.attention == "latent" and self.positions != "rotary":
             raise ValueError("attention='latent' rotates a small shared key (decoupled rotary positions): "
                              f"it needs positions='rotary', got {self.positions!r}")  # fmt: skip
         if self.attention == "latent" and self.qk_norm:
             raise ValueError("qk_norm normalises each head's keys: latent attention's keys are rebuilt from a latent")
+        if self.attention in RECURRENT and self.qk_norm and not self.full_every:
+            raise ValueError(f"qk_norm normalises multi-head attention's queries and keys: attention="
+                             f"{self.attention!r} L2-normalises its own, and without full_every no layer "
+                             "reads it")  # fmt: skip
         if self.attention == "sparse" and self.sparse_k is None:
             raise ValueError("attention='sparse' needs sparse_k, the number of keys each query reads")
         check_base(self.norm_eps, "norm_eps")
@@ -179,6 +212,15 @@ class BlockRecipe:
             return SwiGLU(d_model, d_ff, bias=self.bias)
         return FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation=self.activation, bias=self.bias)
 
+    def for_layer(self, index: int) -> BlockRecipe:
+        """The recipe of layer ``index`` (0 first) of a stack (chapter 17): this one, except that with
+        ``full_every`` the last layer of every group of ``full_every`` is multi-head attention
+        (``full_every=4``: layers 3, 7, ... as in Qwen3-Next)."""
+        check_int(index, "index", minimum=0)
+        if self.full_every and (index + 1) % self.full_every == 0:
+            return replace(self, attention="multi_head", full_every=0)
+        return self
+
     def attention_layer(
         self,
         d_model: int,
@@ -200,6 +242,9 @@ LLAMA_BLOCK = BlockRecipe(norm="rmsnorm", ffn="swiglu", positions="rotary", bias
 RECIPES = {
     "gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK, "latent": replace(LLAMA_BLOCK, attention="latent"),
     "sparse": replace(LLAMA_BLOCK, attention="sparse", sparse_k=16), "sinks": replace(LLAMA_BLOCK, sinks=True),
+    # chapter 17: Qwen3-Next's gated DeltaNet in every layer, or in three of every four (a hybrid)
+    "gated_delta": replace(LLAMA_BLOCK, attention="gated_delta"),
+    "hybrid": replace(LLAMA_BLOCK, attention="gated_delta", full_every=4),
 }  # fmt: skip
 
 

@@ -108,13 +108,16 @@ MODEL_SETTINGS = {
     "tie_embeddings": "the output head shares the token embedding's matrix",
     # chapter 16, "Latent, sparse and sink attention"
     "window": "sliding-window attention: each token sees itself and the window - 1 before it (default: none)",
-    "attention": "the attention: multi_head, latent (DeepSeek-V3's) or sparse (DeepSeek-V3.2's)",
+    "attention": "the attention: multi_head, latent (DeepSeek-V3's) or sparse (DeepSeek-V3.2's); or a "
+    "recurrence: linear, delta or gated_delta (Qwen3-Next's gated DeltaNet)",
     "kv_latent": "latent attention: the latent each token caches (default: 4 d_k)",
     "q_latent": "latent attention: the query's latent (default: none, a full query projection)",
     "rope_dim": "latent attention: the rotated width of each head (default: d_k / 2)",
     "sparse_k": "sparse attention: the keys each query reads, picked by the indexer",
     "sinks": "a learned sink logit per head (gpt-oss's attention sinks)",
     "keep_first": "with --window, every token also sees the first this many tokens",
+    # chapter 17, "Attention as a recurrence"
+    "full_every": "with a recurrent --attention, every this many-th layer is multi-head attention (a hybrid; 0: none)",
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig
