@@ -261,17 +261,10 @@ class _Stack(nn.Module):
             if self.layer_class is DecoderLayer:
                 check_window(options.get("window"))
         per_layer = getattr(options.get("parts"), "for_layer", None)  # chapter 17: a hybrid's layers differ
+        layer_options = [{**options, "parts": per_layer(i)} if per_layer else options for i in range(n_layers)]
         self.layers = nn.ModuleList(
-            self.layer_class(
-                d_model,
-                n_heads,
-                d_ff,
-                norm_first=norm_first,
-                bias=bias,
-                _checked=True,
-                **({**options, "parts": per_layer(i)} if per_layer else options),
-            )  # fmt: skip
-            for i in range(n_layers)
+            self.layer_class(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **o)
+            for o in layer_options
         )
         own = {k: options[k] for k in ("activation", "parts") if k in options}  # chapter 14: the parts' norm
         self.norm = (
