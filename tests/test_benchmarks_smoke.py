@@ -226,3 +226,16 @@ def test_tokenizer_benchmark_checks_fail_loudly():
         tokenizer.run_benchmark("abc", (0,))
     with pytest.raises(ValueError, match="cannot pin to core"):
         tokenizer.run_benchmark("abc", (1,), core=10_000)
+
+
+def test_the_recurrence_benchmark_times_every_kind_and_counts_the_memory():
+    from benchmarks import recurrence
+
+    r = recurrence.run([16, 32], [8, 24], heads=2, d=4, chunk_size=8, repeats=1)
+    assert set(r["forward_ms"]) == set(recurrence.KINDS)
+    assert all(len(v) == 2 and min(v) > 0 for v in r["forward_ms"].values())
+    assert all(len(v) == 2 and min(v) > 0 for v in r["decode_ms"].values())
+    assert r["cache_bytes"] == [2 * 2 * 4 * 4 * n for n in (8, 24)] and r["state_bytes"] == 2 * 4 * 4 * 4
+    assert recurrence.crossover([1, 2, 3], [5, 1, 5], [4, 2, 4]) == 3  # it must stay faster
+    assert recurrence.crossover([1, 2], [1, 1], [2, 2]) is None
+    assert "crossover" in recurrence.report(r)

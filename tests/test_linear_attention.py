@@ -4,8 +4,11 @@ transformers' Qwen3-Next kernels compute, and GatedDeltaNet what Qwen3NextGatedD
 and without a cache; a cache of constant size decodes as the full forward; plain linear attention's
 state grows without bound, the normalised outputs and the delta rule's state do not."""
 
+import math
+
 import pytest
 import torch
+from _gpu import requires_cuda
 
 import transformer_lib as tl
 from transformer_lib.blocks import DecoderLayer
@@ -436,3 +439,69 @@ def test_a_hybrid_keeps_multi_head_attention_every_full_every_layers():
     assert [a == b for a, b in zip(sizes, grown, strict=True)] == [kind == "GatedDeltaNet" for kind in kinds]
     with pytest.raises(ValueError, match="cross-attention is not"):
         tl.DecoderLayer(16, 2, parts=tl.RECIPES["gated_delta"])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_delta_rule_on_a_gpu_equals_the_recurrence_in_float64(dtype):
+    q, k, v, beta, gate, state = _inputs(2, 3, 200, 16, 8, seed=9)
+    k = l2_normalize(k)
+    ref = delta_rule(q, k, v, beta, gate=gate, initial_state=state, form="recurrent")
+    cuda = [t.to("cuda", dtype) for t in (q, k, v, beta, gate, state)]
+    out = delta_rule(*cuda[:4], gate=cuda[4], initial_state=cuda[5], form="chunked", chunk_size=64)
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    for got, expected in zip(out, ref, strict=True):
+        assert got.dtype == dtype and (got.double().cpu() - expected).abs().max() < tol
+
+
+@requires_cuda
+def test_a_hybrid_trains_and_decodes_on_a_gpu():
+    torch.manual_seed(0)
+    model = tl.GPT(tl.GPTConfig(50, 32, 4, 4, 64, recipe="hybrid")).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randint(0, 50, (8, 33), device="cuda")
+    losses = []
+    for _ in range(20):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    model.eval()
+    prompt = x[:1, :5]
+    assert torch.equal(model.generate(prompt, 20, top_k=1), model.generate(prompt, 20, top_k=1, use_cache=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_recurrence_runs_in_float32_and_keeps_a_float32_state(dtype):
+    q, k, v, beta, gate, _ = _inputs(1, 2, 40, 8, 4, seed=11)
+    low = [t.to(dtype) for t in (q, l2_normalize(k), v, beta, gate)]
+    out, state = delta_rule(*low[:4], gate=low[4], form="chunked", chunk_size=16)
+    ref_out, ref_state = delta_rule(*(t.float() for t in low[:4]), gate=low[4].float(), form="chunked", chunk_size=16)
+    assert (out.dtype, state.dtype) == (dtype, torch.float32)
+    assert torch.equal(out, ref_out.to(dtype)) and torch.equal(state, ref_state)
+    more = delta_rule(*low[:4], gate=low[4], form="recurrent", initial_state=state)[1]  # the float32 state goes on
+    assert more.dtype == torch.float32
+    with pytest.raises(TypeError, match="initial_state must have q's dtype"):
+        delta_rule(*low[:4], initial_state=state.double())
+
+
+@pytest.mark.parametrize("recipe", ["gated_delta", "hybrid"])
+def test_a_recurrent_model_trains_under_autocast_and_decodes_in_16_bits(recipe):
+    torch.manual_seed(0)
+    model = tl.GPT(tl.GPTConfig(30, 24, 4, 2, 16, recipe=recipe))
+    x = torch.randint(0, 30, (4, 25), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the decay leaves softplus in float32, the rest in 16 bits
+        _, loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert math.isfinite(loss.item()) and all(p.grad is not None for p in model.parameters())
+    low = model.to(torch.bfloat16).eval()
+    prompt = x[:1, :5]
+    cached = low.generate(prompt, 10, top_k=1)
+    assert torch.equal(cached, low.generate(prompt, 10, top_k=1, use_cache=False))
+    cache = low.new_cache()
+    low(prompt, cache=cache)
+    states = [c.self_attn.state for c in cache.layers if isinstance(c.self_attn, RecurrentState)]
+    assert states and all(s.dtype == torch.float32 for s in states)

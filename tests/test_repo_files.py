@@ -182,3 +182,18 @@ def test_the_pdf_build_names_what_is_missing(case, tmp_path):
     assert len(lines) == len(expected), lines
     assert all(line.startswith(e) for line, e in zip(lines, expected, strict=True)), lines
     assert "source scripts/tex_check.sh" in (ROOT / "scripts" / "build_pdf.sh").read_text()
+
+
+def test_every_shipped_data_file_is_package_data():
+    # a record or checkpoint a chapter reads must be installed by a non-editable install (Colab, Binder)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = ROOT / "transformer_lib" / "data"
+    shipped = [p for p in data.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert shipped
+    missing = [
+        str(p.relative_to(data))
+        for p in shipped
+        if not any(p.relative_to(data).match(pattern) for pattern in patterns["transformer_lib.data"])
+    ]
+    assert not missing, f"not in pyproject.toml's package-data: {missing}"

@@ -63,16 +63,19 @@ class RecurrentState:
         """Bytes taken by the state and the convolution's inputs."""
         return sum(t.numel() * t.element_size() for t in (self.state, self.conv) if t is not None)
 
-    def check(self, state_shape: tuple, conv_shape: tuple, dtype: torch.dtype) -> None:
-        """Raise unless a filled cache holds a state and convolution inputs of these shapes and dtype."""
+    def check(self, state_shape: tuple, conv_shape: tuple, dtype=None, conv_dtype=None) -> None:
+        """Raise unless a filled cache holds a state of ``state_shape`` (and ``dtype``) and convolution inputs
+        of ``conv_shape`` (and ``conv_dtype``, default ``dtype``); a dtype of None is not checked."""
         if self.state is None:
             return
-        held = (tuple(self.state.shape), tuple(self.conv.shape), self.state.dtype)
-        if held != (tuple(state_shape), tuple(conv_shape), dtype):
+        conv_dtype = dtype if conv_dtype is None else conv_dtype
+        held = (tuple(self.state.shape), tuple(self.conv.shape), self.state.dtype, self.conv.dtype)
+        want = (tuple(state_shape), tuple(conv_shape), dtype or held[2], conv_dtype or held[3])
+        if held != want:
             raise ValueError(
-                f"RecurrentState holds a state {held[0]} and convolution inputs {held[1]} of {held[2]}; this call "
-                f"needs {tuple(state_shape)} and {tuple(conv_shape)} of {dtype} (a different batch, layer or "
-                "dtype: start a new cache)"
+                f"RecurrentState holds a state {held[0]} of {held[2]} and convolution inputs {held[1]} of {held[3]}; "
+                f"this call needs {tuple(state_shape)} of {dtype} and {tuple(conv_shape)} of {conv_dtype} (a "
+                "different batch, layer or dtype: start a new cache)"
             )
 
     def update(self, state: Tensor, conv: Tensor, T_new: int) -> None:
@@ -172,14 +175,19 @@ class GatedDeltaNet(nn.Module):
         return q, k, v, beta, g, padded[:, :, padded.shape[2] - (self.conv_kernel - 1) :]
 
     def _recurrence(self, q, k, v, beta, g, state):
-        """The mode's recurrence: ``(heads (B, h, T, d_v), final state (B, h, d_k, d_v))``."""
+        """The mode's recurrence: ``(heads (B, h, T, d_v), final state (B, h, d_k, d_v))``. Under autocast
+        the decay comes out of ``softplus`` in float32 and the rest in 16 bits: all go in as ``v``'s dtype
+        (a 16-bit recurrence runs in float32 and keeps a float32 state)."""
+        q, k, beta, g = (t.to(v.dtype) for t in (q, k, beta, g))
         form = dict(form="chunked", chunk_size=self.chunk_size, initial_state=state)
         if self.mode == "linear":
             return linear_attention(q * self.d_k**-0.5, k, v, **form)
         return delta_rule(q, k, v, beta, gate=g if self.mode == "gated" else None, **form)
 
     def _weights(self, q, k, beta, g) -> Tensor:
-        """The matrix ``(B, h, T, T)`` with ``heads == weights @ v`` from an empty state."""
+        """The matrix ``(B, h, T, T)`` with ``heads == weights @ v`` from an empty state (at least float32)."""
+        work = torch.promote_types(q.dtype, torch.float32)
+        q, k, beta, g = (t.to(work) for t in (q, k, beta, g))
         if self.mode == "linear":
             return linear_attention_weights(q * self.d_k**-0.5, k)
         return delta_rule_weights(q, k, beta, gate=g if self.mode == "gated" else None)
@@ -208,9 +216,12 @@ class GatedDeltaNet(nn.Module):
                              "which no matrix over the new ones shows")  # fmt: skip
         _check_mode(self.mode)
         B, T, _ = query.shape
+        shapes = (B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1)
         if cache is not None:
-            cache.check((B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1), query.dtype)
+            cache.check(*shapes)
         q, k, v, beta, g, conv = self._inputs(query, cache)
+        if cache is not None:  # a 16-bit layer (or autocast) keeps a float32 state
+            cache.check(*shapes, torch.promote_types(v.dtype, torch.float32), conv.dtype)
         heads, state = self._recurrence(q, k, v, beta, g, None if cache is None else cache.state)
         if cache is not None:
             cache.update(state, conv, T)

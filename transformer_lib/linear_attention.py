@@ -24,7 +24,9 @@ making each output a weighted mean of the values. The delta rule fixes it otherw
 a write replaces what the state holds for that key instead of adding to it, and the gate forgets.
 
 Shapes: ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)``, ``beta`` and ``gate`` ``(B, h, T)``, the state
-``(B, h, d_k, d_v)``. The layers that use these are in :mod:`transformer_lib.delta_net`.
+``(B, h, d_k, d_v)``. Inputs in bfloat16 or float16 are computed in float32: the output comes back in
+their dtype, the state in float32 (and a float32 state may start a 16-bit call). The layers that use
+these are in :mod:`transformer_lib.delta_net`.
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ def _check(q, k, v, extra: dict, form: str, chunk_size: int, initial_state, widt
         raise ValueError(f"form must be one of {RECURRENT_FORMS}, got {form!r}")
     check_int(chunk_size, "chunk_size")
     if initial_state is not None:
-        check_float_tensors({"q": q, "initial_state": initial_state})
+        check_float_tensors({"initial_state": initial_state})
+        if initial_state.dtype not in (q.dtype, _work_dtype(q.dtype)):
+            raise TypeError(f"initial_state must have q's dtype {q.dtype} (or float32 for 16-bit q: the state a "
+                            f"16-bit call returns), got {initial_state.dtype}")  # fmt: skip
         want = (*q.shape[:2], q.shape[-1], v.shape[-1] if width is None else width)
         if initial_state.shape != want:
             raise ValueError(f"initial_state must have shape (B, h, d_k, d_v) = {want}, got "
@@ -139,7 +144,23 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, state: Tensor, beta: Tensor | No
     return (torch.stack(outs, dim=2) if outs else v[:, :, :0]), state
 
 
-def _run(q, k, v, state, beta, g, form: str, chunk_size: int) -> tuple[Tensor, Tensor]:
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a recurrence runs in: float32 for 16-bit inputs (the decays' exponentials, the long sums
+    and the triangular solve need its range and precision, as Qwen3-Next's kernels run), else the inputs'."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _run(q, k, v, state, beta, g, form: str, chunk_size: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The recurrence in ``form``, in :func:`_work_dtype` (``q`` scaled there): the output in ``q``'s dtype,
+    the state in the work's."""
+    dtype, work = q.dtype, _work_dtype(q.dtype)
+    if work != dtype:
+        q, k, v, state, beta, g = (None if t is None else t.to(work) for t in (q, k, v, state, beta, g))
+    out, state = _run_in(q * scale if scale != 1.0 else q, k, v, state, beta, g, form, chunk_size)
+    return out.to(dtype), state
+
+
+def _run_in(q, k, v, state, beta, g, form: str, chunk_size: int) -> tuple[Tensor, Tensor]:
     if form == "recurrent":
         return _recurrent(q, k, v, state, beta, g)
     size = max(q.shape[2], 1) if form == "parallel" else chunk_size  # parallel: one block of all T
@@ -203,7 +224,7 @@ def delta_rule(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     check_temperature(scale, "scale")
     state = initial_state if initial_state is not None else q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    return _run(q * scale, k, v, state, beta, gate, form, chunk_size)
+    return _run(q, k, v, state, beta, gate, form, chunk_size, scale)
 
 
 def _check_weights_inputs(q: Tensor, k: Tensor, extra: dict) -> None:
