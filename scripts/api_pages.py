@@ -254,7 +254,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 17)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 18)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),
