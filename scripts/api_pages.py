@@ -233,9 +233,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 17)]
+        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 18)]
         + ["transformer_lib.experiments.ch15_diagnosis"],
-        "12 to 16",
+        "12 to 17",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),

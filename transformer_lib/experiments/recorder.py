@@ -46,6 +46,7 @@ RECORDS = {
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
     "ch16": "attention_today.json",
+    "ch17": "recurrence.json",
 }
 #: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
 #: by the fields of this tuple that its items have, a missing one read as None; an item with a
