@@ -68,10 +68,10 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.speeches",
             "transformer_lib.data.instructions",
         ],
-        "8, 9, 12, 15 and 17",
+        "8, 9, 12, 15 and 18",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
         "batches, the sequences with a repeated segment, chapter 15's labelled speeches and "
-        "prompt/response pairs, and chapter 17's associative recall.",
+        "prompt/response pairs, and chapter 18's associative recall.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
@@ -156,35 +156,35 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "latent_attention",
         ["transformer_lib.latent_attention"],
-        "16",
+        "17",
         "Multi-head latent attention: one cached latent per token and a shared rotary key, the folded decoding "
         "path, and the converter from DeepSeek-V3's attention.",
     ),
     (
         "sparse_attention",
         ["transformer_lib.sparse_attention"],
-        "16",
+        "17",
         "Sparse attention by selection: the indexer that scores every key, the top-k each query reads, the "
         "indexer's training by imitation, and its cache.",
     ),
     (
         "sinks",
         ["transformer_lib.sinks"],
-        "16",
+        "17",
         "Attention sinks: the softmax with a sink logit per head, attention that keeps the first tokens beside a "
         "sliding window, and the weight trained heads put on the first token.",
     ),
     (
         "linear_attention",
         ["transformer_lib.linear_attention"],
-        "17",
+        "18",
         "Attention as a recurrence: linear attention and the (gated) delta rule in their parallel, recurrent and "
         "chunked forms, and the attention matrices they equal.",
     ),
     (
         "delta_net",
         ["transformer_lib.delta_net"],
-        "17",
+        "18",
         "Gated DeltaNet, Qwen3-Next's recurrent layer: a short convolution, normalised queries and keys, decay "
         "and write gates, a gated output norm, its fixed-size state as its cache, and the converter.",
     ),
@@ -233,9 +233,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in range(12, 18)]
+        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 17, 18)]
         + ["transformer_lib.experiments.ch15_diagnosis"],
-        "12 to 17",
+        "12 to 18",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
@@ -254,7 +254,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 18)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in (*range(1, 16), 17, 18)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

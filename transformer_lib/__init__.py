@@ -38,7 +38,7 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 
 # The library's layout, which tests/test_layout.py checks. Concept modules, in the order a reader
 # meets them: each imports only the ones before it, and never a tool. `parts` (what a part's role is)
-# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-16, so it
+# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-15 and 17, so it
 # comes after them.
 _CONCEPTS = (
     "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",

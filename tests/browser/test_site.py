@@ -505,25 +505,34 @@ def test_self_checks_give_feedback(server, browser, page_path):
     context.close()
 
 
-# ---------------------------------------------------------------- a split chapter's old address
+# ---------------------------------------------------------------- old chapter addresses
 
-OLD_CHAPTER = "chapters/10_attention_at_scale.html"
+# An old chapter's address -> the page it opens and the least number of sections it moves: chapter
+# 10 was split in two; chapters 16 and 17 became 17 and 18 when "Measuring a model" came in as 16.
+OLD_CHAPTERS = {
+    "chapters/10_attention_at_scale.html": ("10_generation.html", 20),
+    "chapters/16_latent_sparse_sink.html": ("17_latent_sparse_sink.html", 15),
+    "chapters/17_attention_as_recurrence.html": ("18_attention_as_recurrence.html", 15),
+}
 
 
-def _moved_sections() -> dict[str, str]:
+def _moved_sections(old_chapter: str) -> dict[str, str]:
     """Old anchor -> new "page#anchor", as the old chapter's redirect page lists them."""
-    text = (SITE / OLD_CHAPTER).read_text(encoding="utf-8")
+    text = (SITE / old_chapter).read_text(encoding="utf-8")
     return json.loads(re.search(r"var moved = (\{.*?\});", text, re.DOTALL).group(1))
 
 
-def test_the_split_chapter_keeps_its_old_address():
+@pytest.mark.parametrize("old_chapter", OLD_CHAPTERS)
+def test_an_old_chapter_address_redirects_section_by_section(old_chapter):
     if not (SITE / "index.html").exists():
         skip_or_fail("the book is not built (_build/html/index.html missing)")
-    old = SITE / OLD_CHAPTER
-    assert old.exists(), f"{OLD_CHAPTER} is missing: old links to the chapter would break"
+    old = SITE / old_chapter
+    assert old.exists(), f"{old_chapter} is missing: old links to the chapter would break"
     assert _is_redirect(old)
-    moved = _moved_sections()
-    assert len(moved) >= 20
+    opens, least = OLD_CHAPTERS[old_chapter]
+    assert f'content="5; url={opens}"' in old.read_text(encoding="utf-8")
+    moved = _moved_sections(old_chapter)
+    assert len(moved) >= least
     for anchor, target in moved.items():
         page, _, new_anchor = target.partition("#")
         path = SITE / "chapters" / page
@@ -531,12 +540,22 @@ def test_the_split_chapter_keeps_its_old_address():
         assert new_anchor in _ids(path), f"#{anchor} -> {target}: no such section on the new page"
 
 
-@pytest.mark.parametrize(("anchor", "lands_on"), [("", "10_generation.html"), ("#the-online-softmax", "11_long")])
-def test_an_old_link_reaches_the_new_chapter(server, browser, anchor, lands_on):
+@pytest.mark.parametrize(
+    ("old_chapter", "anchor", "lands_on", "fragment"),
+    [
+        ("chapters/10_attention_at_scale.html", "", "10_generation.html", ""),
+        ("chapters/10_attention_at_scale.html", "#the-online-softmax", "11_long", "the-online-softmax"),
+        ("chapters/16_latent_sparse_sink.html", "", "17_latent_sparse_sink.html", ""),
+        ("chapters/16_latent_sparse_sink.html", "#attention-sinks", "17_latent_sparse_sink.html", "attention-sinks"),
+        ("chapters/16_latent_sparse_sink.html", "#ex-16-2", "17_latent_sparse_sink.html", "ex-17-2"),
+        ("chapters/17_attention_as_recurrence.html", "", "18_attention_as_recurrence.html", ""),
+        ("chapters/17_attention_as_recurrence.html", "#ex-17-1", "18_attention_as_recurrence.html", "ex-18-1"),
+    ],
+)
+def test_an_old_link_reaches_the_new_chapter(server, browser, old_chapter, anchor, lands_on, fragment):
     context = browser.new_context(service_workers="block")
     page = context.new_page()
-    page.goto(f"{server}/{OLD_CHAPTER}{anchor}", wait_until="load")
+    page.goto(f"{server}/{old_chapter}{anchor}", wait_until="load")
     page.wait_for_url(f"**/{lands_on}*", timeout=15_000)
-    if anchor:
-        assert urlsplit(page.url).fragment == anchor[1:]
+    assert urlsplit(page.url).fragment == fragment
     context.close()

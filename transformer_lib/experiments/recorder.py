@@ -1,5 +1,5 @@
 """The recorder of the chapters' experiments: run parts and seeds, merge them into the record,
-write it atomically, stamped with the versions that made it (chapters 12-17).
+write it atomically, stamped with the versions that made it (chapters 12-18).
 
 An experiment is a chapter's set of named parts; a part is a function ``run(seeds, steps)`` that
 trains and measures each seed and returns the record's entries it fills, for example
@@ -45,8 +45,8 @@ RECORDS = {
     "ch13": "token_sweep.json",
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
-    "ch16": "attention_today.json",
-    "ch17": "recurrence.json",
+    "ch17": "attention_today.json",
+    "ch18": "recurrence.json",
 }
 #: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
 #: by the fields of this tuple that its items have, a missing one read as None; an item with a
@@ -85,7 +85,7 @@ def record_path(chapter: str) -> Path:
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch17"``), as the
+    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch18"``), as the
     chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 
