@@ -88,7 +88,7 @@ def test_chapter_15s_record_holds_every_run_at_the_current_settings():
     assert all(len(r["watched"]) == ch15.SETTINGS["instruction_steps"] // 50 + 1 for r in diagnosis["runs"])
 
 
-def test_chapter_16s_record_holds_every_part_and_seed():
+def test_chapter_17s_record_holds_every_part_and_seed():
     sweep = recorded("ch17")
     rows = sweep["cache"]["rows"]
     assert [(r["name"], r["options"]) for r in rows] == [(n, o) for n, o in ch17.CACHE_KINDS]
