@@ -67,11 +67,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.recall",
             "transformer_lib.data.speeches",
             "transformer_lib.data.instructions",
+            "transformer_lib.data.mc_tasks",
         ],
-        "8, 9, 12, 15 and 18",
+        "8, 9, 12, 15, 16 and 18",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
         "batches, the sequences with a repeated segment, chapter 15's labelled speeches and "
-        "prompt/response pairs, and chapter 18's associative recall.",
+        "prompt/response pairs, chapter 16's multiple-choice tasks and their lm-eval files, and chapter 18's "
+        "associative recall.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
     ("train", ["transformer_lib.train"], "8 and 9", "The training loop and the exact-match score."),
@@ -97,10 +99,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.cli.sample",
             "transformer_lib.cli.finetune",
             "transformer_lib.cli.export",
+            "transformer_lib.cli.evaluate",
             "transformer_lib.cli.settings",
         ],
-        "9 and 15",
-        "The command line, `python -m transformer_lib train`, `sample`, `finetune` and `export`: one module per "
+        "9, 15 and 16",
+        "The command line, `python -m transformer_lib train`, `sample`, `finetune`, `export` and `evaluate`: one "
+        "module per "
         "command, and the flags and settings they share.",
     ),
     (
@@ -231,9 +235,24 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "accuracy with its Wilson interval, and greedy answers up to the end token.",
     ),
     (
+        "evaluate",
+        ["transformer_lib.evaluate"],
+        "16",
+        "The report card: one loss in three units, multiple choice scored by log-likelihood as lm-eval scores "
+        "it, pass@k's unbiased estimator, intervals over items and windows, paired differences and the items "
+        "they need, a judge's position bias.",
+    ),
+    (
+        "quantize",
+        ["transformer_lib.quantize"],
+        "16",
+        "Weights in int8 per output channel (equal to PyTorch's quantisation) and in NF4 (equal to "
+        "bitsandbytes'), a model's quantised copy and the bytes it takes.",
+    ),
+    (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 17, 18)]
+        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 17, 18)]
         + ["transformer_lib.experiments.ch15_diagnosis"],
         "12 to 18",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
@@ -254,7 +273,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in (*range(1, 16), 17, 18)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 19)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

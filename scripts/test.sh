@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the production tools chapter 16 is tested against (lm-eval, bitsandbytes), kept out of
+# the reader's set-up (see the file)
+.venv/bin/python -m pip install --quiet -r requirements-eval.txt
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so two threads do not
 # stall each other when other work shares the cores.
 export PYTHONHASHSEED=0 OMP_WAIT_POLICY=PASSIVE

@@ -200,6 +200,30 @@ RULES = [
         "answers with the 2-step adapter above (the whole recipe's answer is tested elsewhere)",
     ),
     Rule(
+        r"\.venv/bin/python -m transformer_lib evaluate --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--compare transformer_lib/data/ch12/shakespeare_ckpt\.pt",
+        "cheap",
+        "the two shipped models on the held-out text, 5 items of each task (tests/test_cli_evaluate.py: the rest)",
+        "--items 5",
+        r"told apart",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib evaluate --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--quantize int8,nf4 --items 50",
+        "cheap",
+        "the shipped base and its quantised copies on the held-out text, 5 items of each task",
+        "--items 5",
+        r"pretrained nf4: the weights take",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib evaluate --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--adapter out/dates/adapter\.pt --samples 8 --json out/dates/card\.json",
+        "cheap",
+        "the 2-step adapter above: 5 items of each task, 5 dates, 2 samples each",
+        "--items 5 --dates 5 --samples 2",
+        r"wrote the cards to out/dates/card\.json",
+    ),
+    Rule(
         r"\.venv/bin/python -m transformer_lib export --ckpt out/bpe --out-dir hf/bpe",
         "run",
         "writes the 2-step BPE run above in Hugging Face's format (transformers, offline)",
@@ -213,7 +237,7 @@ RULES = [
         r"commands:\n  train ",
     ),
     Rule(
-        r"python -m transformer_lib (train|sample|finetune|export)",
+        r"python -m transformer_lib (train|sample|finetune|export|evaluate)",
         "help",
         "the command exists",
         ".venv/bin/python -m transformer_lib {0} --help",

@@ -51,7 +51,12 @@ def token_byte_lengths(tokenizer: CharTokenizer | BPETokenizer) -> Tensor:
 
 @torch.no_grad()
 def bits_per_byte(
-    model: nn.Module, ids: Tensor, byte_lengths: Tensor | CharTokenizer | BPETokenizer, batch_size: int = 64
+    model: nn.Module,
+    ids: Tensor,
+    byte_lengths: Tensor | CharTokenizer | BPETokenizer,
+    batch_size: int = 64,
+    *,
+    windows: bool = False,
 ) -> dict:
     """The loss of ``model`` on a token stream ``ids (N,)``, per token and per byte (chapter 13).
 
@@ -61,7 +66,8 @@ def bits_per_byte(
     itself). Returns ``nats_per_token``, ``bits_per_byte``, ``tokens`` and ``bytes``: bits per byte
     is the total loss in bits over the total bytes predicted. Lengths of another vocabulary's size
     than the model's, and a stream whose predicted tokens hold no byte (special tokens only), are
-    refused.
+    refused. With ``windows``, ``"windows"`` lists each window's ``(nats, tokens, bytes)``, the
+    items of an interval (chapter 16, :func:`~transformer_lib.evaluate.report_card`).
     """
     if isinstance(byte_lengths, (CharTokenizer, BPETokenizer)):
         byte_lengths = token_byte_lengths(byte_lengths)
@@ -85,14 +91,16 @@ def bits_per_byte(
         torch.stack([ids[s : s + T + 1] for s in full[i : i + batch_size]]) for i in range(0, len(full), batch_size)
     ]
     batches += [ids[s:][None] for s in starts if s + T + 1 > len(ids)]  # the shorter last window
-    total, count, n_bytes = 0.0, 0, 0
+    total, count, n_bytes, per_window = 0.0, 0, 0, []
     was_training = model.training
     model.eval()
     for w in batches:  # (B, T + 1)
         logits, _ = model(w[:, :-1])
-        nll = nn.functional.cross_entropy(logits.flatten(0, 1).double(), w[:, 1:].flatten(), reduction="sum")
-        total, count = total + nll.item(), count + w[:, 1:].numel()
-        n_bytes += int(byte_lengths[w[:, 1:]].sum())
+        nll = nn.functional.cross_entropy(logits.double().transpose(1, 2), w[:, 1:], reduction="none").sum(1)
+        total, count = total + nll.sum().item(), count + w[:, 1:].numel()
+        row_bytes = byte_lengths[w[:, 1:]].sum(1)
+        n_bytes += int(row_bytes.sum())
+        per_window += [(x, w.shape[1] - 1, int(b)) for x, b in zip(nll.tolist(), row_bytes, strict=True)]
     model.train(was_training)
     if n_bytes == 0:
         raise ValueError(
@@ -103,7 +111,7 @@ def bits_per_byte(
         "bits_per_byte": total / math.log(2) / n_bytes,
         "tokens": count,
         "bytes": n_bytes,
-    }
+    } | ({"windows": per_window} if windows else {})
 
 
 def token_run(

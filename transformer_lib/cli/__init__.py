@@ -10,13 +10,15 @@ export it in Hugging Face's format.
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
     python -m transformer_lib finetune --ckpt out --data pairs.jsonl
     python -m transformer_lib export --ckpt out --out-dir hf
+    python -m transformer_lib evaluate --ckpt out --compare out/finetune   # (chapter 16) report cards
 
 Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
 (or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
 from those fields and the presets are values of them. Under ``torchrun`` the command joins the
 process group and each rank trains on its own share of every batch.
 
-One module per command, :mod:`.train`, :mod:`.sample`, (chapter 15) :mod:`.finetune` and :mod:`.export`, with
+One module per command, :mod:`.train`, :mod:`.sample`, (chapter 15) :mod:`.finetune`, :mod:`.export` and
+(chapter 16) :mod:`.evaluate`, with
 what they share (the parser, the flags and the settings) in :mod:`.settings`; this package reads
 the command's name and hands the rest of the arguments to it (:func:`main`). A new command is a
 module with its ``*_main(argv)`` and one row of ``COMMANDS``.
@@ -40,6 +42,7 @@ from ..run import TOKENIZER_NAME as TOKENIZER_NAME
 # Names that tests, scripts and chapter 9's list of library names read as transformer_lib.cli.NAME
 from ..train_config import MODEL_SETTINGS as MODEL_SETTINGS
 from ..train_config import PRESETS as PRESETS
+from .evaluate import evaluate_main
 from .export import export_main
 from .finetune import finetune_main
 from .sample import sample_main
@@ -48,7 +51,7 @@ from .train import END_OF_TEXT as END_OF_TEXT
 from .train import _compare_replicas as _compare_replicas
 from .train import build_parser, train_main
 
-__all__ = ["build_parser", "export_main", "finetune_main", "main", "sample_main", "train_main"]
+__all__ = ["build_parser", "evaluate_main", "export_main", "finetune_main", "main", "sample_main", "train_main"]
 
 
 class _Command(NamedTuple):
@@ -71,6 +74,11 @@ COMMANDS = {
         "; no checkpoint was written",
     ),
     "export": _Command(export_main, "write a run for Hugging Face transformers (GPT-2 or Llama), LoRA for peft"),
+    "evaluate": _Command(
+        evaluate_main,
+        "a run's report card: loss, bits per byte, multiple choice, exact match and pass@k, with intervals; "
+        "two runs side by side (ch. 16)",
+    ),
 }
 DEFAULT_COMMAND = "train"  # arguments that start with a flag are the training command's
 HELP = ("help", "-h", "--help")

@@ -1,6 +1,7 @@
 """Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
 dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling;
-chapter 15's labelled speeches and prompt/response pairs; chapter 18's associative recall.
+chapter 15's labelled speeches and prompt/response pairs; chapter 16's multiple-choice tasks;
+chapter 18's associative recall.
 
 Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
 path or downloaded once into a cache folder (see :mod:`.corpus`).
@@ -30,6 +31,7 @@ from .grammar import (
     grammar_text,
 )
 from .instructions import PROMPT_END, InstructionBatches, date_pairs, encode_pair, read_pairs, write_pairs
+from .mc_tasks import MCItem, cloze_task, held_out_text, speaker_choice_task, write_lm_eval_task
 from .recall import RecallBatch, recall_accuracy, recall_batch, recall_vocab_size
 from .repeats import repeat_batch
 from .speeches import LabelledTexts, Speech, encode_texts, speaker_task, split_speeches, word_order_task
@@ -71,6 +73,11 @@ __all__ = [
     "split_speeches",
     "word_order_task",
     "write_pairs",
+    "MCItem",
+    "cloze_task",
+    "held_out_text",
+    "speaker_choice_task",
+    "write_lm_eval_task",
     "CACHE_ENV",
     "TOY_GRAMMAR",
     "Choice",

@@ -45,6 +45,7 @@ RECORDS = {
     "ch13": "token_sweep.json",
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
+    "ch16": "report_cards.json",
     "ch17": "attention_today.json",
     "ch18": "recurrence.json",
 }

@@ -1,0 +1,383 @@
+"""Measuring a model (chapter 16, "Measuring a model"): one quantity in three units, multiple
+choice scored by log-likelihood as the standard harness scores it, pass@k, an interval on every
+score, a judge's position bias, and the report card that puts them together.
+
+- **Units.** A loss in nats per token, its perplexity ``exp(loss)``, and bits per byte
+  (:func:`loss_units`): only the last compares models whose tokenizers differ.
+- **Multiple choice** (:func:`score_multiple_choice`). Each choice is a continuation of the
+  context; its score is the summed log-probability of its tokens (:func:`choice_loglikelihoods`).
+  ``acc`` picks the largest sum, ``acc_norm`` the largest sum per character of the choice, as
+  ``lm-eval`` does (the context's trailing spaces move to the continuation, the pair is encoded
+  whole and the context's tokens cut off, ties go to the first choice).
+- **Sampled answers** (:func:`pass_at_k`): the unbiased estimator of the chance that at least
+  one of ``k`` answers is right, from ``n >= k`` samples of which ``c`` were right.
+- **Intervals** over items (:func:`mean_interval`; Wilson's for a share,
+  :func:`~transformer_lib.finetune.wilson_interval`), over windows of text
+  (:func:`bootstrap_interval`) and for a difference on the same items
+  (:func:`paired_difference`, with the items it would take to tell two models apart).
+- **A judge** (:func:`position_bias`) is asked twice, the right answer first and then second:
+  where the truth is known, any preference for a place is measured.
+
+:func:`report_card` runs what applies to a model and its tokenizer; :func:`format_cards` prints
+cards as a table to paste, side by side, with the difference and whether it is told apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._checks import check_int
+from .data.instructions import encode_pair
+from .data.mc_tasks import MCItem
+from .finetune import wilson_interval
+from .tokens import bits_per_byte
+
+__all__ = [
+    "DATES_ADAPTER_PATH",
+    "bootstrap_interval",
+    "choice_loglikelihoods",
+    "format_cards",
+    "items_needed",
+    "loss_units",
+    "mean_interval",
+    "paired_difference",
+    "pass_at_k",
+    "position_bias",
+    "report_card",
+    "sample_answers",
+    "score_multiple_choice",
+]
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
+#: Chapter 16's model that is sometimes right: LoRA adapters (rank 4, with the digits' new rows) of
+#: chapter 15's shipped base, fine-tuned on the dates for 350 steps only; how, in ``dates_lora.json``.
+DATES_ADAPTER_PATH = Path(__file__).parent / "data" / "ch16" / "dates_lora.pt"
+
+
+# Units ----------------------------------------------------------------------------------------
+
+
+def loss_units(nats_per_token: float, bytes_per_token: float | None = None) -> dict:
+    """One loss in three units (chapter 16): ``loss`` (nats per token), ``perplexity`` (``e`` to
+    the loss: the number of equally likely tokens the model hesitates between) and, given the
+    text's bytes per token, ``bits_per_byte`` (the loss in bits, shared over the bytes)."""
+    if not (isinstance(nats_per_token, (int, float)) and math.isfinite(nats_per_token) and nats_per_token >= 0):
+        raise ValueError(f"nats_per_token must be a finite number >= 0, got {nats_per_token!r}")
+    out = {"loss": float(nats_per_token), "perplexity": math.exp(nats_per_token)}
+    if bytes_per_token is not None:
+        if not (isinstance(bytes_per_token, (int, float)) and bytes_per_token > 0):
+            raise ValueError(f"bytes_per_token must be a number > 0, got {bytes_per_token!r}")
+        out["bits_per_byte"] = nats_per_token / math.log(2) / bytes_per_token
+    return out
+
+
+# Intervals ------------------------------------------------------------------------------------
+
+
+def _scores(values, name: str) -> np.ndarray:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 1 or len(a) < 2:
+        raise ValueError(f"{name} must be a list of at least 2 numbers, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} holds {a[~np.isfinite(a)][0]}: every score must be finite")
+    return a
+
+
+def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """``(mean, low, high)`` of per-item scores (chapter 16): the mean plus and minus ``z`` standard
+    errors (``sd / sqrt(n)``, the sample's sd), 95 % for the default ``z``."""
+    a = _scores(values, "values")
+    half = z * a.std(ddof=1) / math.sqrt(len(a))
+    return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
+
+
+def bootstrap_interval(
+    values: Sequence[float], weights: Sequence[float] | None = None, *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` of ``sum(values) / sum(weights)`` (the mean with no weights), and
+    the 2.5 and 97.5 percentiles of it over ``resamples`` draws of the items with replacement
+    (chapter 16): bits per byte over windows of text is ``values`` = bits, ``weights`` = bytes."""
+    a = _scores(values, "values")
+    w = np.ones_like(a) if weights is None else _scores(weights, "weights")
+    if len(w) != len(a) or (w <= 0).any():
+        raise ValueError(f"weights must be {len(a)} numbers > 0, one per value, got {len(w)}")
+    check_int(resamples, "resamples")
+    pick = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    ratios = a[pick].sum(1) / w[pick].sum(1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(a.sum() / w.sum()), float(low), float(high)
+
+
+def items_needed(sd: float, difference: float, z: float = Z95) -> int | None:
+    """How many items make an interval of ``+- z sd / sqrt(n)`` narrower than ``difference``
+    (chapter 16): ``ceil((z sd / difference) ** 2)``; None for a difference of 0 (no number does)."""
+    if difference == 0:
+        return None
+    return max(2, math.ceil((z * sd / abs(difference)) ** 2))
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], z: float = Z95) -> dict:
+    """Model A's per-item scores minus model B's on the same items (chapter 16): ``difference``
+    (mean), its interval ``low``/``high``, ``apart`` (the interval leaves out 0) and
+    ``items_needed`` to tell them apart at this difference and spread."""
+    a, b = _scores(a, "a"), _scores(b, "b")
+    if len(a) != len(b):
+        raise ValueError(f"a and b must score the same items, got {len(a)} and {len(b)} scores")
+    d = a - b
+    mean, low, high = (float(d.mean()),) * 3 if not d.any() else mean_interval(d, z)
+    sd = float(d.std(ddof=1))
+    return {"difference": mean, "low": low, "high": high, "apart": low > 0 or high < 0,
+            "items_needed": items_needed(sd, mean, z) if sd > 0 else None}  # fmt: skip
+
+
+# Sampled answers ------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k (chapter 16) from ``n`` sampled answers of which ``c`` are
+    right (Chen et al. 2021): ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` answers drawn from
+    the ``n`` without replacement hold a right one, as a stable product."""
+    check_int(n, "n")
+    check_int(c, "c", minimum=0)
+    check_int(k, "k")
+    if c > n or k > n:
+        raise ValueError(f"need c <= n and k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+@torch.no_grad()
+def sample_answers(
+    model: nn.Module, tokenizer, prompts: Sequence[str], n: int, *, temperature: float = 1.0,
+    max_new_tokens: int = 16, seed: int = 0,
+) -> list[list[str]]:  # fmt: skip
+    """``n`` answers of a fine-tuned ``model`` to each prompt (chapter 16), sampled at
+    ``temperature`` from the prompt in its fine-tuning layout (``prompt + PROMPT_END``), each cut
+    at the end token; the generator is seeded with ``seed``, so the answers are repeatable."""
+    check_int(n, "n")
+    eos = tokenizer.eos_id
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for prompt in prompts:
+        ids, n_prompt = encode_pair(tokenizer, prompt, "", end=False)
+        idx = torch.tensor([ids[:n_prompt]] * n, dtype=torch.long)
+        new = model.generate(idx, max_new_tokens, temperature=temperature, generator=g)[:, n_prompt:].tolist()
+        out.append([tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in new])
+    return out
+
+
+# Multiple choice ------------------------------------------------------------------------------
+
+
+def _encode_choice(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's split of ``context + continuation`` into ids: trailing spaces of the context move
+    to the continuation, the whole is encoded, and the context's own ids are cut off its front."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = tokenizer.encode(context + continuation)
+    head = tokenizer.encode(context)
+    return head, whole[len(head) :]
+
+
+@torch.no_grad()
+def choice_loglikelihoods(model: nn.Module, tokenizer, context: str, continuations: Sequence[str]) -> list[float]:
+    """The summed log-probability of each continuation's ids after ``context`` (chapter 16), in
+    float64, as ``lm-eval``'s ``loglikelihood`` requests compute it: the pair is cut into ids by
+    :func:`_encode_choice` and the last ``context_len + 1`` ids are kept (the context cropped on
+    the left). A continuation with no ids of its own is refused."""
+    T = model.config.context_len
+    rows, spans = [], []
+    for cont in continuations:
+        head, tail = _encode_choice(tokenizer, context, cont)
+        if not tail:
+            raise ValueError(f"the continuation {cont!r} adds no token to the context {context[-30:]!r}")
+        if len(tail) > T:
+            raise ValueError(f"the continuation {cont[:30]!r} has {len(tail)} tokens, more than context_len={T}")
+        ids = (head + tail)[-(T + 1) :]
+        rows.append(ids[:-1])
+        spans.append((len(ids) - 1 - len(tail), ids[-len(tail) :]))
+    was = model.training
+    model.eval()
+    # one batch: the rows right-padded to one length (a causal model's earlier positions never read
+    # the padding), each row's continuation read at its own positions
+    width = max(len(r) for r in rows)
+    logits, _ = model(torch.tensor([r + [0] * (width - len(r)) for r in rows]))
+    model.train(was)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return [float(logp[i, start : start + len(target)].gather(-1, torch.tensor(target)[:, None]).sum())
+            for i, (start, target) in enumerate(spans)]  # fmt: skip
+
+
+def score_multiple_choice(model: nn.Module, tokenizer, items: Sequence[MCItem], delimiter: str = " ") -> dict:
+    """Score ``items`` by log-likelihood (chapter 16): ``acc`` (the choice with the largest summed
+    log-probability is the answer) and ``acc_norm`` (the largest per character of the choice), each
+    with a Wilson interval (``*_interval``); per item ``correct`` and ``correct_norm`` (1 or 0) and
+    ``loglikelihoods``. Each choice is scored as ``delimiter + choice``; ties go to the first."""
+    if not items:
+        raise ValueError("items is empty: give at least one MCItem")
+    lls, right, right_norm = [], [], []
+    for item in items:
+        ll = np.array(choice_loglikelihoods(model, tokenizer, item.context, [delimiter + c for c in item.choices]))
+        lengths = np.array([float(len(c)) for c in item.choices])
+        lls.append(ll.tolist())
+        right.append(int(np.argmax(ll) == item.answer))
+        right_norm.append(int(np.argmax(ll / lengths) == item.answer))
+    n = len(items)
+    return {"n": n, "acc": sum(right) / n, "acc_norm": sum(right_norm) / n,
+            "acc_interval": wilson_interval(sum(right), n), "acc_norm_interval": wilson_interval(sum(right_norm), n),
+            "correct": right, "correct_norm": right_norm, "loglikelihoods": lls}  # fmt: skip
+
+
+# A judge --------------------------------------------------------------------------------------
+
+
+def position_bias(judge: Callable[[str, str, str], int], cases: Sequence[tuple[str, str, str]]) -> dict:
+    """Ask ``judge(question, first, second)`` (0: the first answer is better, 1: the second) about
+    each ``(question, right, wrong)`` case twice (chapter 16), the right answer first and then
+    second. Returns ``right_when_first``, ``right_when_second`` (accuracies), ``picks_first`` (the share
+    of all verdicts that chose the first place: 0.5 for a judge with no preference) and
+    ``consistent`` (the share of cases judged the same both ways)."""
+    if not cases:
+        raise ValueError("cases is empty: give at least one (question, right, wrong)")
+    first, second = [], []
+    for question, right, wrong in cases:
+        for verdicts, pair, want in ((first, (right, wrong), 0), (second, (wrong, right), 1)):
+            v = judge(question, *pair)
+            if v not in (0, 1):
+                raise ValueError(f"the judge must return 0 (first) or 1 (second), got {v!r}")
+            verdicts.append(int(v == want))
+    n = len(cases)
+    picks_first = (sum(first) + (n - sum(second))) / (2 * n)
+    same = sum(a == b for a, b in zip(first, second, strict=True))
+    return {"n": n, "right_when_first": sum(first) / n, "right_when_second": sum(second) / n,
+            "picks_first": picks_first, "consistent": same / n}  # fmt: skip
+
+
+# The report card ------------------------------------------------------------------------------
+
+
+def _text_units(model: nn.Module, tokenizer, text: str) -> dict:
+    """Loss, perplexity and bits per byte on ``text``, with a bootstrap interval over its windows."""
+    ids = torch.tensor(tokenizer.encode(text))
+    if len(ids) < 2 * model.config.context_len + 2:
+        raise ValueError(
+            f"the text is {len(ids)} tokens long, too short for an interval over windows: give at least "
+            f"{2 * model.config.context_len + 2} tokens (two windows of context_len + 1)"
+        )
+    r = bits_per_byte(model, ids, tokenizer, windows=True)
+    nats, counts, nbytes = (np.array(c, dtype=np.float64) for c in zip(*r["windows"], strict=True))
+    units = loss_units(r["nats_per_token"], r["bytes"] / r["tokens"])
+    _, low, high = bootstrap_interval(nats / math.log(2), nbytes)
+    return {**units, "bits_per_byte_interval": (low, high), "tokens": r["tokens"], "bytes": r["bytes"]}
+
+
+def report_card(
+    model: nn.Module, tokenizer, *, text: str | None = None, tasks: dict[str, Sequence[MCItem]] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None, samples: int = 0, temperature: float = 1.0, k: int = 1,
+    max_new_tokens: int = 16, seed: int = 0,
+) -> dict:  # fmt: skip
+    """The report card of ``model`` (chapter 16), each part where its input is given:
+
+    - ``text`` (held-out text): ``loss``, ``perplexity``, ``bits_per_byte`` and its interval;
+    - ``tasks`` (name -> multiple-choice items): ``acc`` and ``acc_norm`` of each, with intervals;
+    - ``pairs`` (prompt, response) of an instruction task: ``exact_match`` of the greedy answer
+      (with the end token) and its interval; with ``samples`` (n per prompt, at ``temperature``),
+      ``pass@1`` and ``pass@k``, each a mean over the prompts of :func:`pass_at_k`.
+
+    Per-item scores are kept under ``"items"`` so that two cards of the same items can be
+    compared item by item (:func:`format_cards`)."""
+    if samples and not pairs:
+        raise ValueError(f"samples={samples} needs pairs to sample answers to: give pairs, or samples=0")
+    card: dict = {"params": sum(p.numel() for p in model.parameters()), "items": {}}
+    if text is not None:
+        card["text"] = _text_units(model, tokenizer, text)
+    for name, items in (tasks or {}).items():
+        s = score_multiple_choice(model, tokenizer, items)
+        card[name] = {key: s[key] for key in ("n", "acc", "acc_norm", "acc_interval", "acc_norm_interval")}
+        card["items"][f"{name} acc"], card["items"][f"{name} acc_norm"] = s["correct"], s["correct_norm"]
+    if pairs:
+        from .finetune import answers  # greedy, batched by prompt length
+
+        if getattr(tokenizer, "eos_id", None) is None:
+            raise ValueError("exact match needs a tokenizer with an end token, so that an answer can stop: "
+                             "a character run has none; score it with text and tasks")  # fmt: skip
+
+        prompts = [encode_pair(tokenizer, p, r, end=False) for p, r in pairs]
+        got = answers(model, tokenizer, [ids[:n] for ids, n in prompts], max_new_tokens)
+        right = [int(stop and tokenizer.decode(ids) == r) for (ids, stop), (_, r) in zip(got, pairs, strict=True)]
+        part = {"n": len(pairs), "exact_match": sum(right) / len(pairs),
+                "exact_match_interval": wilson_interval(sum(right), len(pairs))}  # fmt: skip
+        card["items"]["exact_match"] = right
+        if samples:
+            if k > samples:
+                raise ValueError(f"k={k} needs at least k samples per prompt, got samples={samples}")
+            drawn = sample_answers(model, tokenizer, [p for p, _ in pairs], samples, temperature=temperature,
+                                   max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+            hits = [sum(a == r for a in row) for row, (_, r) in zip(drawn, pairs, strict=True)]
+            for kk in sorted({1, k}):
+                per = [pass_at_k(samples, c, kk) for c in hits]
+                part[f"pass@{kk}"] = sum(per) / len(per)
+                card["items"][f"pass@{kk}"] = per
+            part.update(samples=samples, temperature=temperature)
+        card["exact"] = part
+    return card
+
+
+def _rows(card: dict) -> list[tuple[str, str, float, tuple | None]]:
+    """``(row name, items key, value, interval)`` for each number on a card, in the table's order."""
+    rows = []
+    if "text" in card:
+        t = card["text"]
+        rows += [("loss (nats/token)", "", t["loss"], None), ("perplexity", "", t["perplexity"], None),
+                 ("bits per byte", "", t["bits_per_byte"], t["bits_per_byte_interval"])]  # fmt: skip
+    for name, part in card.items():
+        if isinstance(part, dict) and "acc" in part:
+            rows += [(f"{name} acc", f"{name} acc", part["acc"], part["acc_interval"]),
+                     (f"{name} acc_norm", f"{name} acc_norm", part["acc_norm"], part["acc_norm_interval"])]  # fmt: skip
+    if "exact" in card:
+        e = card["exact"]
+        rows.append(("exact match", "exact_match", e["exact_match"], e["exact_match_interval"]))
+        for key in sorted(k for k in e if k.startswith("pass@")):
+            rows.append((f"{key} (T={e['temperature']:g}, n={e['samples']})", key, e[key], None))
+    return rows
+
+
+def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
+    """The cards (name -> :func:`report_card`) as one Markdown table, a column each (chapter 16). With
+    two cards a last column gives the first minus the second, with its paired 95 % interval where
+    both scored the same items, and "yes" where that interval leaves out 0 (told apart)."""
+    if not cards:
+        raise ValueError("give at least one card")
+    names = list(cards)
+    tables = {name: {r[0]: r for r in _rows(card)} for name, card in cards.items()}
+    order = list(dict.fromkeys(r for t in tables.values() for r in t))
+    head = ["", *names] + (["difference", "told apart"] if len(names) == 2 else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+
+    def cell(row):
+        _, _, value, interval = row
+        s = f"{value:.{digits}f}"
+        return s + (f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else "")
+
+    for label in order:
+        got = [tables[n].get(label) for n in names]
+        line = [label] + [cell(r) if r else "" for r in got]
+        if len(names) == 2 and all(got):
+            key = got[0][1]
+            a, b = (cards[n]["items"].get(key) for n in names)
+            if a is not None and b is not None and len(a) == len(b) and len(a) >= 2:
+                d = paired_difference(a, b)
+                line += [f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]",
+                         "yes" if d["apart"] else "no"]  # fmt: skip
+            else:
+                line += [f"{got[0][2] - got[1][2]:+.{digits}f}", ""]
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
