@@ -91,7 +91,7 @@ def overview() -> str:
         [
             "usage: python -m transformer_lib COMMAND [flags]",
             "",
-            'The command line of "Attention, Executed": train, sample, fine-tune and export small GPTs.',
+            'The command line of "Attention, Executed": train, sample, fine-tune, export and evaluate small GPTs.',
             "",
             "commands:",
             *rows,
