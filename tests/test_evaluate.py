@@ -329,6 +329,9 @@ def test_a_card_compares_two_models_item_by_item(bpe_model, char_model):
     acc = next(line for line in lines if line.startswith("| speaker acc |"))
     d = paired_difference(cards["bpe"]["items"]["speaker acc"], cards["char"]["items"]["speaker acc"])
     assert f"{d['difference']:+.3f}" in acc and acc.endswith("yes |" if d["apart"] else "no |")
+    per_token = next(line for line in lines if line.startswith("| loss (nats/token) |"))
+    assert "(per token of other tokenizers)" in per_token  # compare bits per byte instead
+    assert next(line for line in lines if line.startswith("| bits per byte |")).count("|") == 6
     same = format_cards({"a": cards["bpe"], "b": cards["bpe"]})
     assert "+0.000 [+0.000, +0.000] | no |" in same
     assert json.loads(json.dumps(cards["bpe"], default=list))["speaker"]["n"] == 30

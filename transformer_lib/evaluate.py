@@ -35,6 +35,7 @@ from torch import nn
 from ._checks import check_int
 from .data.instructions import encode_pair
 from .data.mc_tasks import MCItem
+from .data.tokenizer import tokenizer_checksum
 from .finetune import wilson_interval
 from .tokens import bits_per_byte
 
@@ -297,6 +298,8 @@ def report_card(
     if samples and not pairs:
         raise ValueError(f"samples={samples} needs pairs to sample answers to: give pairs, or samples=0")
     card: dict = {"params": sum(p.numel() for p in model.parameters()), "items": {}}
+    if hasattr(tokenizer, "to_dict"):  # a loss per token compares only within one tokenizer
+        card["tokenizer"] = tokenizer_checksum(tokenizer)
     if text is not None:
         card["text"] = _text_units(model, tokenizer, text)
     for name, items in (tasks or {}).items():
@@ -331,6 +334,9 @@ def report_card(
     return card
 
 
+_PER_TOKEN = ("loss (nats/token)", "perplexity")  # rows whose difference needs one tokenizer
+
+
 def _rows(card: dict) -> list[tuple[str, str, float, tuple | None]]:
     """``(row name, items key, value, interval)`` for each number on a card, in the table's order."""
     rows = []
@@ -353,7 +359,8 @@ def _rows(card: dict) -> list[tuple[str, str, float, tuple | None]]:
 def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
     """The cards (name -> :func:`report_card`) as one Markdown table, a column each (chapter 16). With
     two cards a last column gives the first minus the second, with its paired 95 % interval where
-    both scored the same items, and "yes" where that interval leaves out 0 (told apart)."""
+    both scored the same items, and "yes" where that interval leaves out 0 (told apart); a loss or
+    perplexity per token of two different tokenizers gets no difference (compare bits per byte)."""
     if not cards:
         raise ValueError("give at least one card")
     names = list(cards)
@@ -377,6 +384,8 @@ def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
                 d = paired_difference(a, b)
                 line += [f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]",
                          "yes" if d["apart"] else "no"]  # fmt: skip
+            elif label in _PER_TOKEN and cards[names[0]].get("tokenizer") != cards[names[1]].get("tokenizer"):
+                line += ["(per token of other tokenizers)", ""]
             else:
                 line += [f"{got[0][2] - got[1][2]:+.{digits}f}", ""]
         lines.append("| " + " | ".join(line) + " |")
