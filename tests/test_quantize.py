@@ -3,7 +3,9 @@ NF4's codebook, codes and dequantised weights equal bitsandbytes' (and torchao's
 decimals), every weight is within half a step of its dequantised value, NF4 and narrow-range int8
 are idempotent, and a model of every recipe quantises into a copy that computes nearly the same."""
 
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,7 +118,11 @@ def test_pytorchs_default_int8_is_not_idempotent():
 
 @pytest.fixture(scope="module")
 def bnb():
-    """bitsandbytes' functional module (the test is skipped where it is not installed)."""
+    """bitsandbytes' functional module (the test is skipped where it is not installed). scripts/test.sh
+    installs it in a folder of its own, out of the notebooks' environment, which this puts on the path."""
+    kept_apart = Path(__file__).resolve().parent.parent / ".cache" / "bitsandbytes"
+    if kept_apart.is_dir() and str(kept_apart) not in sys.path:
+        sys.path.append(str(kept_apart))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it warns about optional kernels at import
         pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")
