@@ -228,3 +228,41 @@ def test_the_pytorch_range_is_written_once_and_binder_agrees():
     assert torch_range((ROOT / "binder" / "requirements.txt").read_text()) == written
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert "torch>=" not in setup and "torch>=" not in (ROOT / "requirements.txt").read_text()
+
+
+# The reference pages print a docstring's code blocks (after "::", and ">>>" lines) in a fixed-width
+# font: at 1280 px a line longer than this scrolls sideways (the browser tests measure the page; this
+# catches it without building the book).
+MAX_CODE_BLOCK_CHARS = 77
+
+
+def docstring_code_lines(doc: str) -> list[str]:
+    lines, code, i = doc.expandtabs().splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].rstrip().endswith("::"):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            i += 1
+            while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+                code.append(lines[i].strip())
+                i += 1
+        else:
+            if lines[i].lstrip().startswith(">>>"):
+                code.append(lines[i].strip())
+            i += 1
+    return code
+
+
+def test_docstring_code_lines_fit_the_reference_page():
+    too_wide = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                too_wide += [f"{path.relative_to(PACKAGE)}: {line!r} ({len(line)} characters)"
+                             for line in docstring_code_lines(ast.get_docstring(node) or "")
+                             if len(line) > MAX_CODE_BLOCK_CHARS]  # fmt: skip
+    assert not too_wide, f"code lines wider than {MAX_CODE_BLOCK_CHARS} characters: {too_wide}"
+
+
+def test_the_code_line_check_finds_a_literal_block_and_a_doctest():
+    doc = "Run it::\n\n    python -m x --flag\n    second line\n\nprose after\n>>> f(1)\n"
+    assert docstring_code_lines(doc) == ["", "python -m x --flag", "second line", "", ">>> f(1)"]

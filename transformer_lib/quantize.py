@@ -32,7 +32,8 @@ and returns a new model holding their dequantised values (what the quantised mod
 with a report of the storage the codes and scales would take (:func:`weight_bytes`)::
 
     small, report = quantize_weights(model, "nf4")
-    report["bits_per_weight"], report["bytes_before"], report["bytes_after"]  # 4.5, ...
+    report["bits_per_weight"]  # 4.5
+    report["bytes_before"], report["bytes_after"]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ export it in Hugging Face's format.
     python -m transformer_lib sample --ckpt out --prompt "ROMEO:"
     python -m transformer_lib finetune --ckpt out --data pairs.jsonl
     python -m transformer_lib export --ckpt out --out-dir hf
-    python -m transformer_lib evaluate --ckpt out --compare out/finetune   # (chapter 16) report cards
+    python -m transformer_lib evaluate --ckpt out --compare out/finetune
 
 Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
 (or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
