@@ -15,6 +15,7 @@ receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
 GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``export`` (a run in Hugging Face's format),
 ``evaluate`` and ``quantize`` (16: the report card, multiple choice, pass@k, intervals; int8 and NF4 weights),
+``preference`` and ``preference_runs`` (17: DPO's and GRPO's losses, equal to TRL's, and their runs),
 ``viz`` (figures), ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
 command line) and ``student`` (the student edition and nbgrader course of the notebooks).
 
@@ -50,7 +51,7 @@ _CONCEPTS = (
 _TOOLS = (
     "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
     "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "token_rows", "finetune", "run",
-    "export", "evaluate", "quantize", "experiments",
+    "export", "evaluate", "quantize", "preference", "preference_runs", "experiments",
 )  # fmt: skip
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).

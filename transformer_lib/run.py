@@ -1,6 +1,7 @@
 """A training run as one thing (chapter 9, "A GPT from scratch"; chapter 13's tokenizer file;
-chapter 15's fine-tuning runs): the folder a run writes, a typed record of what the run is, the
-rules for what ``--resume`` may change, and :func:`load_run`, which gives a run back.
+chapter 15's fine-tuning runs; chapter 17's preference and reward runs): the folder a run
+writes, a typed record of what the run is, the rules for what ``--resume`` may change, and
+:func:`load_run`, which gives a run back.
 
 A run folder holds::
 
@@ -16,19 +17,9 @@ versions wrote, so every checkpoint, old or new, reads as a record and back::
     model, tokenizer, adapters = tl.load_run("out/finetune")
     record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', ...)
 
-A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one. A
-preference-tuning run records what a fine-tuning run does (base, data, LoRA), and DPO's beta::
-
-    KINDS["preference"] = RunKind(
-        (*KINDS["finetune"].fields, "beta"),
-        fixed=("lora_rank", "lora_alpha", "seed", "val_fraction", "beta"),
-        unset="none (full fine-tuning)",
-    )
-
-(``beta`` joins :class:`RunRecord` once, default None). Its command is the fine-tuning one's steps,
-each one call here (:func:`read_base`, :func:`resume_record`, :func:`resume_config`,
-:meth:`RunFolder.adapter_writer`), then :func:`~transformer_lib.train.train` on batches whose model
-returns the preference loss, with ``meta=record.to_meta()``; :func:`load_run` loads it as it is.
+A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one: chapter
+17's preference (``"dpo"``) and reward (``"grpo"``) runs record what a fine-tuning run does, the
+adapter file merged into the start (``adapter``) and their objective's settings (``objective``).
 """
 
 from __future__ import annotations
@@ -93,6 +84,10 @@ KINDS: dict[str, RunKind] = {
         unset="none (full fine-tuning)",
     ),
 }
+_TUNING = (*_SHARED, "base", "base_sha256", "adapter", "adapter_sha256", "n_train", "n_val", "lora_rank", "lora_alpha")
+for _kind in ("dpo", "grpo"):  # chapter 17: their objective's settings are checked by their commands
+    KINDS[_kind] = RunKind((*_TUNING, "objective"), fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"),
+                           unset="none (full tuning)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,13 +96,14 @@ class RunRecord:
     checkpoint's ``meta`` (:meth:`from_checkpoint`, :meth:`to_meta`); None where the run has no
     such thing or an older checkpoint did not record it.
 
-    ``kind`` is a key of :data:`KINDS` (``"pretrain"`` or ``"finetune"``); ``tokenizer`` is
+    ``kind`` is a key of :data:`KINDS` (``"pretrain"``, ``"finetune"``, ``"dpo"``, ``"grpo"``); ``tokenizer`` is
     ``"char"`` or ``"bpe"`` and ``vocab_size`` the BPE's size asked for; ``data`` is the file
     trained on (``data_from`` a pipe it came from instead), ``data_sha256`` its checksum;
     ``base`` and ``base_sha256`` are a fine-tuning run's base checkpoint; ``lora_rank`` and
     ``lora_alpha`` its adapters (None: every weight is trained), ``token_rows`` the embedding rows
-    trained beside them (:mod:`~transformer_lib.token_rows`); ``model_config`` is the
-    checkpoint's, the block's recipe included, as it stores it.
+    trained beside them (:mod:`~transformer_lib.token_rows`); ``adapter`` and ``adapter_sha256``
+    the adapter file merged into a chapter 17 run's start, ``objective`` its DPO or GRPO settings;
+    ``model_config`` is the checkpoint's, the block's recipe included, as it stores it.
     """
 
     kind: str = "pretrain"
@@ -128,6 +124,9 @@ class RunRecord:
     n_train: int | None = None
     n_val: int | None = None
     token_rows: tuple[int, ...] | None = None
+    adapter: str | None = None
+    adapter_sha256: str | None = None
+    objective: dict | None = None
     model_config: dict | None = field(default=None, compare=False)
 
     @property

@@ -36,6 +36,7 @@ from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype
 __all__ = [
     "PROCESS_SETTINGS",
     "History",
+    "batch_loss",
     "estimate_loss",
     "exact_match",
     "train",
@@ -63,6 +64,14 @@ class History:
     mfu: float | None = None
 
 
+def batch_loss(model: nn.Module, get_batch, batch) -> Tensor:
+    """One batch's loss: the model's own (``model(*batch)`` returns ``(logits, loss)``), or, from
+    batches that score the model themselves (chapter 17's preference and reward batches, whose
+    loss is not the model's), ``get_batch.loss(model, batch)``."""
+    scorer = getattr(get_batch, "loss", None)
+    return scorer(model, batch) if callable(scorer) else run_batch(model, batch)[1]
+
+
 @torch.no_grad()
 def estimate_loss(
     model: nn.Module, get_batch: Callable[[str], Sequence[Tensor]], eval_iters: int = 20, dtype: str = "auto"
@@ -82,7 +91,7 @@ def estimate_loss(
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
             with autocast(device, autocast_dtype):
-                _, loss = run_batch(model, batch_on(get_batch(split), device))
+                loss = batch_loss(model, get_batch, batch_on(get_batch(split), device))
             losses[k] = loss.float()
         mean = losses.mean()
         if world_size > 1:
@@ -239,7 +248,7 @@ class _Run:
         """One optimizer step on one training batch; returns the batch's inputs."""
         batch = batch_on(self.get_batch("train"), self.device)
         with autocast(self.device, self.dtype):
-            _, loss = run_batch(step_model, batch)
+            loss = batch_loss(step_model, self.get_batch, batch)
         self.point("forward")
         self.scaler.scale(loss).backward()
         self.point("backward")
@@ -346,7 +355,8 @@ def train(
 
     ``get_batch("train")`` / ``get_batch("val")`` return the arguments of ``model(*batch)``, which
     must return ``(logits, loss)``: :class:`~transformer_lib.data.LMBatches` (``x (B, T)``,
-    ``y (B, T)``) for a GPT, :class:`~transformer_lib.data.Seq2SeqBatches` for a Transformer.
+    ``y (B, T)``) for a GPT, :class:`~transformer_lib.data.Seq2SeqBatches` for a Transformer;
+    batches with a ``loss(model, batch)`` method score the model themselves (:func:`batch_loss`).
     The model is moved to the chosen device. With ``config.out_dir`` a checkpoint (model,
     optimiser, scheduler, step, configs, ``tokenizer``, ``meta``, every random state and the batch
     sampler's state) is written after each evaluation, at the end, and on Ctrl-C, which lets the

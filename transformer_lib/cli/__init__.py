@@ -11,14 +11,15 @@ export it in Hugging Face's format.
     python -m transformer_lib finetune --ckpt out --data pairs.jsonl
     python -m transformer_lib export --ckpt out --out-dir hf
     python -m transformer_lib evaluate --ckpt out --compare out/finetune
+    python -m transformer_lib grpo --ckpt out --data pairs.jsonl --lora-rank 4
 
 Every training setting is written once, as a field of :class:`~transformer_lib.train_config.TrainConfig`
 (or, for the model's shape, of :class:`~transformer_lib.models.GPTConfig`); the flags are made
 from those fields and the presets are values of them. Under ``torchrun`` the command joins the
 process group and each rank trains on its own share of every batch.
 
-One module per command, :mod:`.train`, :mod:`.sample`, (chapter 15) :mod:`.finetune`, :mod:`.export` and
-(chapter 16) :mod:`.evaluate`, with
+One module per command, :mod:`.train`, :mod:`.sample`, (chapter 15) :mod:`.finetune`, :mod:`.export`,
+(chapter 16) :mod:`.evaluate` and (chapter 17) :mod:`.tune` (``dpo`` and ``grpo``), with
 what they share (the parser, the flags and the settings) in :mod:`.settings`; this package reads
 the command's name and hands the rest of the arguments to it (:func:`main`). A new command is a
 module with its ``*_main(argv)`` and one row of ``COMMANDS``.
@@ -50,8 +51,19 @@ from .settings import model_settings as model_settings
 from .train import END_OF_TEXT as END_OF_TEXT
 from .train import _compare_replicas as _compare_replicas
 from .train import build_parser, train_main
+from .tune import dpo_main, grpo_main
 
-__all__ = ["build_parser", "evaluate_main", "export_main", "finetune_main", "main", "sample_main", "train_main"]
+__all__ = [
+    "build_parser",
+    "dpo_main",
+    "evaluate_main",
+    "export_main",
+    "finetune_main",
+    "grpo_main",
+    "main",
+    "sample_main",
+    "train_main",
+]
 
 
 class _Command(NamedTuple):
@@ -79,6 +91,14 @@ COMMANDS = {
         "a run's report card: loss, bits per byte, multiple choice, exact match and pass@k, with intervals; "
         "two runs side by side (ch. 16)",
     ),
+    "dpo": _Command(
+        dpo_main,
+        "tune a run on chosen/rejected answer pairs, DPO, every weight or LoRA (ch. 17)",
+        "; no checkpoint was written",
+    ),  # fmt: skip
+    "grpo": _Command(
+        grpo_main, "tune a run on rewards of its own sampled answers, GRPO (ch. 17)", "; no checkpoint was written"
+    ),  # fmt: skip
 }
 DEFAULT_COMMAND = "train"  # arguments that start with a flag are the training command's
 HELP = ("help", "-h", "--help")

@@ -133,7 +133,9 @@ def _load(path: str, adapter: str | None, flags=("--ckpt", "--adapter")) -> _Run
     if not isinstance(model, GPT) or tokenizer is None:
         raise ValueError(f"{file} does not hold a GPT with its tokenizer")
     kind = {None: "pretraining run", "full": "full fine-tuning run", "lora": "LoRA fine-tuning run"}[record.method]
-    pairs_file = record.data if record.kind == "finetune" else None
+    if record.kind in ("dpo", "grpo"):  # chapter 17's tuning runs
+        kind = f"{record.kind.upper()} run ({'LoRA' if record.method == 'lora' else 'every weight'})"
+    pairs_file = record.data if record.kind in ("finetune", "grpo") else None
     if adapter is not None:
         add_adapter(model, ckpt, file, adapter)
         kind, pairs_file = kind + " + LoRA adapter", (read_checkpoint(adapter).get("meta") or {}).get("data")

@@ -1,6 +1,7 @@
 """The ``sample`` command (chapter 9): ``python -m transformer_lib sample --ckpt out`` prints
 text generated from a checkpoint that ``python -m transformer_lib train`` wrote. A fine-tuned
-model (chapter 15: a ``finetune`` run's checkpoint, or a base with ``--adapter``) is given the
+model (chapter 15: a ``finetune`` run's checkpoint, LoRA runs too, or a base with ``--adapter``;
+chapter 17: a ``dpo`` or ``grpo`` run's) is given the
 prompt in its fine-tuning format, ``prompt + PROMPT_END``, and its response is printed, up to the
 end token.
 """
@@ -12,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..checkpoint import checkpoint_file, load_checkpoint
+from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
 from ..data.instructions import PROMPT_END
 from ..models import GPT
-from ..run import RunFolder, RunRecord, add_adapter
+from ..run import RunFolder, RunRecord, add_adapter, load_run
 from ..sampling import generate_text
 from ..utils import pick_device
 from .settings import Parser, check_seed
@@ -74,9 +75,13 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
+        ckpt = read_checkpoint(args.ckpt)
     except FileNotFoundError as e:
         parser.error(str(e))
+    if args.adapter is None and RunRecord.from_checkpoint(ckpt).method == "lora":
+        model, tokenizer, _ = load_run(args.ckpt, device)  # a LoRA run: its base weights and its adapters
+    else:
+        model, tokenizer, _ = load_checkpoint(ckpt, device)
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
     tokenizer = RunFolder(checkpoint_file(args.ckpt).parent).checked_tokenizer(tokenizer)

@@ -59,6 +59,20 @@ from .tokenizer import (
     tokenizer_checksum,
     tokenizer_from_dict,
 )
+from .verifiable import (
+    REWARDS,
+    char_reward,
+    check_scratchpad,
+    exact_reward,
+    format_reward,
+    preference_triples,
+    read_preferences,
+    scratchpad_pairs,
+    scratchpad_response,
+    step_reward,
+    write_preferences,
+    wrong_date,
+)
 
 __all__ = [
     "PROMPT_END",
@@ -125,4 +139,16 @@ __all__ = [
     "save_tokenizer",
     "tokenizer_checksum",
     "tokenizer_from_dict",
+    "REWARDS",
+    "char_reward",
+    "check_scratchpad",
+    "exact_reward",
+    "format_reward",
+    "preference_triples",
+    "scratchpad_pairs",
+    "scratchpad_response",
+    "step_reward",
+    "wrong_date",
+    "read_preferences",
+    "write_preferences",
 ]
