@@ -1,4 +1,4 @@
-"""Softmax attention against the recurrences of chapter 18, on the CPU or a CUDA GPU: the time of
+"""Softmax attention against the recurrences of chapter 19, on the CPU or a CUDA GPU: the time of
 one causal forward against the length, the time of one decoding step against the context, and
 the memory each holds.
 

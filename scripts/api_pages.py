@@ -69,10 +69,10 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.instructions",
             "transformer_lib.data.mc_tasks",
         ],
-        "8, 9, 12, 15, 16 and 18",
+        "8, 9, 12, 15, 16 and 19",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
         "batches, the sequences with a repeated segment, chapter 15's labelled speeches and "
-        "prompt/response pairs, chapter 16's multiple-choice tasks and their lm-eval files, and chapter 18's "
+        "prompt/response pairs, chapter 16's multiple-choice tasks and their lm-eval files, and chapter 19's "
         "associative recall.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
@@ -160,35 +160,35 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "latent_attention",
         ["transformer_lib.latent_attention"],
-        "17",
+        "18",
         "Multi-head latent attention: one cached latent per token and a shared rotary key, the folded decoding "
         "path, and the converter from DeepSeek-V3's attention.",
     ),
     (
         "sparse_attention",
         ["transformer_lib.sparse_attention"],
-        "17",
+        "18",
         "Sparse attention by selection: the indexer that scores every key, the top-k each query reads, the "
         "indexer's training by imitation, and its cache.",
     ),
     (
         "sinks",
         ["transformer_lib.sinks"],
-        "17",
+        "18",
         "Attention sinks: the softmax with a sink logit per head, attention that keeps the first tokens beside a "
         "sliding window, and the weight trained heads put on the first token.",
     ),
     (
         "linear_attention",
         ["transformer_lib.linear_attention"],
-        "18",
+        "19",
         "Attention as a recurrence: linear attention and the (gated) delta rule in their parallel, recurrent and "
         "chunked forms, and the attention matrices they equal.",
     ),
     (
         "delta_net",
         ["transformer_lib.delta_net"],
-        "18",
+        "19",
         "Gated DeltaNet, Qwen3-Next's recurrent layer: a short convolution, normalised queries and keys, decay "
         "and write gates, a gated output norm, its fixed-size state as its cache, and the converter.",
     ),
@@ -252,9 +252,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 17, 18)]
+        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 18, 19)]
         + ["transformer_lib.experiments.ch15_diagnosis"],
-        "12 to 18",
+        "12 to 19",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
@@ -273,7 +273,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 19)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in (*range(1, 17), 18, 19)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

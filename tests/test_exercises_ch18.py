@@ -1,7 +1,5 @@
 """The chapter 18 checks accept right answers and reject plausible wrong ones with the right message."""
 
-import math
-
 import pytest
 import torch
 from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
@@ -9,248 +7,91 @@ from _exercise_cases import FIELDS, Table, assert_verdict, case, stub
 import transformer_lib as tl
 from transformer_lib.exercises import ch18
 
-LINEAR, DELTA = ch18.check_causal_linear_attention, ch18.check_delta_write
+SINK, FOLD = ch18.check_sink_softmax, ch18.check_fold_query
 CASES = Table()
 
 
-# --- exercise 18.1: causal linear attention, the plain form -----------------------------------
+@CASES.add(SINK, "passed")
+def sink_model_answer(scores, sink):
+    column = sink[:, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
 
-def _scores(q, k, keep=0, upper=False):
-    """``q k^T`` with a triangle kept: the lower one from diagonal ``keep`` (or the upper one)."""
-    s = q @ k.transpose(-1, -2)
-    return s.triu() if upper else s.tril(keep)
+@CASES.add(SINK, "passed")
+def sink_by_hand(scores, sink):
+    s = sink[:, None, None]
+    m = torch.maximum(scores.amax(-1, keepdim=True), s)
+    e = torch.exp(scores - m)
+    return e / (e.sum(-1, keepdim=True) + torch.exp(s - m))
 
 
-@CASES.add(LINEAR, "passed")
-def linear_model_answer(q, k, v):
-    T = q.shape[-2]
-    lower = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k.transpose(-1, -2)).masked_fill(~lower, 0)
-    return scores @ v
+@CASES.add(SINK, "failed", "renormalised")
+def sink_renormalised(scores, sink):
+    return sink_model_answer(scores, sink) / sink_model_answer(scores, sink).sum(-1, keepdim=True)
 
 
-@CASES.add(LINEAR, "passed")
-def linear_running_state(q, k, v):
-    state = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # (..., d_k, d_v)
-    outs = []
-    for t in range(q.shape[-2]):
-        state = state + k[..., t, :, None] * v[..., t, None, :]  # + k_t v_t^T
-        outs.append((q[..., t, None, :] @ state).squeeze(-2))  # q_t S
-    return torch.stack(outs, dim=-2)
+@CASES.add(SINK, "failed", "NaN or inf")
+def sink_no_max(scores, sink):
+    e = torch.exp(scores)
+    return e / (e.sum(-1, keepdim=True) + torch.exp(sink)[:, None, None])
 
 
-@CASES.add(LINEAR, "passed")
-def linear_cumsum_einsum(q, k, v):
-    states = torch.einsum("...td,...te->...tde", k, v).cumsum(dim=-3)  # S_t for every t
-    return torch.einsum("...td,...tde->...te", q, states)
+@CASES.add(SINK, "failed", "has shape")
+def sink_column_kept(scores, sink):
+    column = sink[:, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)
 
 
-@CASES.add(LINEAR, "failed", "forgot the causal mask", "a running sum is the mask")
-def linear_no_mask(q, k, v):
-    return q @ k.transpose(-1, -2) @ v
+@CASES.add(SINK, "failed", "head axis")
+def sink_one_for_all(scores, sink):
+    return sink_model_answer(scores, sink[:1].expand(sink.shape[0]))
 
 
-@CASES.add(LINEAR, "failed", "strict past (s < t)", "tril not tril(-1)")
-def linear_strict_past(q, k, v):
-    return _scores(q, k, keep=-1) @ v
+@CASES.add(SINK, "failed", "dtype")
+def sink_float32(scores, sink):
+    return sink_model_answer(scores.float(), sink.float())
 
 
-@CASES.add(LINEAR, "failed", "kept the future")
-def linear_upper_triangle(q, k, v):
-    return _scores(q, k, upper=True) @ v
+@CASES.add(FOLD, "passed")
+def fold_model_answer(q_nope, w_uk):
+    return torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)
 
 
-@CASES.add(LINEAR, "failed", "added a softmax;", "plain form")
-def linear_softmax(q, k, v):
-    T = q.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(future, float("-inf")), dim=-1) @ v
+@CASES.add(FOLD, "passed")
+def fold_matmul(q_nope, w_uk):
+    return q_nope @ w_uk[None]  # (B, h, T, n) @ (1, h, n, c)
 
 
-@CASES.add(LINEAR, "failed", "a softmax and a 1/sqrt(d_k) scale")
-def linear_softmax_scaled(q, k, v):
-    T = q.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+@CASES.add(FOLD, "failed", "transpose")
+def fold_transposed(q_nope, w_uk):
+    return q_nope @ w_uk.transpose(-1, -2)[None]
 
 
-@CASES.add(LINEAR, "failed", "scaled the scores by 1/sqrt(d_k)")
-def linear_scaled(q, k, v):
-    return _scores(q, k) / math.sqrt(q.shape[-1]) @ v
+@CASES.add(FOLD, "failed", "summed over the heads")
+def fold_summed(q_nope, w_uk):
+    return torch.einsum("bhtn,gnc->bhtc", q_nope, w_uk)
 
 
-@CASES.add(LINEAR, "failed", "divided each row by its sum")
-def linear_row_normalised(q, k, v):
-    s = _scores(q, k)
-    return s / s.sum(-1, keepdim=True) @ v
-
-
-@CASES.add(LINEAR, "failed", "swapped the roles of k and v")
-def linear_state_transposed(q, k, v):
-    state = q.new_zeros(*q.shape[:-2], v.shape[-1], q.shape[-1])  # v k^T: (d_v, d_k)
-    outs = []
-    for t in range(q.shape[-2]):
-        state = state + v[..., t, :, None] * k[..., t, None, :]
-        outs.append((q[..., t, None, :] @ state).squeeze(-2))
-    return torch.stack(outs, dim=-2)
-
-
-@CASES.add(LINEAR, "failed", "your function raised RuntimeError", "d_k rows")
-def linear_square_state(q, k, v):
-    state = q.new_zeros(*q.shape[:-2], q.shape[-1], q.shape[-1])  # (d_k, d_k): v's width forgotten
-    outs = []
-    for t in range(q.shape[-2]):
-        state = state + k[..., t, :, None] * v[..., t, None, :]
-        outs.append((q[..., t, None, :] @ state).squeeze(-2))
-    return torch.stack(outs, dim=-2)
-
-
-@CASES.add(LINEAR, "failed", "has shape (4, 5)", "(..., T, d_v) = (5, 4)")
-def linear_output_transposed(q, k, v):
-    return (_scores(q, k) @ v).transpose(-1, -2)
-
-
-@CASES.add(LINEAR, "failed", "dtype torch.float32; keep the inputs' dtype torch.float64")
-def linear_float32(q, k, v):
-    return linear_model_answer(q.float(), k.float(), v.float())
-
-
-@CASES.add(LINEAR, "failed", "NaN or inf", "with 0, not -inf")
-def linear_minus_inf_mask(q, k, v):
-    T = q.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return (q @ k.transpose(-1, -2)).masked_fill(future, float("-inf")) @ v  # -inf, the softmax habit
-
-
-@CASES.add(LINEAR, "failed", "changed q, k or v in place")
-def linear_output_into_v(q, k, v):
-    state = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
-    for t in range(q.shape[-2]):
-        state = state + k[..., t, :, None] * v[..., t, None, :]  # reads v_t before overwriting it
-        v[..., t, :] = (q[..., t, None, :] @ state).squeeze(-2)
-    return v
-
-
-@CASES.add(LINEAR, "failed", "for q, k of shape (T, d_k) = (5, 4)", "out[0] should be")
-def linear_doubled(q, k, v):
-    return 2 * linear_model_answer(q, k, v)
-
-
-# --- exercise 18.2: one write of the delta rule ------------------------------------------------
-
-
-@CASES.add(DELTA, "passed")
-def delta_model_answer(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)  # S^T k, (..., d_v)
-    error = v - read
-    return state + beta[..., None, None] * k[..., :, None] * error[..., None, :]
-
-
-@CASES.add(DELTA, "passed")
-def delta_matmul(state, k, v, beta):
-    read = (k.unsqueeze(-2) @ state).squeeze(-2)  # (..., 1, d_k) @ (..., d_k, d_v)
-    write = torch.einsum("...k,...v->...kv", k, beta.unsqueeze(-1) * (v - read))
-    return state + write
-
-
-@CASES.add(DELTA, "failed", "plain linear-attention write", "writes v whole", "v - S^T k", "With beta = 1")
-def delta_plain_write(state, k, v, beta):
-    return state + beta[..., None, None] * k[..., :, None] * v[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "a sign is wrong", "With beta = 1")
-def delta_sign(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    return state + beta[..., None, None] * k[..., :, None] * (v + read)[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "for a batch of 3 square states", "left beta out", "full write every time")
-def delta_no_beta(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    return state + k[..., :, None] * (v - read)[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "beta scales the whole error")
-def delta_beta_on_v(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    return state + k[..., :, None] * (beta[..., None] * v - read)[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "you read S k where the state holds S^T k")
-def delta_reads_s_k(state, k, v, beta):
-    read = (state @ k.unsqueeze(-1)).squeeze(-1)  # S k: a shape error unless d_k == d_v
-    return state + beta[..., None, None] * k[..., :, None] * (v - read)[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "outer product transposed, (v - S^T k) k^T")
-def delta_outer_transposed(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    return state + beta[..., None, None] * (v - read)[..., :, None] * k[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "read S k and wrote the outer product transposed")
-def delta_both_transposed(state, k, v, beta):
-    read = (state @ k.unsqueeze(-1)).squeeze(-1)
-    return state + beta[..., None, None] * (v - read)[..., :, None] * k[..., None, :]
-
-
-@CASES.add(DELTA, "failed", "for a batch of 3 square states", "raised RuntimeError", "two new axes")
-def delta_beta_one_axis(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    return state + beta[..., None] * (k[..., :, None] * (v - read)[..., None, :])
-
-
-@CASES.add(DELTA, "failed", "changed state, k, v or beta in place", "return state + ...")
-def delta_in_place(state, k, v, beta):
-    read = (state * k[..., :, None]).sum(-2)
-    state += beta[..., None, None] * k[..., :, None] * (v - read)[..., None, :]
-    return state
-
-
-@CASES.add(DELTA, "failed", "for float64 states", "dtype torch.float32; keep the state's dtype torch.float64")
-def delta_float32(state, k, v, beta):
-    return delta_model_answer(state.float(), k.float(), v.float(), beta.float())
-
-
-@CASES.add(DELTA, "failed", "the new state has shape (4,)")
-def delta_returns_the_read(state, k, v, beta):
-    new = delta_model_answer(state, k, v, beta)
-    return (new * k[..., :, None]).sum(-2)  # new_state^T k instead of the state
-
-
-def test_beta_one_gives_back_v_exactly():
-    g = torch.Generator().manual_seed(0)
-    state, v = torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(3, generator=g, dtype=torch.float64)
-    k = torch.randn(5, generator=g, dtype=torch.float64)
-    k = k / k.norm()
-    new = delta_model_answer(state, k, v, torch.tensor(1.0, dtype=torch.float64))
-    assert torch.allclose(new.T @ k, v)
+@CASES.add(FOLD, "failed", "head 0")
+def fold_first_head(q_nope, w_uk):
+    return q_nope @ w_uk[0]
 
 
 def test_the_library_passes_its_own_checks():
-    def library_linear(q, k, v):
-        *lead, T, d_k = q.shape
-        flat = lambda x: x.reshape(1, -1, T, x.shape[-1])  # noqa: E731
-        out, _ = tl.linear_attention(flat(q), flat(k), flat(v))
-        return out.reshape(*lead, T, v.shape[-1])
+    def library_sink(scores, sink):
+        return tl.sink_softmax(scores, sink)
 
-    def library_delta(state, k, v, beta):
-        *lead, d_k, d_v = state.shape
-        n = math.prod(lead)
-        q = torch.zeros(1, n, 1, d_k, dtype=k.dtype)
-        _, new = tl.delta_rule(
-            q, k.reshape(1, n, 1, d_k), v.reshape(1, n, 1, d_v), beta.reshape(1, n, 1),
-            initial_state=state.reshape(1, n, d_k, d_v),
-        )  # fmt: skip
-        return new.reshape(state.shape)
+    def library_fold(q_nope, w_uk):
+        h, n, c = w_uk.shape
+        latent = torch.eye(c, dtype=w_uk.dtype)  # the scores against the unit latents are the folded query
+        keys = torch.einsum("hnc,tc->htn", w_uk, latent)  # (h, c, n): head i's key of each unit latent
+        return torch.einsum("bhtn,hsn->bhts", q_nope, keys)
 
-    assert LINEAR(library_linear, verbose=False)
-    assert DELTA(library_delta, verbose=False)
+    assert SINK(library_sink, verbose=False)
+    assert FOLD(library_fold, verbose=False)
 
 
-STUB_CASES = [case(LINEAR, stub, "not implemented"), case(DELTA, stub, "not implemented")]
+STUB_CASES = [case(SINK, stub, "not implemented"), case(FOLD, stub, "not implemented")]
 
 
 @pytest.mark.parametrize(FIELDS, CASES + STUB_CASES)

@@ -1,4 +1,4 @@
-"""Chapter 17's multi-head latent attention as properties: it computes what transformers'
+"""Chapter 18's multi-head latent attention as properties: it computes what transformers'
 DeepseekV3Attention computes on the same random weights, caches only a latent and a rotary key per
 token, decodes from that cache as it computes without, and its folded path is the same function."""
 

@@ -1,5 +1,5 @@
 """Every tool on every recipe: for GPT-2's block, Llama's block, each single departure from GPT-2's and
-chapter 17's attentions and chapter 18's recurrences and hybrid,
+chapter 18's attentions and chapter 19's recurrences and hybrid,
 the book's tools work (train and resume exactly, sample with and without the cache, fine-tune the
 head, LoRA or everything, LoRA merge and unmerge, the instruction run, capture, ablate and patch
 heads, save and load a checkpoint, the Llama converter both ways where it applies). The command
@@ -35,14 +35,14 @@ RECIPES = {
     "gelu-tanh": {"activation": "gelu_tanh"},
     "grouped-query": {"n_kv_heads": 1},
     "window": {"window": 4},
-    # chapter 17's attention: latent, sparse (the indexer picks 4 keys), a sink logit, and the first
+    # chapter 18's attention: latent, sparse (the indexer picks 4 keys), a sink logit, and the first
     # tokens kept beside a window
     "latent": {"recipe": "latent"},
     "latent-query-latent": {"recipe": "latent", "kv_latent": 8, "q_latent": 12, "rope_dim": 2},
     "sparse": {"recipe": "sparse", "sparse_k": 4},
     "sinks": {"recipe": "sinks"},
     "sinks-window-keep-first": {"sinks": True, "window": 4, "keep_first": 2},
-    # chapter 18's recurrences in every layer, and a hybrid whose second layer is multi-head attention
+    # chapter 19's recurrences in every layer, and a hybrid whose second layer is multi-head attention
     "linear": {"recipe": "llama", "attention": "linear"},
     "delta": {"recipe": "llama", "attention": "delta"},
     "gated-delta": {"recipe": "gated_delta"},

@@ -1,4 +1,4 @@
-"""The records chapters 12-18 read (``transformer_lib.experiments``): each holds every part and
+"""The records chapters 12-19 read (``transformer_lib.experiments``): each holds every part and
 seed at the current settings, and seed 0 of each chapter's experiment, re-run, reproduces it
 (slow). Also chapter 12's shipped Shakespeare checkpoint, loaded and evaluated."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib.experiments import ch12, ch13, ch14, ch15, ch15_diagnosis, ch16, ch17, ch18, recorded
+from transformer_lib.experiments import ch12, ch13, ch14, ch15, ch15_diagnosis, ch16, ch18, ch19, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,54 +128,54 @@ def test_the_shipped_dates_adapter_is_sometimes_right():
         add_adapter(base, tl.read_checkpoint(other), other, tl.DATES_ADAPTER_PATH)
 
 
-def test_chapter_17s_record_holds_every_part_and_seed():
-    sweep = recorded("ch17")
+def test_chapter_18s_record_holds_every_part_and_seed():
+    sweep = recorded("ch18")
     rows = sweep["cache"]["rows"]
-    assert [(r["name"], r["options"]) for r in rows] == [(n, o) for n, o in ch17.CACHE_KINDS]
+    assert [(r["name"], r["options"]) for r in rows] == [(n, o) for n, o in ch18.CACHE_KINDS]
     for row in rows:
-        assert [r["seed"] for r in row["runs"]] == ch17.SEEDS
+        assert [r["seed"] for r in row["runs"]] == ch18.SEEDS
     bytes_ = {row["name"]: row["runs"][0]["cache_bytes_per_token"] for row in rows}
     assert bytes_["multi-head"] == 2 * 2 * 8 * 8 * 4 and bytes_["latent 16"] == 2 * (16 + 4) * 4  # 2 layers, float32
     params = [row["runs"][0]["params"] for row in rows]
     assert max(params) / min(params) < 1.2  # about equal parameters
     sparse = sweep["sparse"]
-    assert sparse["ks"] == ch17.KS and [r["seed"] for r in sparse["runs"]] == ch17.SEEDS
+    assert sparse["ks"] == ch18.KS and [r["seed"] for r in sparse["runs"]] == ch18.SEEDS
     for r in sparse["runs"]:
-        assert set(r["sparse"]) == set(r["window"]) == set(r["agreement"]) == {str(k) for k in ch17.KS}
+        assert set(r["sparse"]) == set(r["window"]) == set(r["agreement"]) == {str(k) for k in ch18.KS}
         assert all(0 <= a <= 1 for a in r["agreement"].values())
     sinks = sweep["sinks"]
-    assert sinks["steps"] == ch17.SINK_STEPS
-    assert (sinks["window"], sinks["keep_first"]) == (ch17.WINDOW, ch17.KEEP_FIRST)
+    assert sinks["steps"] == ch18.SINK_STEPS
+    assert (sinks["window"], sinks["keep_first"]) == (ch18.WINDOW, ch18.KEEP_FIRST)
     assert sorted((r["variant"], r["seed"]) for r in sinks["runs"]) == sorted(
-        (v, s) for v in ("plain", "learned sink") for s in ch17.SEEDS
+        (v, s) for v in ("plain", "learned sink") for s in ch18.SEEDS
     )
     assert all(torch.tensor(r["mass_on_first"]).shape == (2, 4) for r in sinks["runs"])
 
 
-def test_ch18_record_holds_every_mixer_seed_and_pair_count_at_equal_parameters():
-    sweep = recorded("ch18")
+def test_ch19_record_holds_every_mixer_seed_and_pair_count_at_equal_parameters():
+    sweep = recorded("ch19")
     recall = sweep["recall"]
-    assert recall["settings"] == {**ch18.RECALL, "pairs": ch18.PAIRS, "n_keys": ch18.N_KEYS,
-                                  "n_values": ch18.N_VALUES, **ch18.LLAMA}  # fmt: skip
+    assert recall["settings"] == {**ch19.RECALL, "pairs": ch19.PAIRS, "n_keys": ch19.N_KEYS,
+                                  "n_values": ch19.N_VALUES, **ch19.LLAMA}  # fmt: skip
     runs = recall["runs"]
-    assert [(r["name"], r["seed"]) for r in runs] == [(m, s) for m in ch18.MIXERS for s in ch18.SEEDS]
-    widths = ch18.recall_widths()  # the models the current code builds
-    d_k = ch18.RECALL["d_model"] // ch18.RECALL["n_heads"]
+    assert [(r["name"], r["seed"]) for r in runs] == [(m, s) for m in ch19.MIXERS for s in ch19.SEEDS]
+    widths = ch19.recall_widths()  # the models the current code builds
+    d_k = ch19.RECALL["d_model"] // ch19.RECALL["n_heads"]
     for r in runs:
         assert (r["d_ff"], r["params"]) == widths[r["name"]], r["name"]
-        assert list(r["accuracy"]) == [str(n) for n in ch18.PAIRS]
+        assert list(r["accuracy"]) == [str(n) for n in ch19.PAIRS]
         assert all(0 <= a <= 1 for a in r["accuracy"].values()) and r["final_loss"] > 0
-        assert [m["mixer"] for m in r["memory"]] == [r["name"]] * ch18.RECALL["n_layers"]
+        assert [m["mixer"] for m in r["memory"]] == [r["name"]] * ch19.RECALL["n_layers"]
         for m in r["memory"]:  # a recurrence: one d_k x d_v state per head; softmax: a key and a value per head
             held = m["state"] if r["name"] != "multi_head" else m["per_token"]
-            assert held == ch18.RECALL["n_heads"] * (d_k * d_k if r["name"] != "multi_head" else 2 * d_k)
+            assert held == ch19.RECALL["n_heads"] * (d_k * d_k if r["name"] != "multi_head" else 2 * d_k)
     params = [r["params"] for r in runs]
     assert max(params) <= 1.02 * min(params)  # equal parameters: the softmax model's d_ff widened
     lm = sweep["lm"]
-    assert lm["settings"] == {**ch18.lm_settings(), **ch18.LLAMA} and lm["options"] == dict(ch18.LM_MODELS)
+    assert lm["settings"] == {**ch19.lm_settings(), **ch19.LLAMA} and lm["options"] == dict(ch19.LM_MODELS)
     runs = lm["runs"]
-    assert [(r["name"], r["seed"]) for r in runs] == [(n, s) for n, _ in ch18.LM_MODELS for s in ch18.SEEDS]
-    widths = ch18.lm_widths()
+    assert [(r["name"], r["seed"]) for r in runs] == [(n, s) for n, _ in ch19.LM_MODELS for s in ch19.SEEDS]
+    widths = ch19.lm_widths()
     assert all((r["d_ff"], r["params"]) == widths[r["name"]] and r["bits_per_byte"] > 0 for r in runs)
     params = [r["params"] for r in runs]
     assert max(params) <= 1.02 * min(params)
@@ -270,14 +270,14 @@ def reproduce_ch16(record: dict) -> None:
     assert got["text"]["bits_per_byte"] == pytest.approx(old["text"]["bits_per_byte"], abs=0.1)
 
 
-def reproduce_ch17(record: dict) -> None:
+def reproduce_ch18(record: dict) -> None:
     """Seed 0 of the smallest latent attention and of the sparse model (float32: the last digits may
     move on another CPU; 0.05 bits is below what the chapter reads from them)."""
     row = next(r for r in record["cache"]["rows"] if r["name"] == "latent 16")
-    fresh, old = ch17.cache_run("latent 16", 0), row["runs"][0]
+    fresh, old = ch18.cache_run("latent 16", 0), row["runs"][0]
     assert fresh["params"] == old["params"] and fresh["cache_bytes_per_token"] == old["cache_bytes_per_token"]
     assert fresh["bits_per_byte"] == pytest.approx(old["bits_per_byte"], abs=0.05)
-    fresh, old = ch17.sparse_run(0), record["sparse"]["runs"][0]
+    fresh, old = ch18.sparse_run(0), record["sparse"]["runs"][0]
     for k in ("dense",):
         assert fresh[k] == pytest.approx(old[k], abs=0.05)
     for k in ("4", "16"):
@@ -285,7 +285,7 @@ def reproduce_ch17(record: dict) -> None:
         assert fresh["window"][k] == pytest.approx(old["window"][k], abs=0.05), k
 
 
-def reproduce_ch18(record: dict) -> None:
+def reproduce_ch19(record: dict) -> None:
     """Seed 0 of the softmax recall model and of the linear-attention language model (about 100
     seconds on one core).
 
@@ -298,13 +298,13 @@ def reproduce_ch18(record: dict) -> None:
     whether it leaves its plateau within the steps depends on the last digits (linear
     attention, seed 0, reached 0.80 at 4 pairs here; on that machine it was still near 0.06
     after 1000 steps), so no tolerance would hold it."""
-    fresh = ch18.recall_run("multi_head", 0)
+    fresh = ch19.recall_run("multi_head", 0)
     old = next(r for r in record["recall"]["runs"] if (r["name"], r["seed"]) == ("multi_head", 0))
     assert (fresh["params"], fresh["d_ff"], fresh["memory"]) == (old["params"], old["d_ff"], old["memory"])
-    for n in map(str, ch18.PAIRS):
+    for n in map(str, ch19.PAIRS):
         assert fresh["accuracy"][n] == pytest.approx(old["accuracy"][n], abs=0.05), n
     assert fresh["final_loss"] == pytest.approx(old["final_loss"], abs=0.1)
-    fresh = ch18.lm_run("linear", 0)
+    fresh = ch19.lm_run("linear", 0)
     old = next(r for r in record["lm"]["runs"] if (r["name"], r["seed"]) == ("linear", 0))
     assert (fresh["params"], fresh["d_ff"]) == (old["params"], old["d_ff"])
     assert fresh["bits_per_byte"] == pytest.approx(old["bits_per_byte"], abs=0.05)
@@ -312,7 +312,7 @@ def reproduce_ch18(record: dict) -> None:
 
 REPRODUCE = {
     "ch12": reproduce_ch12, "ch13": reproduce_ch13, "ch14": reproduce_ch14, "ch15": reproduce_ch15,
-    "ch16": reproduce_ch16, "ch17": reproduce_ch17, "ch18": reproduce_ch18,
+    "ch16": reproduce_ch16, "ch18": reproduce_ch18, "ch19": reproduce_ch19,
 }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Chapter 17's sparse attention by selection: the indexer matches DeepSeek-V3.2's in transformers,
+"""Chapter 18's sparse attention by selection: the indexer matches DeepSeek-V3.2's in transformers,
 covering top-k is dense attention, selection never looks ahead, the cache changes nothing, and the
 indexer's loss trains the indexer alone."""
 

@@ -7,8 +7,8 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 ``long_context`` (11: the online softmax and tiled attention), ``inspect_heads`` (12: capturing
 attention weights, intervening on heads, scoring patterns), ``bpe`` (13: byte-level BPE),
 ``modern_block`` and ``recipe`` (14: today's block and the recipe that assembles it) and
-``latent_attention``, ``sparse_attention`` and ``sinks`` (16: the cache compressed three ways),
-``linear_attention`` and ``delta_net`` (17: attention as a recurrence, a fixed-size state).
+``latent_attention``, ``sparse_attention`` and ``sinks`` (18: the cache compressed three ways),
+``linear_attention`` and ``delta_net`` (19: attention as a recurrence, a fixed-size state).
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
@@ -40,7 +40,7 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 
 # The library's layout, which tests/test_layout.py checks. Concept modules, in the order a reader
 # meets them: each imports only the ones before it, and never a tool. `parts` (what a part's role is)
-# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-15 and 17, so it
+# imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-15 and 18, so it
 # comes after them.
 _CONCEPTS = (
     "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",

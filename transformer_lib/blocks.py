@@ -260,7 +260,7 @@ class _Stack(nn.Module):
             _check_kv_heads(d_model, n_heads, options.get("n_kv_heads"))
             if self.layer_class is DecoderLayer:
                 check_window(options.get("window"))
-        per_layer = getattr(options.get("parts"), "for_layer", None)  # chapter 18: a hybrid's layers differ
+        per_layer = getattr(options.get("parts"), "for_layer", None)  # chapter 19: a hybrid's layers differ
         layer_options = [{**options, "parts": per_layer(i)} if per_layer else options for i in range(n_layers)]
         self.layers = nn.ModuleList(
             self.layer_class(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **o)

@@ -1,4 +1,4 @@
-"""Gated DeltaNet, the linear-attention layer of Qwen3-Next (chapter 18, "Attention as a recurrence").
+"""Gated DeltaNet, the linear-attention layer of Qwen3-Next (chapter 19, "Attention as a recurrence").
 
 Each token, from ``x (B, T, d_model)``:
 
@@ -35,7 +35,7 @@ DELTA_MODES = ("gated", "delta", "linear")
 
 
 class RecurrentState:
-    """The cache of a recurrent layer such as :class:`GatedDeltaNet` (chapter 18).
+    """The cache of a recurrent layer such as :class:`GatedDeltaNet` (chapter 19).
 
     ``state (B, h, d_k, d_v)``, the recurrence's matrix per head, and ``conv (B, channels, kernel - 1)``,
     the last inputs of the short convolution (None while empty). ``position``: tokens seen so far;
@@ -94,7 +94,7 @@ class RecurrentState:
 
 
 class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 18). Causal self-attention only.
+    """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 19). Causal self-attention only.
 
     ``GatedDeltaNet(d_model, n_heads, *, n_qk_heads=None, d_k=None, d_v=None, conv_kernel=4,
     mode="gated", chunk_size=64, eps=1e-6)``; ``n_heads`` value heads, ``n_qk_heads`` (default
@@ -279,7 +279,7 @@ def _check_call(mask, is_causal, window) -> None:
 
 
 def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
-    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 18).
+    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 19).
 
     Qwen3-Next fuses its maps per query-key head: ``in_proj_qkvz`` gives, for each of the
     ``n_qk_heads`` groups, that group's query, key, values and output gates ``z`` side by side, and

@@ -130,7 +130,7 @@ def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = N
 
 def eval_attention(model: nn.Module, *args, **kwargs) -> dict[str, Tensor]:
     """``{layer name: weights (B, h, T_q, T_k)}`` of ``model(*args, **kwargs)`` run in eval mode (no
-    dropout), the model's mode restored after (chapters 12 and 17)."""
+    dropout), the model's mode restored after (chapters 12 and 18)."""
     was_training = model.training
     model.eval()
     try:

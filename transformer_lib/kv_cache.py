@@ -30,7 +30,7 @@ class KVCache:
     * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
       returns all of them. With ``window`` (sliding-window attention) only the last
       ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
-      stays bounded; without it, everything is kept. ``keep_first`` (chapter 17, with a window
+      stays bounded; without it, everything is kept. ``keep_first`` (chapter 18, with a window
       only) also keeps the first ``keep_first`` positions ever appended, StreamingLLM's attention
       sinks: at most ``keep_first + window - 1`` positions are held.
     * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
@@ -126,7 +126,7 @@ class KVCache:
 
     def _kept(self, x: Tensor) -> Tensor:
         """What a window keeps of ``x (B, n_kv_heads, T, d_k)``, every position held plus the new ones:
-        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter 17)."""
+        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter 18)."""
         T = x.shape[2]
         if self.window is None or T <= self.keep_first + self.window - 1:
             return x
@@ -177,7 +177,7 @@ class KVCache:
 
 def check_cache(cache: object, window: int | None, batch: int, keep_first: int = 0) -> None:
     """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` (and
-    ``keep_first``, chapter 17) and a query batch of ``batch`` may use (chapter 10); a clear error otherwise."""
+    ``keep_first``, chapter 18) and a query batch of ``batch`` may use (chapter 10); a clear error otherwise."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
     if cache.window is not None and (window is None or cache.window < window):

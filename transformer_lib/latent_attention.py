@@ -1,4 +1,4 @@
-"""Multi-head latent attention, DeepSeek-V2's and V3's (chapter 17, "Latent, sparse and sink attention").
+"""Multi-head latent attention, DeepSeek-V2's and V3's (chapter 18, "Latent, sparse and sink attention").
 
 Each token is compressed to one small latent ``c`` (``kv_latent`` numbers, normalised) from which
 every head's key and value are projected back up, plus one rotary key ``k_rope`` (``rope_dim``
@@ -28,7 +28,7 @@ __all__ = ["LatentAttention", "LatentCache", "latent_from_deepseek"]
 
 
 class LatentCache:
-    """What a :class:`LatentAttention` layer keeps per token for generation (chapter 17).
+    """What a :class:`LatentAttention` layer keeps per token for generation (chapter 18).
 
     ``c (B, T_cached, kv_latent)``, the normalised latents, and ``k_rope (B, T_cached, rope_dim)``,
     the shared rotary keys already rotated at their positions (None while empty); not the heads'
@@ -121,7 +121,7 @@ class LatentCache:
 
 
 class LatentAttention(nn.Module):
-    """Multi-head latent attention, DeepSeek-V2's and V3's (chapter 17). Self-attention only.
+    """Multi-head latent attention, DeepSeek-V2's and V3's (chapter 18). Self-attention only.
 
     ``LatentAttention(d_model, n_heads, *, kv_latent, q_latent=None, rope_dim=None, nope_dim=None,
     v_dim=None, rotary_base=10000.0, eps=1e-6, dropout=0.0, bias=False)``; with ``d_k = d_model //
@@ -310,7 +310,7 @@ class LatentAttention(nn.Module):
 
 
 def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> LatentAttention:
-    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 17).
+    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 18).
 
     ``interleaved`` says how the source lays out its rotary rows: True for ``rope_interleave=True``
     (pairs ``(2i, 2i + 1)``, the book's own: copied as they are), False for half-split pairs

@@ -8,7 +8,7 @@ with its weighted sum of values, so it never needs the ``(T_q, T_k)`` matrix of 
 ``(block, block)`` tile of it at a time. That is the idea behind FlashAttention; here it is
 written in plain PyTorch, for reading, not for speed.
 
-Chapter 17 adds an attention sink: one extra logit per row (per head in attention) that joins
+Chapter 18 adds an attention sink: one extra logit per row (per head in attention) that joins
 the softmax's denominator but has no value, so a row's weights may sum to less than 1. The
 running max then starts at the sink and the running sum at ``exp(sink - sink) = 1``.
 
@@ -35,7 +35,7 @@ def _safe_max(m: Tensor) -> Tensor:
 
 
 def _sink_start(sink: Tensor | None, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """The running max and sum before any column (chapter 17), ``shape`` each, of ``like``'s dtype and
+    """The running max and sum before any column (chapter 18), ``shape`` each, of ``like``'s dtype and
     device: ``-inf`` and 0, or, with a sink (broadcast to ``shape``), the sink and
     ``exp(sink - sink) = 1`` (0 for a sink of ``-inf``)."""
     if sink is None:
@@ -67,7 +67,7 @@ def online_softmax(x: Tensor, block_size: int, *, sink: Tensor | None = None) ->
     the end ``softmax(x) = exp(x - m) / l``. Returns ``(..., n)``, equal to
     ``torch.softmax(x, dim=-1)`` up to rounding (a row of only ``-inf`` gives NaN, as there).
 
-    ``sink`` (chapter 17), a tensor broadcastable to ``x.shape[:-1]``: one more logit per row, in
+    ``sink`` (chapter 18), a tensor broadcastable to ``x.shape[:-1]``: one more logit per row, in
     the denominator only; the result is the softmax of the row with a column holding ``sink``
     added, that column dropped, so rows sum to less than 1 (a row of only ``-inf`` gives zeros).
     """
@@ -140,7 +140,7 @@ def _tiled_forward(
     q: Tensor, k: Tensor, v: Tensor, sink: Tensor | None, is_causal: bool, block_size: int
 ) -> tuple[Tensor, Tensor]:
     """``(out (B, h, T_q, d_v), lse (B, h, T_q))``; ``lse`` is each query's log-sum-exp of scores
-    (and of its head's sink, chapter 17)."""
+    (and of its head's sink, chapter 18)."""
     B, h, T_q, d = q.shape
     T_k, d_v = k.shape[2], v.shape[-1]
     work = _work_dtype(q.dtype)
@@ -173,7 +173,7 @@ def _tiled_backward(q, k, v, sink, out, lse, grad_out, is_causal: bool, block_si
 
     With ``dP = dO V^T`` and ``D_i = sum_j P_ij dP_ij = dO_i . O_i``, the softmax's gradient is
     ``dS = P * (dP - D)``; then ``dQ = dS K / sqrt(d)``, ``dK = dS^T Q / sqrt(d)`` and ``dV = P^T dO``.
-    The sink (chapter 17) has no value, so its ``dP`` is 0: ``dsink_h = -sum_i P_sink(i) D_i``.
+    The sink (chapter 18) has no value, so its ``dP`` is 0: ``dsink_h = -sum_i P_sink(i) D_i``.
     """
     T_q, d = q.shape[2], q.shape[3]
     T_k = k.shape[2]
@@ -240,7 +240,7 @@ def tiled_attention(
     key blocks that lie wholly after a query block are skipped, not computed and masked. The
     result is differentiable once (no double backward).
 
-    ``sink (h,)`` (chapter 17): one learned logit per head, in every query's softmax denominator
+    ``sink (h,)`` (chapter 18): one learned logit per head, in every query's softmax denominator
     but with no value (gpt-oss's attention sink); the running max starts at it. It is
     differentiable too.
     """

@@ -53,7 +53,7 @@ def sliding_window_mask(
     third argument only so that ``sliding_window_mask(T_q, T_k, window)`` reads naturally);
     ``window >= T_k`` gives :func:`causal_mask`.
 
-    ``keep_first`` (chapter 17, StreamingLLM's attention sinks): every query also sees the first
+    ``keep_first`` (chapter 18, StreamingLLM's attention sinks): every query also sees the first
     ``keep_first`` keys, ``0 .. keep_first - 1``, those not in its future.
     """
     T_k = T_q if T_k is None else T_k

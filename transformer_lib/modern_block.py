@@ -148,8 +148,8 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
 
     The queries and keys are the ones the layer scores, after query-key normalisation and rotary
     positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
-    Chapter 17's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
-    Chapter 18's recurrent layers score no logits: a hybrid's value is its multi-head layers', and a
+    Chapter 18's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
+    Chapter 19's recurrent layers score no logits: a hybrid's value is its multi-head layers', and a
     model with no layer that scores is refused by name.
     """
     found: list[Tensor] = []
@@ -166,7 +166,7 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
 
         return run
 
-    def recording_scored(layer: nn.Module):  # chapter 17's latent attention: its scores, folded or not
+    def recording_scored(layer: nn.Module):  # chapter 18's latent attention: its scores, folded or not
         attend = layer._attend
 
         def run(q, k, v, *args, **kwargs):  # q (B, h, T_q, d), k (B, h or 1, T_k, d)

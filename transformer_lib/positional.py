@@ -200,7 +200,7 @@ class RotaryEmbedding(nn.Module):
 
 def half_split_rows(n_heads: int, d: int) -> Tensor:
     """The rows that turn rotary weights of the half-split convention into the book's (chapters 14
-    and 17): ``(n_heads * d,)`` indices, per head ``0, d/2, 1, d/2 + 1, ...``.
+    and 18): ``(n_heads * d,)`` indices, per head ``0, d/2, 1, d/2 + 1, ...``.
 
     The book rotates neighbouring dimensions ``(2i, 2i + 1)`` together (:func:`apply_rotary`);
     ``transformers``' Llama, gpt-oss and DeepSeek-V3.2's indexer rotate ``(i, i + d/2)``, with the

@@ -285,7 +285,7 @@ def quantize_weights(
     as Hugging Face's loading of bitsandbytes' 4-bit and 8-bit models keeps the output head in full
     precision (and embeddings are no linear layers). Add ``"embedding"`` and ``"head"`` to quantise
     those too; a tied output head (the token embedding's matrix, GPT-2's) needs both. Learned
-    positions, vectors (biases, norms, sink logits) and chapter 18's short convolution (3-D) are never
+    positions, vectors (biases, norms, sink logits) and chapter 19's short convolution (3-D) are never
     quantised. A weight with a LoRA adapter (chapter 15) is refused: merge the adapters first
     (``tl.remove_lora(model)``). QLoRA's order is the other way round: the base is quantised first,
     then the adapters are added to the copy. The copy's weights keep their dtype (float32 and float64

@@ -10,10 +10,10 @@ and asks it for each part (:meth:`BlockRecipe.norm`, :meth:`~BlockRecipe.feed_fo
 is an import of this module.
 
 A new kind of attention is one new module with its layer and its cache, and one new value of
-``attention`` here, in :data:`ATTENTIONS`: chapter 17's latent attention
+``attention`` here, in :data:`ATTENTIONS`: chapter 18's latent attention
 (:mod:`~transformer_lib.latent_attention`) and sparse attention
 (:mod:`~transformer_lib.sparse_attention`) are two; its sink logits and kept first tokens
-(:mod:`~transformer_lib.sinks`) are options of the multi-head attention. Chapter 18's
+(:mod:`~transformer_lib.sinks`) are options of the multi-head attention. Chapter 19's
 recurrences are three more values, ``"linear"``, ``"delta"`` and ``"gated_delta"`` (the modes of
 :class:`~transformer_lib.delta_net.GatedDeltaNet`), and ``full_every`` makes a hybrid: every
 ``full_every``-th layer keeps multi-head attention, as Qwen3-Next keeps one layer in four.
@@ -42,7 +42,7 @@ __all__ = [
 
 def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
     """Chapter 5's attention (10's grouped-query), with chapter 14's query-key transform in self-attention
-    and chapter 17's sink logits and kept first tokens."""
+    and chapter 18's sink logits and kept first tokens."""
     options = dict(n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True)
     if self_attention and (recipe.sinks or recipe.keep_first):
         mha = SinkAttention(d_model, n_heads, sinks=recipe.sinks, keep_first=recipe.keep_first, **options)
@@ -52,7 +52,7 @@ def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, 
 
 
 def _sparse(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
-    """Chapter 17's sparse attention: each query reads the ``sparse_k`` keys an indexer picks."""
+    """Chapter 18's sparse attention: each query reads the ``sparse_k`` keys an indexer picks."""
     if not self_attention:
         raise ValueError("attention='sparse' is a causal self-attention: an encoder-decoder's cross-attention is not")
     d_k = d_model // n_heads
@@ -75,7 +75,7 @@ def _with_qk_transform(recipe: BlockRecipe, mha: MultiHeadAttention, self_attent
 
 
 def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
-    """Chapter 17's multi-head latent attention: one ``kv_latent``-wide latent per token is cached."""
+    """Chapter 18's multi-head latent attention: one ``kv_latent``-wide latent per token is cached."""
     if not self_attention:
         raise ValueError("attention='latent' is a causal self-attention: an encoder-decoder's cross-attention is not")
     if n_kv_heads is not None:
@@ -89,7 +89,7 @@ def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, drop
 
 
 def _recurrent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
-    """Chapter 18's recurrences: Qwen3-Next's gated DeltaNet layer in the mode the recipe names (linear
+    """Chapter 19's recurrences: Qwen3-Next's gated DeltaNet layer in the mode the recipe names (linear
     attention, the delta rule, the gated delta rule), its state the cache. It has no attention weights
     to drop: ``dropout`` is the residual's alone."""
     if not self_attention:
@@ -107,9 +107,9 @@ ATTENTIONS = {
     "multi_head": _multi_head, "latent": _latent, "sparse": _sparse,
     "linear": _recurrent, "delta": _recurrent, "gated_delta": _recurrent,
 }  # fmt: skip
-_MODES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # chapter 18: GatedDeltaNet's modes
+_MODES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # chapter 19: GatedDeltaNet's modes
 RECURRENT = tuple(_MODES)
-# The choices only some kinds of attention read (chapters 17 and 18), refused with another.
+# The choices only some kinds of attention read (chapters 18 and 19), refused with another.
 _ATTENTION_OPTIONS = {
     "kv_latent": ("latent",), "q_latent": ("latent",), "rope_dim": ("latent",), "sparse_k": ("sparse",),
     "sinks": ("multi_head",), "keep_first": ("multi_head",), "full_every": RECURRENT,
@@ -145,14 +145,14 @@ class BlockRecipe:
     qk_norm: bool = False  # an RMSNorm on each head's queries and keys before the scores
     bias: bool = True  # biases in the linear maps and LayerNorms
     tie_embeddings: bool = True  # the output head shares the token embedding's matrix (GPT-2); Llama's does not
-    # chapter 17: latent attention's widths (None: 4 d_k, no query latent, d_k / 2) ...
+    # chapter 18: latent attention's widths (None: 4 d_k, no query latent, d_k / 2) ...
     kv_latent: int | None = None  # the latent each token caches (DeepSeek's kv_lora_rank)
     q_latent: int | None = None  # the query's latent (q_lora_rank); None: a full query projection
     rope_dim: int | None = None  # each head's rotated width, and the shared rotary key's
     sparse_k: int | None = None  # ... sparse attention's keys per query (DeepSeek-V3.2's index_topk) ...
     sinks: bool = False  # ... and a learned sink logit per head (gpt-oss's)
     keep_first: int = 0  # with a sliding window, every query also sees the first tokens (StreamingLLM)
-    # chapter 18: with a recurrent attention, every full_every-th layer is multi-head attention (0: none is;
+    # chapter 19: with a recurrent attention, every full_every-th layer is multi-head attention (0: none is;
     # Qwen3-Next's full_attention_interval, 4)
     full_every: int = 0
 
@@ -213,7 +213,7 @@ class BlockRecipe:
         return FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation=self.activation, bias=self.bias)
 
     def for_layer(self, index: int) -> BlockRecipe:
-        """The recipe of layer ``index`` (0 first) of a stack (chapter 18): this one, except that with
+        """The recipe of layer ``index`` (0 first) of a stack (chapter 19): this one, except that with
         ``full_every`` the last layer of every group of ``full_every`` is multi-head attention
         (``full_every=4``: layers 3, 7, ... as in Qwen3-Next)."""
         check_int(index, "index", minimum=0)
@@ -238,11 +238,11 @@ class BlockRecipe:
 
 GPT2_BLOCK = BlockRecipe()
 LLAMA_BLOCK = BlockRecipe(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False)
-# chapter 17: Llama's block with the attention of DeepSeek-V3 (latent), DeepSeek-V3.2 (sparse) or gpt-oss (sinks)
+# chapter 18: Llama's block with the attention of DeepSeek-V3 (latent), DeepSeek-V3.2 (sparse) or gpt-oss (sinks)
 RECIPES = {
     "gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK, "latent": replace(LLAMA_BLOCK, attention="latent"),
     "sparse": replace(LLAMA_BLOCK, attention="sparse", sparse_k=16), "sinks": replace(LLAMA_BLOCK, sinks=True),
-    # chapter 18: Qwen3-Next's gated DeltaNet in every layer, or in three of every four (a hybrid)
+    # chapter 19: Qwen3-Next's gated DeltaNet in every layer, or in three of every four (a hybrid)
     "gated_delta": replace(LLAMA_BLOCK, attention="gated_delta"),
     "hybrid": replace(LLAMA_BLOCK, attention="gated_delta", full_every=4),
 }  # fmt: skip

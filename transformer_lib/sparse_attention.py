@@ -1,4 +1,4 @@
-"""Sparse attention by selection (chapter 17, "Latent, sparse and sink attention"): DeepSeek-V3.2's.
+"""Sparse attention by selection (chapter 18, "Latent, sparse and sink attention"): DeepSeek-V3.2's.
 
 A cheap :class:`Indexer` scores every earlier key for each query, which attends only to its
 ``top_k`` best keys. The indexer learns beside the model to imitate the dense attention, by an
@@ -24,7 +24,7 @@ __all__ = ["AddAuxiliaryLoss", "Indexer", "SparseAttention", "SparseCache", "ind
 
 
 def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
-    """The keys each query keeps (chapter 17): ``scores (B, T_q, T_k)`` and ``mask`` (True = may
+    """The keys each query keeps (chapter 18): ``scores (B, T_q, T_k)`` and ``mask`` (True = may
     attend, broadcastable to ``scores``) -> bool ``(B, T_q, T_k)``, True at the ``top_k`` highest
     scores among the keys ``mask`` allows, fewer where fewer are allowed. Of equal scores the earliest
     key goes first."""
@@ -41,7 +41,7 @@ def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tenso
 
 
 class Indexer(nn.Module):
-    """DeepSeek-V3.2's lightning indexer (chapter 17): a small, cheap attention that scores keys.
+    """DeepSeek-V3.2's lightning indexer (chapter 18): a small, cheap attention that scores keys.
 
     ``Indexer(d_model, n_heads, head_dim, *, rope_dim=0, q_dim=None, rotary_base=10000.0)``: its
     ``n_heads`` query heads of width ``head_dim`` come from ``q_proj`` (reading ``q_dim``-wide
@@ -120,7 +120,7 @@ class Indexer(nn.Module):
 
 
 class AddAuxiliaryLoss(torch.autograd.Function):
-    """An auxiliary loss that reaches backward with no change to the training loop (chapter 17):
+    """An auxiliary loss that reaches backward with no change to the training loop (chapter 18):
     ``AddAuxiliaryLoss.apply(out, loss, weight)`` returns ``out`` unchanged; in backward its gradient
     passes through and the scalar ``loss`` gets ``weight``, as if ``weight * loss`` joined the loss."""
 
@@ -138,7 +138,7 @@ class AddAuxiliaryLoss(torch.autograd.Function):
 
 
 class SparseCache(KVCache):
-    """A :class:`~transformer_lib.kv_cache.KVCache` that also keeps the indexer's key rows (chapter 17):
+    """A :class:`~transformer_lib.kv_cache.KVCache` that also keeps the indexer's key rows (chapter 18):
     ``index_keys (B, T_cached, index_dim)``, at the same positions as the keys (with a window, the
     last ``window - 1``), appended as the keys are (outside autograd, into a buffer whose capacity
     doubles). :meth:`SparseAttention.new_cache` makes one."""
@@ -180,7 +180,7 @@ class SparseCache(KVCache):
 
 class SparseAttention(MultiHeadAttention):
     """Causal self-attention in which each query attends only to the keys an :class:`Indexer`
-    selects (chapter 17, DeepSeek-V3.2's sparse attention).
+    selects (chapter 18, DeepSeek-V3.2's sparse attention).
 
     ``SparseAttention(d_model, n_heads, *, top_k, index_heads=None, index_dim=None, rope_dim=None,
     rotary_base=10000.0, index_loss_weight=1.0, n_kv_heads=None, dropout=0.0, bias=True)``: the
@@ -221,7 +221,7 @@ class SparseAttention(MultiHeadAttention):
         return f"top_k={self.top_k}, index_loss_weight={self.index_loss_weight}"
 
     def new_cache(self, window: int | None = None) -> SparseCache:
-        """An empty :class:`SparseCache` for this layer, keeping what ``window`` needs (chapter 17)."""
+        """An empty :class:`SparseCache` for this layer, keeping what ``window`` needs (chapter 18)."""
         return SparseCache(window=window)
 
     def _ready_indexer(self) -> Indexer:
@@ -326,7 +326,7 @@ class SparseAttention(MultiHeadAttention):
 
 @torch.no_grad()
 def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
-    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter 17).
+    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter 18).
 
     DeepSeek rotates the half-split pairs ``(i, i + r/2)`` of the first ``r`` dimensions of each
     head, the book neighbouring pairs, with the same frequencies: the rotated rows of the query

@@ -106,7 +106,7 @@ MODEL_SETTINGS = {
     "rotary_base": "the base of the rotary frequencies",
     "qk_norm": "RMSNorm on each head's queries and keys before the scores",
     "tie_embeddings": "the output head shares the token embedding's matrix",
-    # chapter 17, "Latent, sparse and sink attention"
+    # chapter 18, "Latent, sparse and sink attention"
     "window": "sliding-window attention: each token sees itself and the window - 1 before it (default: none)",
     "attention": "the attention: multi_head, latent (DeepSeek-V3's) or sparse (DeepSeek-V3.2's); or a "
     "recurrence: linear, delta or gated_delta (Qwen3-Next's gated DeltaNet)",
@@ -116,7 +116,7 @@ MODEL_SETTINGS = {
     "sparse_k": "sparse attention: the keys each query reads, picked by the indexer",
     "sinks": "a learned sink logit per head (gpt-oss's attention sinks)",
     "keep_first": "with --window, every token also sees the first this many tokens",
-    # chapter 18, "Attention as a recurrence"
+    # chapter 19, "Attention as a recurrence"
     "full_every": "with a recurrent --attention, every this many-th layer is multi-head attention (a hybrid; 0: none)",
 }
 

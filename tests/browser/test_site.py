@@ -508,11 +508,14 @@ def test_self_checks_give_feedback(server, browser, page_path):
 # ---------------------------------------------------------------- old chapter addresses
 
 # An old chapter's address -> the page it opens and the least number of sections it moves: chapter
-# 10 was split in two; chapters 16 and 17 became 17 and 18 when "Measuring a model" came in as 16.
+# 10 was split in two; chapters 16 and 17 became 17 and 18 when "Measuring a model" came in as 16,
+# then 18 and 19 when "Preferences and rewards" came in as 17.
 OLD_CHAPTERS = {
     "chapters/10_attention_at_scale.html": ("10_generation.html", 20),
-    "chapters/16_latent_sparse_sink.html": ("17_latent_sparse_sink.html", 15),
-    "chapters/17_attention_as_recurrence.html": ("18_attention_as_recurrence.html", 15),
+    "chapters/16_latent_sparse_sink.html": ("18_latent_sparse_sink.html", 15),
+    "chapters/17_attention_as_recurrence.html": ("19_attention_as_recurrence.html", 15),
+    "chapters/17_latent_sparse_sink.html": ("18_latent_sparse_sink.html", 15),
+    "chapters/18_attention_as_recurrence.html": ("19_attention_as_recurrence.html", 15),
 }
 
 
@@ -545,11 +548,18 @@ def test_an_old_chapter_address_redirects_section_by_section(old_chapter):
     [
         ("chapters/10_attention_at_scale.html", "", "10_generation.html", ""),
         ("chapters/10_attention_at_scale.html", "#the-online-softmax", "11_long", "the-online-softmax"),
-        ("chapters/16_latent_sparse_sink.html", "", "17_latent_sparse_sink.html", ""),
-        ("chapters/16_latent_sparse_sink.html", "#attention-sinks", "17_latent_sparse_sink.html", "attention-sinks"),
-        ("chapters/16_latent_sparse_sink.html", "#ex-16-2", "17_latent_sparse_sink.html", "ex-17-2"),
-        ("chapters/17_attention_as_recurrence.html", "", "18_attention_as_recurrence.html", ""),
-        ("chapters/17_attention_as_recurrence.html", "#ex-17-1", "18_attention_as_recurrence.html", "ex-18-1"),
+        ("chapters/16_latent_sparse_sink.html", "", "18_latent_sparse_sink.html", ""),
+        ("chapters/16_latent_sparse_sink.html", "#attention-sinks", "18_latent_sparse_sink.html", "attention-sinks"),
+        ("chapters/16_latent_sparse_sink.html", "#ex-16-2", "18_latent_sparse_sink.html", "ex-18-2"),
+        ("chapters/17_attention_as_recurrence.html", "", "19_attention_as_recurrence.html", ""),
+        ("chapters/17_attention_as_recurrence.html", "#ex-17-1", "19_attention_as_recurrence.html", "ex-19-1"),
+        ("chapters/17_latent_sparse_sink.html", "", "18_latent_sparse_sink.html", ""),
+        ("chapters/17_latent_sparse_sink.html", "#attention-sinks", "18_latent_sparse_sink.html", "attention-sinks"),
+        ("chapters/17_latent_sparse_sink.html", "#ex-17-2", "18_latent_sparse_sink.html", "ex-18-2"),
+        ("chapters/17_latent_sparse_sink.html", "#sc-17-1", "18_latent_sparse_sink.html", "sc-18-1"),
+        ("chapters/18_attention_as_recurrence.html", "", "19_attention_as_recurrence.html", ""),
+        ("chapters/18_attention_as_recurrence.html", "#hybrids", "19_attention_as_recurrence.html", "hybrids"),
+        ("chapters/18_attention_as_recurrence.html", "#ex-18-1", "19_attention_as_recurrence.html", "ex-19-1"),
     ],
 )
 def test_an_old_link_reaches_the_new_chapter(server, browser, old_chapter, anchor, lands_on, fragment):

@@ -1,4 +1,4 @@
-"""Associative recall (chapter 18): a model reads key-value pairs, then is asked for the value of
+"""Associative recall (chapter 19): a model reads key-value pairs, then is asked for the value of
 some keys. What a fixed-size state forgets and a growing cache keeps, measured by one number,
 the number of pairs.
 
@@ -21,7 +21,7 @@ __all__ = ["RecallBatch", "recall_accuracy", "recall_batch", "recall_vocab_size"
 
 
 class RecallBatch(NamedTuple):
-    """One batch of associative recall (chapter 18): ``idx``, ``targets`` (the next tokens) and
+    """One batch of associative recall (chapter 19): ``idx``, ``targets`` (the next tokens) and
     ``loss_mask`` (True where the target is a queried key's value), each ``(B, T)``."""
 
     idx: Tensor
@@ -30,7 +30,7 @@ class RecallBatch(NamedTuple):
 
 
 def recall_vocab_size(n_keys: int, n_values: int) -> int:
-    """The vocabulary of :func:`recall_batch` (chapter 18): the keys, the values and the separator."""
+    """The vocabulary of :func:`recall_batch` (chapter 19): the keys, the values and the separator."""
     check_int(n_keys, "n_keys")
     check_int(n_values, "n_values")
     return n_keys + n_values + 1
@@ -45,7 +45,7 @@ def recall_batch(
     n_queries: int | None = None,
     generator: torch.Generator | None = None,
 ) -> RecallBatch:
-    """A batch of associative recall sequences (chapter 18).
+    """A batch of associative recall sequences (chapter 19).
 
     Each of the ``batch_size`` sequences holds ``n_pairs`` key-value pairs (keys drawn without
     replacement from ``n_keys``, values uniformly from ``n_values``), a separator, then
@@ -78,7 +78,7 @@ def recall_batch(
 
 @torch.no_grad()
 def recall_accuracy(model: torch.nn.Module, batch: RecallBatch) -> float:
-    """The share of queried keys whose value ``model`` predicts exactly (greedy, chapter 18):
+    """The share of queried keys whose value ``model`` predicts exactly (greedy, chapter 19):
     ``model(batch.idx)`` returns ``(logits (B, T, V), ...)``, as a GPT does."""
     if not isinstance(batch, RecallBatch):
         raise TypeError(f"batch must be a RecallBatch (recall_batch(...)), got {type(batch).__name__}")

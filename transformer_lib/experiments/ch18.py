@@ -1,49 +1,39 @@
-"""Chapter 18's experiments over seeds: what a state of fixed size forgets (associative recall), and
-hybrids of recurrent and softmax layers on Tiny Shakespeare. The chapter reads the record,
-``transformer_lib/data/ch18/recurrence.json`` (``recorded("ch18")``).
+"""Chapter 18's experiments over seeds: what a cache byte buys, sparse attention against a window
+of the same width, and attention sinks. The chapter reads the record,
+``transformer_lib/data/ch18/attention_today.json`` (``recorded("ch18")``).
 
-Every model is a Llama-style GPT (RMSNorm, SwiGLU, rotary positions in its softmax layers, no
-biases, untied head) whose mixer is softmax multi-head attention (``"multi_head"``) or one of the
-three modes of the gated DeltaNet layer (``"linear"``, ``"delta"``, ``"gated_delta"``). The three
-recurrences have the same parameters (the same layer, another mode); a model with fewer gets a
-wider feed-forward network (``d_ff``, :func:`matched_d_ff`) until it is within 2 % of the largest.
+Every run is a small Llama-style GPT (RMSNorm, SwiGLU, rotary positions, no biases) on Tiny
+Shakespeare's characters: 2 layers, width 64, 300 steps of 16 windows, AdamW at 3e-3 with no
+weight decay (chapter 13's ``token_run``), measured on the last 10 %.
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    # three seeds of both parts (about 30 minutes, 1 core)
+    # three seeds of every part (about 30 minutes, 1 core)
     python -m transformer_lib.experiments ch18
-    # seed 0 of the recall part, printed, nothing written
-    python -m transformer_lib.experiments ch18 --parts recall --seeds 0 --dry-run
+    # seed 0 of every part, printed, nothing written
+    python -m transformer_lib.experiments ch18 --seeds 0 --dry-run
 
 Parts:
 
-* ``recall``: 2 layers, width 64, 4 heads (``d_k = d_v = 16``: each recurrent head's state is
-  16 x 16), trained on associative recall (:func:`transformer_lib.data.recall_batch`, 64 keys, 64
-  values). One model per mixer and seed, trained on every pair count of :data:`PAIRS` in each
-  step (the same number of queries for each count), then measured at each count on
-  :data:`RECALL` ``["eval_queries"]`` held-out queries from a generator of its own. One model
-  on the mix costs what one model per count would cost together, and a model trained on many
-  pairs alone does not start to learn (in the calibration runs). Each run records its
-  parameters, what its memory holds per layer (a recurrence's fixed state; softmax
-  attention's keys and values, per token), the accuracy at each count and the training loss;
-* ``lm``: 4 layers, width 64, 4 heads, context 128, 300 steps of 16 windows of Tiny
-  Shakespeare's characters (chapter 13's ``token_run``, AdamW at 3e-3): softmax attention, the
-  three recurrences, and the hybrid (gated DeltaNet with ``full_every=4``: layers 0-2
-  recurrent, layer 3 softmax, Qwen3-Next's 3:1); bits per byte on the last 10 %.
-
-The recall steps are what the budget (both parts in about half an hour on one core) allows, and
-they are far from enough. In the calibration runs, the softmax model stayed at what it can do
-without matching keys (guess among the values not yet asked for) for 4000 to 6000 steps at every
-learning rate from 1e-3 to 1e-2, at batches of 64 to 512 queries per count, at widths 32 to 256
-and with 3 or 4 layers: its second layer's heads all settle on the separator. The recurrences
-leave their own plateau at a step that depends on the seed (and on the last digits of the
-sums). So the recall part records how far each mixer got in 900 steps, not the capacity of its
-state.
+* ``cache``: 8 heads, context 64: multi-head, grouped-query (4 and 2 key-value heads),
+  multi-query and latent attention (latents of 32 and 16); each model's parameters, its measured
+  cache bytes per token and its bits per byte;
+* ``sparse``: 4 heads, context 128, sparse attention trained dense (``sparse_k`` = the context)
+  while its indexer learns to imitate the attention; then the same weights read with each query
+  limited to its ``k`` selected keys, or to a sliding window of ``k``, for each ``k`` of
+  :data:`KS`; and how often the indexer's keys are the ones the dense attention weighs most;
+* ``sinks``: 4 heads, context 128, :data:`SINK_STEPS` steps on windows that open with a start
+  token, without and with a learned sink logit per head: the loss of positions past a window of
+  :data:`WINDOW` with full attention, a plain window, a window that keeps the first
+  :data:`KEEP_FIRST` tokens, and the attention each head gives to position 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+import torch.nn.functional as F
 
 import transformer_lib as tl
 
@@ -54,180 +44,21 @@ __all__ = ["EXPERIMENT"]
 
 SEEDS = [0, 1, 2]
 LLAMA = tl.LLAMA_BLOCK.changes()
-MIXERS = ("multi_head", "linear", "delta", "gated_delta")
-PAIRS = [4, 8, 16, 32, 64]  # the numbers of key-value pairs a recall model reads
-N_KEYS = N_VALUES = 64  # at least max(PAIRS): the keys of a sequence are distinct
-RECALL = {
-    "n_layers": 2,
-    "n_heads": 4,
-    "d_model": 64,
-    "steps": 900,
-    "lr": 3e-3,
-    "queries": 128,  # training queries of each pair count in each step
-    "eval_queries": 2048,  # held-out queries of each pair count
-}
-# the language models: name, GPTConfig options (besides the Llama block's)
-LM_MODELS = [
-    ("multi_head", {}),
-    ("linear", {"attention": "linear"}),
-    ("delta", {"attention": "delta"}),
-    ("gated_delta", {"attention": "gated_delta"}),
-    ("hybrid", {"attention": "gated_delta", "full_every": 4}),
+# name, GPTConfig settings (with CACHE_HEADS heads of width 8)
+CACHE_HEADS = 8
+CACHE_KINDS = [
+    ("multi-head", {}),
+    ("grouped, 4 kv heads", {"n_kv_heads": 4}),
+    ("grouped, 2 kv heads", {"n_kv_heads": 2}),
+    ("multi-query", {"n_kv_heads": 1}),
+    ("latent 32", {"attention": "latent", "kv_latent": 32}),
+    ("latent 16", {"attention": "latent", "kv_latent": 16}),
 ]
-LM = {"n_layers": 4, "n_heads": 4, "d_model": 64, "context_len": 128}
-LM_STEPS = 300
-MATCH = 0.02  # equal parameters: every model within 2 % of the largest
-LAST = 50  # the final training loss: the mean over the last LAST steps
-
-
-def n_params(config: tl.GPTConfig) -> int:
-    """The parameters of a GPT built from ``config`` (a tied matrix counted once)."""
-    return sum(p.numel() for p in tl.GPT(config).parameters())
-
-
-def matched_d_ff(make, target: int) -> int:
-    """The feed-forward width ``d_ff`` whose model, ``make(d_ff)`` (a :class:`~transformer_lib.GPTConfig`),
-    has the parameter count nearest ``target``, and at least the recipe's default width. The count
-    grows linearly with ``d_ff``: two models give the slope."""
-    c = make(None)
-    base = tl.swiglu_hidden(c.d_model) if c.recipe.ffn == "swiglu" else 4 * c.d_model
-    at_base = n_params(make(base))
-    slope = n_params(make(base + 1)) - at_base
-    guess = base + round((target - at_base) / slope)
-    candidates = [d for d in (guess - 1, guess, guess + 1) if d >= base] or [base]
-    return min(candidates, key=lambda d: abs(n_params(make(d)) - target))
-
-
-def matched(configs: dict) -> dict:
-    """``{name: make}`` (``make(d_ff)`` a config) -> ``{name: (d_ff, params)}``: each model widened
-    to the parameters of the largest at the default width (``d_ff`` None where it is the largest)."""
-    plain = {name: n_params(make(None)) for name, make in configs.items()}
-    target = max(plain.values())
-    out = {}
-    for name, make in configs.items():
-        d_ff = None if plain[name] == target else matched_d_ff(make, target)
-        out[name] = (d_ff, n_params(make(d_ff)))
-    params = [p for _, p in out.values()]
-    if max(params) > (1 + MATCH) * min(params):
-        raise ValueError(f"no feed-forward width brings these models within {MATCH:.0%} of each other: {out}")
-    return out
-
-
-def memory(model: tl.GPT) -> list[dict]:
-    """What each layer's cache holds, in numbers: a recurrent layer's fixed state (``n_heads d_k
-    d_v``) and its convolution's last inputs; a softmax layer's keys and values, per token."""
-    layers = []
-    for i, layer in enumerate(model.decoder.layers):
-        attn = layer.self_attn
-        if isinstance(attn, tl.GatedDeltaNet):
-            state, conv = attn.n_heads * attn.d_k * attn.d_v, attn.channels * (attn.conv_kernel - 1)
-            mixer = {"gated": "gated_delta"}.get(attn.mode, attn.mode)  # the recipe's name
-            layers.append({"layer": i, "mixer": mixer, "state": state, "conv": conv})
-        else:
-            layers.append({"layer": i, "mixer": "multi_head", "per_token": 2 * attn.n_kv_heads * attn.d_k})
-    return layers
-
-
-# ----- recall -----
-
-
-def recall_config(mixer: str, d_ff: int | None = None) -> tl.GPTConfig:
-    """The recall model of ``mixer`` (:data:`MIXERS`), with a feed-forward width ``d_ff``."""
-    r = RECALL
-    vocab = tl.recall_vocab_size(N_KEYS, N_VALUES)
-    options = {**LLAMA, "attention": mixer, "d_ff": d_ff}
-    return tl.GPTConfig(vocab, 4 * max(PAIRS), r["n_layers"], r["n_heads"], r["d_model"], **options)
-
-
-def recall_widths() -> dict:
-    """Each mixer's ``(d_ff, params)`` at equal parameters."""
-    return matched({m: (lambda d_ff, m=m: recall_config(m, d_ff)) for m in MIXERS})
-
-
-def train_recall(model: tl.GPT, seed: int, steps: int) -> list[float]:
-    """Train ``model`` on recall: each step one batch of each pair count of :data:`PAIRS` (``queries
-    / n`` sequences of ``n`` pairs, every key queried), the loss the mean of theirs. Returns the
-    training loss of every step."""
-    optimiser = torch.optim.AdamW(model.parameters(), lr=RECALL["lr"], weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for n in PAIRS:
-            b = tl.recall_batch(RECALL["queries"] // n, n, n_keys=N_KEYS, n_values=N_VALUES, generator=generator)
-            loss = loss + model(b.idx, b.targets, loss_mask=b.loss_mask)[1] / len(PAIRS)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        losses.append(loss.item())
-    return losses
-
-
-@torch.no_grad()
-def recall_accuracies(model: tl.GPT, seed: int) -> dict:
-    """The share of held-out queries answered right at each pair count, ``{str(n): accuracy}``: at
-    least :data:`RECALL` ``["eval_queries"]`` queries each, from a generator seeded ``10_000 + seed``
-    (never the training one)."""
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    model.eval()
-    out = {}
-    for n in PAIRS:
-        b = tl.recall_batch(-(-RECALL["eval_queries"] // n), n, n_keys=N_KEYS, n_values=N_VALUES, generator=generator)
-        out[str(n)] = tl.recall_accuracy(model, b)
-    return out
-
-
-def recall_run(mixer: str, seed: int, steps: int | None = None, widths: dict | None = None) -> dict:
-    """One model of the ``recall`` part: ``mixer`` (:data:`MIXERS`), seed ``seed``."""
-    d_ff, params = (widths or recall_widths())[mixer]
-    torch.manual_seed(seed)
-    model = tl.GPT(recall_config(mixer, d_ff))
-    losses = train_recall(model, seed, RECALL["steps"] if steps is None else steps)
-    last = losses[-LAST:]
-    return {
-        "name": mixer,
-        "seed": seed,
-        "params": params,
-        "d_ff": d_ff,
-        "memory": memory(model),
-        "accuracy": recall_accuracies(model, seed),
-        "final_loss": sum(last) / len(last),
-    }
-
-
-def recall(seeds: list[int], steps: int | None = None) -> dict:
-    """The ``recall`` part: every mixer of :data:`MIXERS` for each seed."""
-    widths = recall_widths()
-    runs = []
-    for mixer in MIXERS:
-        for seed in seeds:
-            runs.append(recall_run(mixer, seed, steps, widths))
-            acc = " ".join(f"{a:.3f}" for a in runs[-1]["accuracy"].values())
-            print(f"recall {mixer:>12} seed {seed}: {acc} (pairs {PAIRS})", flush=True)
-    settings = {**RECALL, "pairs": PAIRS, "n_keys": N_KEYS, "n_values": N_VALUES, **LLAMA}
-    return {"recall": {"settings": settings, "runs": runs}}
-
-
-# ----- lm -----
-
-
-def lm_settings(steps: int | None = None) -> dict:
-    """``token_run``'s settings of the ``lm`` part: chapter 13's, with :data:`LM`'s shape and steps
-    (or ``steps``, a smoke run's)."""
-    return run_settings(LM_STEPS if steps is None else steps, **LM)
-
-
-def lm_config(name: str, d_ff: int | None = None, vocab_size: int = 65) -> tl.GPTConfig:
-    """The language model ``name`` (:data:`LM_MODELS`), with a feed-forward width ``d_ff``."""
-    s = LM
-    options = {**LLAMA, **dict(LM_MODELS)[name], "d_ff": d_ff}
-    return tl.GPTConfig(vocab_size, s["context_len"], s["n_layers"], s["n_heads"], s["d_model"], **options)
-
-
-def lm_widths(vocab_size: int = 65) -> dict:
-    """Each language model's ``(d_ff, params)`` at equal parameters."""
-    return matched({name: (lambda d_ff, n=name: lm_config(n, d_ff, vocab_size)) for name, _ in LM_MODELS})
+LONG = 128  # the context of the sparse and sink parts
+KS = [4, 8, 16, 32, 64]
+WINDOW, KEEP_FIRST = 16, 4
+SINK_STEPS = 2000  # sinks form late: the sink part trains longer
+EVAL_WINDOWS = 48  # validation windows of LONG characters for the per-position losses
 
 
 def _data():
@@ -235,33 +66,175 @@ def _data():
     return tl.CharTokenizer.from_text(train_text), train_text, val_text
 
 
-def lm_run(name: str, seed: int, steps: int | None = None, widths: dict | None = None) -> dict:
-    """One model of the ``lm`` part: ``name`` (:data:`LM_MODELS`), seed ``seed``."""
+def cache_bytes_per_token(model: tl.GPT, ids: torch.Tensor) -> float:
+    """Bytes the model's cache holds per token after a prefill of ``ids (1, T)`` (all layers)."""
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(ids, cache=cache)
+    return cache.nbytes() / ids.shape[1]
+
+
+def cache_run(name: str, seed: int, steps: int | None = None) -> dict:
+    """One model of the ``cache`` part: the attention ``name`` of :data:`CACHE_KINDS`, seed ``seed``."""
     tokenizer, train_text, val_text = _data()
-    d_ff, params = (widths or lm_widths(tokenizer.vocab_size))[name]
-    options = {**LLAMA, **dict(LM_MODELS)[name], "d_ff": d_ff}
-    r = tl.token_run(tokenizer, train_text, val_text, seed, **lm_settings(steps), **options)
-    assert sum(p.numel() for p in r["model"].parameters()) == params
-    last = r["losses"][-LAST:]
+    options = dict(CACHE_KINDS)[name]
+    settings = run_settings(steps, n_heads=CACHE_HEADS)
+    r = tl.token_run(tokenizer, train_text, val_text, seed, **settings, **LLAMA, **options)
+    model = r["model"]
+    val = torch.tensor(tokenizer.encode(val_text[:2000]))[None, :64]
     return {
-        "name": name,
         "seed": seed,
-        "params": params,
-        "d_ff": d_ff,
+        "params": sum(p.numel() for p in model.parameters()),
+        "cache_bytes_per_token": cache_bytes_per_token(model, val),
         "bits_per_byte": r["bits_per_byte"],
-        "final_loss": sum(last) / len(last),
     }
 
 
-def lm(seeds: list[int], steps: int | None = None) -> dict:
-    """The ``lm`` part: every model of :data:`LM_MODELS` for each seed."""
-    widths = lm_widths(_data()[0].vocab_size)
-    runs = []
-    for name, _ in LM_MODELS:
+def cache(seeds: list[int], steps: int | None = None) -> dict:
+    rows = []
+    for name, options in CACHE_KINDS:
+        runs = []
         for seed in seeds:
-            runs.append(lm_run(name, seed, steps, widths))
-            print(f"lm {name:>12} seed {seed}: {runs[-1]['bits_per_byte']:.4f} bits/byte", flush=True)
-    return {"lm": {"settings": {**lm_settings(), **LLAMA}, "options": dict(LM_MODELS), "runs": runs}}
+            runs.append(cache_run(name, seed, steps))
+            print(f"{name:>20} seed {seed}: {runs[-1]['bits_per_byte']:.4f} bits/byte", flush=True)
+        rows.append({"name": name, "options": options, "runs": runs})
+    return {"cache": {"rows": rows}}
 
 
-EXPERIMENT = Experiment("ch18", {"recall": Part(recall, SEEDS), "lm": Part(lm, SEEDS)})
+def eval_windows(tokenizer, val_text: str, n: int = EVAL_WINDOWS, T: int = LONG) -> torch.Tensor:
+    """``n`` validation windows of ``T + 1`` characters, ``(n, T + 1)``, at fixed random places."""
+    ids = torch.tensor(tokenizer.encode(val_text))
+    starts = torch.randint(len(ids) - T - 1, (n,), generator=torch.Generator().manual_seed(0))
+    return ids[starts[:, None] + torch.arange(T + 1)]
+
+
+@torch.no_grad()
+def position_losses(model: tl.GPT, windows: torch.Tensor) -> torch.Tensor:
+    """The next-token loss in bits at each position, averaged over the windows: ``(T,)``."""
+    logits, _ = model.eval()(windows[:, :-1])  # (n, T, V)
+    each = F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")  # (n, T)
+    return each.mean(0) / torch.log(torch.tensor(2.0))
+
+
+def variant(model: tl.GPT, window: int | None = None, **recipe_changes) -> tl.GPT:
+    """The same weights read with another ``window`` or recipe choices (``sparse_k``, ``keep_first``)."""
+    c = model.config
+    config = tl.GPTConfig(**{**c.__dict__, "window": window, "recipe": replace(c.recipe, **recipe_changes)})
+    other = tl.GPT(config)
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def _layer_inputs(model: tl.GPT, ids: torch.Tensor) -> list[torch.Tensor]:
+    """The input of each layer's attention for ``ids (B, T)``: ``(B, T, d_model)`` per layer."""
+    seen = []
+    hooks = [
+        layer.self_attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+        for layer in model.decoder.layers
+    ]
+    try:
+        with torch.no_grad():
+            model.eval()(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+@torch.no_grad()
+def agreement(model: tl.GPT, ids: torch.Tensor, k: int) -> float:
+    """How often a key the indexer picks is among the ``k`` keys dense attention weighs most (the
+    weights summed over heads), over the queries that see more than ``k`` keys and every layer."""
+    hits = total = 0
+    for layer, x in zip(model.decoder.layers, _layer_inputs(model, ids), strict=True):
+        attn = layer.self_attn
+        dense = attn.attention_weights(x, x, x, is_causal=True).sum(1)  # (B, T, T)
+        top = torch.zeros_like(dense, dtype=torch.bool).scatter_(-1, dense.topk(k, dim=-1).indices, True)
+        old_k = attn.top_k
+        attn.top_k = k
+        try:
+            picked = attn.selected(x)  # (B, T, T)
+        finally:
+            attn.top_k = old_k
+        rows = slice(k, None)  # queries with more than k visible keys
+        hits += int((picked & top)[:, rows].sum())
+        total += int(picked[:, rows].sum())
+    return hits / total
+
+
+def sparse_run(seed: int, steps: int | None = None) -> dict:
+    """One model of the ``sparse`` part: trained dense, read with each ``k`` of :data:`KS`."""
+    tokenizer, train_text, val_text = _data()
+    windows = eval_windows(tokenizer, val_text)
+    options = {**LLAMA, "attention": "sparse", "sparse_k": LONG}  # dense while training
+    r = tl.token_run(tokenizer, train_text, val_text, seed, **run_settings(steps, context_len=LONG), **options)
+    model = r["model"]
+    run = {"seed": seed, "dense": float(position_losses(model, windows).mean()), "sparse": {}, "window": {}}
+    run["agreement"] = {}
+    for k in KS:
+        run["sparse"][str(k)] = float(position_losses(variant(model, sparse_k=k), windows).mean())
+        run["window"][str(k)] = float(position_losses(variant(model, window=k), windows).mean())
+        run["agreement"][str(k)] = agreement(model, windows[:8, :-1], k)
+    return run
+
+
+def sparse(seeds: list[int], steps: int | None = None) -> dict:
+    runs = []
+    for seed in seeds:
+        runs.append(sparse_run(seed, steps))
+        r = runs[-1]
+        print(f"sparse seed {seed}: dense {r['dense']:.3f}, k=16 {r['sparse']['16']:.3f} bits", flush=True)
+    return {"sparse": {"context_len": LONG, "ks": KS, "runs": runs}}
+
+
+def bos_windows(ids: torch.Tensor, n: int, generator: torch.Generator, bos: int, T: int = LONG) -> torch.Tensor:
+    """``n`` random windows of ``T`` characters of ``ids``, each after a start token ``bos``: ``(n, T + 1)``."""
+    starts = torch.randint(len(ids) - T, (n,), generator=generator)
+    return torch.cat([torch.full((n, 1), bos), ids[starts[:, None] + torch.arange(T)]], dim=1)
+
+
+def sink_run(learned: bool, seed: int, steps: int | None = None) -> tuple[tl.GPT, torch.Tensor]:
+    """A Llama-style GPT trained on windows that open with a start token (as a language model's
+    documents open with one), without or with a learned sink logit; and the validation windows."""
+    tokenizer, train_text, val_text = _data()
+    bos = tokenizer.vocab_size  # one more token: the start
+    train_ids, val_ids = (torch.tensor(tokenizer.encode(t)) for t in (train_text, val_text))
+    torch.manual_seed(seed)
+    config = tl.GPTConfig(bos + 1, LONG, 2, 4, 64, **LLAMA, sinks=learned)
+    model = tl.GPT(config)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=tl.TOKEN_RUN["lr"], weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(SINK_STEPS if steps is None else steps):
+        window = bos_windows(train_ids, tl.TOKEN_RUN["batch_size"], generator, bos, LONG - 1)  # (B, LONG)
+        _, loss = model(window[:, :-1], window[:, 1:])
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+    val = bos_windows(val_ids, EVAL_WINDOWS, torch.Generator().manual_seed(0), bos, LONG)  # (n, LONG + 1)
+    return model.eval(), val
+
+
+def sinks(seeds: list[int], steps: int | None = None) -> dict:
+    past = slice(WINDOW, None)  # the positions a window hides something from
+    runs = []
+    for learned in (False, True):
+        for seed in seeds:
+            model, windows = sink_run(learned, seed, steps)
+            run = {"variant": "learned sink" if learned else "plain", "seed": seed}
+            run["full"] = float(position_losses(model, windows)[past].mean())
+            run["window"] = float(position_losses(variant(model, WINDOW), windows)[past].mean())
+            kept = variant(model, WINDOW, keep_first=KEEP_FIRST)
+            run["window_keep_first"] = float(position_losses(kept, windows)[past].mean())
+            mass = tl.attention_sink_mass(model, windows[:16, :-1], first_query=WINDOW)
+            run["mass_on_first"] = [[round(float(v), 6) for v in row] for row in mass]
+            print(f"{run['variant']} seed {seed}: full {run['full']:.3f}, window {run['window']:.3f}, "
+                  f"kept {run['window_keep_first']:.3f}", flush=True)  # fmt: skip
+            runs.append(run)
+    return {"sinks": {"context_len": LONG, "window": WINDOW, "keep_first": KEEP_FIRST, "steps": SINK_STEPS,
+                      "runs": runs}}  # fmt: skip
+
+
+EXPERIMENT = Experiment(
+    "ch18", {"cache": Part(cache, SEEDS), "sparse": Part(sparse, SEEDS), "sinks": Part(sinks, SEEDS)}
+)

@@ -1,5 +1,5 @@
 """The recorder of the chapters' experiments: run parts and seeds, merge them into the record,
-write it atomically, stamped with the versions that made it (chapters 12-18).
+write it atomically, stamped with the versions that made it (chapters 12-19).
 
 An experiment is a chapter's set of named parts; a part is a function ``run(seeds, steps)`` that
 trains and measures each seed and returns the record's entries it fills, for example
@@ -46,8 +46,8 @@ RECORDS = {
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
     "ch16": "report_cards.json",
-    "ch17": "attention_today.json",
-    "ch18": "recurrence.json",
+    "ch18": "attention_today.json",
+    "ch19": "recurrence.json",
 }
 #: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
 #: by the fields of this tuple that its items have, a missing one read as None; an item with a
@@ -86,7 +86,7 @@ def record_path(chapter: str) -> Path:
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch18"``), as the
+    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch19"``), as the
     chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 
