@@ -68,11 +68,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.data.speeches",
             "transformer_lib.data.instructions",
             "transformer_lib.data.mc_tasks",
+            "transformer_lib.data.verifiable",
         ],
-        "8, 9, 12, 15, 16 and 19",
+        "8, 9, 12, 15, 16, 17 and 19",
         "The character tokenizer, the synthetic and dates tasks, chapter 9's toy grammar, the text corpus, "
         "batches, the sequences with a repeated segment, chapter 15's labelled speeches and "
-        "prompt/response pairs, chapter 16's multiple-choice tasks and their lm-eval files, and chapter 19's "
+        "prompt/response pairs, chapter 16's multiple-choice tasks and their lm-eval files, chapter 17's "
+        "verifiable dates (rewards, preference pairs, a checkable scratchpad), and chapter 19's "
         "associative recall.",
     ),
     ("train_config", ["transformer_lib.train_config"], "8 and 9", "The settings of a training run and the presets."),
@@ -100,12 +102,12 @@ PAGES: list[tuple[str, list[str], str, str]] = [
             "transformer_lib.cli.finetune",
             "transformer_lib.cli.export",
             "transformer_lib.cli.evaluate",
+            "transformer_lib.cli.tune",
             "transformer_lib.cli.settings",
         ],
-        "9, 15 and 16",
-        "The command line, `python -m transformer_lib train`, `sample`, `finetune`, `export` and `evaluate`: one "
-        "module per "
-        "command, and the flags and settings they share.",
+        "9, 15, 16 and 17",
+        "The command line, `python -m transformer_lib train`, `sample`, `finetune`, `export`, `evaluate`, `dpo` "
+        "and `grpo`: one module per command (`dpo` and `grpo` share one), and the flags and settings they share.",
     ),
     (
         "kv_cache",
@@ -250,10 +252,18 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "bitsandbytes'), a model's quantised copy and the bytes it takes.",
     ),
     (
+        "preference",
+        ["transformer_lib.preference", "transformer_lib.preference_runs"],
+        "17",
+        "Preferences and rewards: an answer's log-probability after its prompt, DPO's loss (equal to TRL's "
+        "DPOTrainer), the reference with LoRA's adapters off, GRPO's group advantages, KL estimate and clipped loss "
+        "(equal to TRL's GRPOTrainer), and the batches that train them with the book's loop.",
+    ),
+    (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 18, 19)]
-        + ["transformer_lib.experiments.ch15_diagnosis"],
+        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 17, 18, 19)]
+        + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"],
         "12 to 19",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
@@ -273,7 +283,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in (*range(1, 17), 18, 19)],
+        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 20)],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),

@@ -224,6 +224,37 @@ RULES = [
         r"wrote the cards to out/dates/card\.json",
     ),
     Rule(
+        r"\.venv/bin/python -c .import transformer_lib as tl; tl\.data\.write_preferences\(tl\.data\."
+        r"preference_triples\(tl\.read_pairs\(.pairs\.jsonl.\)\), .prefs\.jsonl.\).",
+        "run",
+        "writes the preference pairs the dpo command tunes on, from the pairs above",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib dpo --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data prefs\.jsonl --lora-rank 4 --out-dir out/dpo",
+        "cheap",
+        "2 steps of DPO from the shipped dates model (tests/test_cli_tune.py: resume, refusals)",
+        TINY,
+        r"checkpoint in out/dpo",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib grpo --ckpt transformer_lib/data/ch15/pretrained\.pt "
+        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data pairs\.jsonl --lora-rank 4 --temperature 0\.3 "
+        r"--out-dir out/grpo",
+        "cheap",
+        "2 steps of GRPO from the shipped dates model, 4 prompts of 8 answers",
+        TINY,
+        r"checkpoint in out/grpo",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib evaluate --ckpt out/grpo --compare out/dpo --dates 100 --samples 8 "
+        r"--temperature 0\.3",
+        "cheap",
+        "the two 2-step runs above: 5 items of each task, 5 dates, 2 samples each",
+        "--items 5 --dates 5 --samples 2",
+        r"told apart",
+    ),
+    Rule(
         r"\.venv/bin/python -m transformer_lib export --ckpt out/bpe --out-dir hf/bpe",
         "run",
         "writes the 2-step BPE run above in Hugging Face's format (transformers, offline)",
@@ -237,7 +268,7 @@ RULES = [
         r"commands:\n  train ",
     ),
     Rule(
-        r"python -m transformer_lib (train|sample|finetune|export|evaluate)",
+        r"python -m transformer_lib (train|sample|finetune|export|evaluate|dpo|grpo)",
         "help",
         "the command exists",
         ".venv/bin/python -m transformer_lib {0} --help",

@@ -46,6 +46,7 @@ RECORDS = {
     "ch14": "block_sweep.json",
     "ch15": "finetune_sweep.json",
     "ch16": "report_cards.json",
+    "ch17": "preferences.json",
     "ch18": "attention_today.json",
     "ch19": "recurrence.json",
 }
