@@ -75,13 +75,14 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        ckpt = read_checkpoint(args.ckpt)
+        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
     except FileNotFoundError as e:
         parser.error(str(e))
-    if args.adapter is None and RunRecord.from_checkpoint(ckpt).method == "lora":
-        model, tokenizer, _ = load_run(args.ckpt, device)  # a LoRA run: its base weights and its adapters
-    else:
-        model, tokenizer, _ = load_checkpoint(ckpt, device)
+    except ValueError:  # a LoRA run's checkpoint (chapters 15, 17) holds its base weights and adapters
+        ckpt = read_checkpoint(args.ckpt)
+        if args.adapter is not None or RunRecord.from_checkpoint(ckpt).method != "lora":
+            raise
+        model, tokenizer, _ = load_run(args.ckpt, device)
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
     tokenizer = RunFolder(checkpoint_file(args.ckpt).parent).checked_tokenizer(tokenizer)

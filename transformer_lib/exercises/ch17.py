@@ -44,7 +44,7 @@ def _dpo_mistakes(pc: Tensor, pr: Tensor, rc: Tensor, rr: Tensor, beta: float) -
 def check_dpo_loss(fn: Callable) -> None:
     """Chapter 17, exercise 17.1: check ``fn(pc, pr, rc, rr, beta) -> loss``, DPO's loss.
 
-    ``pc``, ``pr``, ``rc`` and ``rr`` are float64 tensors ``(B,)``: the summed log-probabilities of
+    ``fn`` is given ``pc``, ``pr``, ``rc`` and ``rr``, float64 tensors ``(B,)``, the summed log-probabilities of
     each pair's chosen and rejected answers under the policy and under the reference. ``fn`` returns
     the mean over the pairs of ``-log sigmoid(beta ((pc - rc) - (pr - rr)))`` as a tensor whose
     gradient reaches ``pc`` and ``pr``; tried with the policy at the reference (the loss is ln 2),
@@ -107,7 +107,8 @@ def _advantage_mistakes(r: Tensor) -> list[tuple[str, Tensor]]:
 def check_group_advantages(fn: Callable) -> None:
     """Chapter 17, exercise 17.2: check ``fn(rewards (G, n)) -> advantages (G, n)``.
 
-    Each reward minus its group's mean (a row: the answers to one prompt), divided by that group's
+    ``fn`` is given ``rewards``, a float64 tensor ``(G, n)``: the rewards of ``n`` answers to each of
+    ``G`` prompts. It returns each reward minus its group's mean (a row), divided by that group's
     standard deviation with Bessel's correction plus ``1e-4``, as TRL's ``scale_rewards="group"``;
     a group whose rewards are all equal gets zeros, never NaN. Compared with
     :func:`transformer_lib.group_advantages`; ``rewards`` must be left unchanged.
