@@ -7,7 +7,7 @@ themselves (their ``loss(model, batch)``, :func:`~transformer_lib.train.batch_lo
   averaged) log-probabilities of each answer.
 - :class:`GRPOBatches`: each batch is sampled from the policy being trained, ``group_size``
   answers to each of ``batch_size`` prompts, scored by a reward (``reward(answer, target)``,
-  :data:`~transformer_lib.data.REWARDS`); the loss is :func:`~transformer_lib.preference.grpo_loss`
+  :data:`~transformer_lib.data.verifiable.REWARDS`); the loss is :func:`~transformer_lib.preference.grpo_loss`
   with the group's advantages. Its evaluation "loss" is ``1 - the mean reward`` of answers sampled
   to the split's prompts, so that the run's validation curve reads as a reward.
 
@@ -141,7 +141,7 @@ class GRPOBatches(_Batches):
     ``(prompt, target)``; each batch draws ``batch_size`` prompts and samples ``group_size``
     answers to each from ``policy`` at ``temperature`` (at most ``max_new_tokens``, cut after the
     end token), scored by ``reward(answer, target)`` (a function or a name in
-    :data:`~transformer_lib.data.REWARDS`). ``batches(split)`` returns ``{"ids", "n_prompt",
+    :data:`~transformer_lib.data.verifiable.REWARDS`). ``batches(split)`` returns ``{"ids", "n_prompt",
     "lengths", "advantages", "rewards"}`` (one row per answer, :func:`group_advantages` with
     ``scale``). ``loss(model, batch)`` is :func:`grpo_loss` (``loss_type``, ``clip``, ``beta``) with
     one update per batch (the sampling policy's log-probabilities are the policy's own, detached),
