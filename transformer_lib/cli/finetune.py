@@ -39,7 +39,7 @@ from ..token_rows import add_token_rows, unseen_token_rows
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
-from .settings import Parser, add_setting_flags, check_seed, parse_run_flags, training_flags
+from .settings import Parser, add_setting_flags, check_lora_flags, check_seed, parse_run_flags, training_flags
 
 __all__ = ["ADAPTER_NAME", "FINETUNE_DEFAULTS", "finetune_main"]
 
@@ -130,10 +130,7 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
     if not args.resume and (args.ckpt is None or args.data is None):
         parser.error("give the base checkpoint with --ckpt and the pairs with --data FILE.jsonl")
     check_seed(args.seed)
-    if args.lora_rank is not None and args.lora_rank < 1:
-        raise ValueError(f"--lora-rank must be a positive int, got {args.lora_rank}")
-    if args.lora_alpha is not None and not args.lora_alpha > 0:
-        raise ValueError(f"--lora-alpha must be a positive number, got {args.lora_alpha:g}")
+    check_lora_flags(args)
     if args.device is not None:
         pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
     for path, what in ((args.ckpt, "no base checkpoint"), (args.data, "no data file")):

@@ -202,6 +202,15 @@ def check_seed(seed: int | None) -> None:
 _CONTRADICTIONS = (("resume", "force", "--resume continues the run in OUT_DIR, --force replaces it: give one of them"),)
 
 
+def check_lora_flags(args) -> None:
+    """``--lora-rank`` a positive int and ``--lora-alpha`` a positive number, where given
+    (the ``finetune`` command of chapter 15, ``dpo`` and ``grpo`` of chapter 17)."""
+    if args.lora_rank is not None and args.lora_rank < 1:
+        raise ValueError(f"--lora-rank must be a positive int, got {args.lora_rank}")
+    if args.lora_alpha is not None and not args.lora_alpha > 0:
+        raise ValueError(f"--lora-alpha must be a positive number, got {args.lora_alpha:g}")
+
+
 def _check_flags(args) -> None:
     """Refuse an empty ``--out-dir`` (an unset shell variable would train a model and save it
     nowhere) and contradictory flags, before anything is read or written."""

@@ -33,7 +33,7 @@ from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
 from .finetune import _base_model
-from .settings import Parser, add_setting_flags, check_seed, parse_run_flags, training_flags
+from .settings import Parser, add_setting_flags, check_lora_flags, check_seed, parse_run_flags, training_flags
 
 __all__ = ["TUNE_DEFAULTS", "dpo_main", "grpo_main"]
 
@@ -110,10 +110,7 @@ def _main(kind: str, argv) -> int:
     if not args.resume and (args.ckpt is None or args.data is None):
         parser.error("give the start checkpoint with --ckpt and the data with --data FILE.jsonl")
     check_seed(args.seed)
-    if args.lora_rank is not None and args.lora_rank < 1:
-        raise ValueError(f"--lora-rank must be a positive int, got {args.lora_rank}")
-    if args.lora_alpha is not None and not args.lora_alpha > 0:
-        raise ValueError(f"--lora-alpha must be a positive number, got {args.lora_alpha:g}")
+    check_lora_flags(args)
     _check_objective(kind, args)
     if args.device is not None:
         pick_device(args.device)
