@@ -28,6 +28,7 @@ LINTED=(transformer_lib tests benchmarks scripts _ext)
 .venv/bin/python -m ruff check --select E501 chapters
 .venv/bin/python -m ruff format --check --line-length 76 instructors.ipynb
 .venv/bin/python -m ruff check --select E501 --line-length 76 instructors.ipynb
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile \
+# --durations: the 30 slowest tests and notebook cells, so the suite's cost is visible
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --durations=30 \
   --nbval --nbval-current-env --nbval-cell-timeout=600 \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser --ignore=tests/pdf tests chapters instructors.ipynb "$@"

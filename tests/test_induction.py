@@ -220,6 +220,7 @@ def test_two_layers_form_induction_heads_and_one_layer_cannot(one_thread):
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_rounding
 def test_induction_heads_over_three_seeds(one_thread):
     two = [induction_run(2, 500, seed)[1:] for seed in range(3)]
     one = [induction_run(1, 500, seed)[1:] for seed in range(3)]

@@ -82,7 +82,7 @@ def test_rotary_model_has_no_position_table_and_its_cache_holds_rotated_keys():
     assert not torch.allclose(cache.layers[0].self_attn.k, k)
 
 
-def test_the_default_config_is_gpt2s_block_bit_for_bit():
+def test_the_default_config_is_gpt2s_block_draw_for_draw():
     # tests/data/gpt2_block_reference.pt: a seeded default GPT's weights and float64 logits, saved
     # by the code before chapter 14's options existed
     ref = torch.load(DATA / "gpt2_block_reference.pt", weights_only=True)
@@ -90,8 +90,12 @@ def test_the_default_config_is_gpt2s_block_bit_for_bit():
     model = tl.GPT(tl.GPTConfig(**ref["config"])).double().eval()
     state = model.state_dict()
     assert list(state) == list(ref["state_dict"])  # the same parameter names, in the same order
-    assert all(torch.equal(state[k], v) for k, v in ref["state_dict"].items())  # the same seeded draws
-    torch.testing.assert_close(model(ref["idx"])[0], ref["logits"], atol=1e-12, rtol=0)
+    # the same seeded draws: equal to float32's rounding, since PyTorch's portable CPU kernels
+    # (ATEN_CPU_CAPABILITY=default) round the normal distribution's transform differently in the last
+    # bits (up to 3e-8 here); the loaded weights below must give the logits to float64's precision
+    for k, v in ref["state_dict"].items():
+        torch.testing.assert_close(state[k], v, rtol=1e-6, atol=1e-7, msg=k)
+    torch.testing.assert_close(model(ref["idx"])[0], ref["logits"], atol=1e-5, rtol=0)
     loaded = tl.GPT(tl.GPTConfig(**ref["config"])).double().eval()
     loaded.load_state_dict(ref["state_dict"])  # strict: no key added or missing
     torch.testing.assert_close(loaded(ref["idx"])[0], ref["logits"], atol=1e-12, rtol=0)

@@ -119,7 +119,9 @@ def test_the_padding_and_the_other_rows_change_nothing(base):
     for i in range(len(ids)):
         noisy[i, lengths[i] :] = torch.arange(int(ids.shape[1] - lengths[i])) + 7  # any padding
     wider = torch.cat([noisy, torch.full((3, 5), 3)], dim=1)
-    assert torch.equal(sequence_logprobs(model, wider, n_prompt, lengths), want)
+    # equal up to float64 rounding: a wider batch may block the matrix products' sums differently
+    # (with AVX-512 kernels they differ in the last bits), but no padding token is ever read
+    torch.testing.assert_close(sequence_logprobs(model, wider, n_prompt, lengths), want, rtol=1e-12, atol=0)
     for i in range(3):  # each row alone, unpadded
         alone = sequence_logprobs(model, ids[i : i + 1, : lengths[i]], n_prompt[i : i + 1], lengths[i : i + 1])
         assert alone.item() == pytest.approx(want[i].item(), abs=1e-12)

@@ -280,8 +280,16 @@ def reproduce_ch15(record: dict) -> None:
 
 def reproduce_ch16(record: dict) -> None:
     """The base's cards (nothing trained: the scores are the record's, up to float32 sums) and seed 0
-    of LoRA's fine-tune (about two minutes on one core). Float32 training rounds differently on other
-    CPUs: exact match may move by a few of the 200 dates, bits per byte by 0.1 after 600 steps."""
+    of LoRA's fine-tune (about two minutes on one core).
+
+    Float32 training rounds differently on other CPUs, and 600 steps amplify it. Re-run on one
+    AVX-512 machine under five kernel settings (ATEN_CPU_CAPABILITY avx512, avx2 and default, the
+    first and last also with MKL_CBWR=COMPATIBLE), seed 0's bits per byte on the held-out text
+    came out 5.17, 5.23, 5.53, 5.53 and 5.38 against the record's 5.28 (made on another machine):
+    a spread of 0.36, as wide as the three seeds' (4.71-5.30), and at most 0.25 from the record.
+    Exact match was 0.985-1.0. So the test allows twice the largest distance seen, 0.5 bits per
+    byte, and 0.03 on exact match, and checks what the chapter reads from the run whatever the
+    rounding: the fine-tune forgets, its text costs more than 2 bits per byte above the base's."""
     model, tokenizer = ch15.base()
     text = ch15.text()
     tasks = {"speaker": tl.data.speaker_choice_task(text, ch16.SETTINGS["mc_items"]),
@@ -298,7 +306,8 @@ def reproduce_ch16(record: dict) -> None:
     got = ch16.measured(tuned, tokenizer, held, tasks, test_pairs)
     old = next(r for r in record["cards"]["runs"] if (r["method"], r["seed"]) == ("lora", 0))["cards"]["float32"]
     assert abs(got["exact"]["exact_match"] - old["exact"]["exact_match"]) <= 0.03
-    assert got["text"]["bits_per_byte"] == pytest.approx(old["text"]["bits_per_byte"], abs=0.1)
+    assert got["text"]["bits_per_byte"] == pytest.approx(old["text"]["bits_per_byte"], abs=0.5)
+    assert got["text"]["bits_per_byte"] > fresh["text"]["bits_per_byte"] + 2  # it forgets
 
 
 def reproduce_ch17(record: dict) -> None:
@@ -367,6 +376,7 @@ REPRODUCE = {
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_rounding
 @pytest.mark.parametrize("chapter", list(REPRODUCE))
 def test_a_re_run_of_seed_0_reproduces_the_record(chapter, one_thread):
     REPRODUCE[chapter](recorded(chapter))

@@ -1,5 +1,6 @@
 """Checks of the repository's own configuration: CI workflow, Binder, table of contents."""
 
+import importlib
 import json
 import os
 import re
@@ -34,11 +35,25 @@ def test_workflow_runs_the_same_steps_as_ci():
     assert ci.index("scripts/test.sh") < ci.index("scripts/test_other_kernels.sh"), "the second pass needs .venv"
 
 
-def test_the_second_pass_runs_every_notebook_with_other_cpu_kernels():
+def test_the_second_pass_runs_every_notebook_and_the_tight_tests_with_other_cpu_kernels():
     second = (ROOT / "scripts" / "test_other_kernels.sh").read_text()
     assert "ATEN_CPU_CAPABILITY" in second and "MKL_CBWR" in second
     assert "--nbval " in second and "--nbval-lax" not in second
-    assert "set -- chapters instructors.ipynb" in second
+    assert '-m "not slow" tests chapters instructors.ipynb' in second
+    assert '-m "slow and cpu_rounding" tests' in second
+
+
+def test_every_re_run_of_a_recorded_training_is_run_again_with_other_cpu_kernels():
+    # the slow tests of the records re-train seed 0 in float32 or float64 and compare: each is
+    # marked cpu_rounding, which the second pass selects
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_recorded_*.py")):
+        module = importlib.import_module(path.stem)
+        for name, test in vars(module).items():
+            marks = {m.name for m in getattr(test, "pytestmark", [])}
+            if name.startswith("test_") and "slow" in marks and "cpu_rounding" not in marks:
+                unmarked.append(f"{path.name}::{name}")
+    assert not unmarked
 
 
 def test_binder_installs_the_cpu_build_of_torch():

@@ -200,6 +200,7 @@ def _ddp_worker(rank, world_size, init_file, out_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_rounding
 def test_data_parallel_equals_one_process_on_the_combined_batch(tmp_path):
     """Two CPU processes (gloo), 4 sequences each, hold identical parameters equal to one process with 8."""
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
