@@ -199,7 +199,9 @@ def test_the_scripts_are_the_package_under_their_old_names():
     assert done.returncode == 2 and "needs --dry-run" in done.stderr
 
 
-@pytest.mark.parametrize("content", ['{"my": "notes"}', "not json at all", "[1, 2]"])
+@pytest.mark.parametrize(
+    "content", ['{"my": "notes"}', "not json at all", "[1, 2]", '{"settings": {"lr": 0.1}, "runs": []}']
+)
 def test_an_out_file_that_is_not_a_record_is_kept_and_refused_before_any_training(
     content, tmp_path, monkeypatch, capsys
 ):
@@ -212,3 +214,8 @@ def test_an_out_file_that_is_not_a_record_is_kept_and_refused_before_any_trainin
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "something other than a record of ch14" in err, err
     assert calls == [] and mine.read_text() == content
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_shipped_record_is_taken_as_a_record_to_merge_into(chapter):
+    experiments.recorder.check_out(REAL(chapter), None)  # raises for a file that is not a record

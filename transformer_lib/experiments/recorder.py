@@ -41,6 +41,9 @@ __all__ = [
 DATA = Path(__file__).resolve().parent.parent / "data"
 #: each chapter's record, in ``transformer_lib/data/<chapter>/``
 RECORDS = {
+    "ch08": "encoder_decoder.json",
+    "ch09": "gpt_runs.json",
+    "ch10": "generation.json",
     "ch12": "induction_sweep.json",
     "ch13": "token_sweep.json",
     "ch14": "block_sweep.json",
@@ -181,7 +184,10 @@ def check_out(experiment: Experiment, out: str | Path | None) -> None:
         old = json.loads(out.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         old = None
-    if not isinstance(old, dict) or not set(old) & {*experiment.parts, "settings"}:
+    # a record carries the recorder's stamp ("versions"; the oldest, "torch" and "threads") and
+    # one of the experiment's parts: a file of the user's with a "settings" key is not one
+    stamped = isinstance(old, dict) and ("versions" in old or {"torch", "threads"} <= set(old))
+    if not stamped or not set(old) & {*experiment.parts, "settings"}:
         raise ValueError(f"{out} holds something other than a record of {experiment.chapter}: choose another --out")
 
 
