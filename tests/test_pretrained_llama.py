@@ -116,3 +116,16 @@ def test_the_way_back_refuses_a_gpt_llama_cannot_be(settings, name):
         tl.llama_from_gpt(gpt)
     with pytest.raises(ValueError, match="needs the LlamaConfig"):
         tl.gpt_from_llama(_llama().state_dict())
+
+
+@pytest.mark.parametrize("recipe", ["sinks", "sparse", "latent", "gated_delta", "hybrid"])
+def test_both_ways_out_refuse_an_attention_their_formats_lack(recipe):
+    # Llama's and GPT-2's formats hold plain multi-head attention: a sink logit, a sparse indexer,
+    # a latent or a recurrence would be dropped or misread, so each is refused by name
+    llama_like = tl.GPT(tl.GPTConfig(vocab_size=10, context_len=16, n_layers=2, n_heads=2, d_model=16, recipe=recipe))
+    with pytest.raises(ValueError, match="llama_from_gpt needs (attention='multi_head'|sinks=False)"):
+        tl.llama_from_gpt(llama_like)
+    option = {"sinks": True} if recipe == "sinks" else {"attention": "sparse", "sparse_k": 4}
+    gpt2_like = tl.GPT(tl.GPTConfig(vocab_size=10, context_len=16, n_layers=2, n_heads=2, d_model=16, **option))
+    with pytest.raises(ValueError, match="GPT-2's format needs (attention='multi_head'|sinks=False)"):
+        tl.gpt2_from_gpt(gpt2_like)

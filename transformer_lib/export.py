@@ -79,14 +79,16 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
     ``(out, in)`` become ``Conv1D`` weights ``(in, out)`` and the rows ``W_q, W_k, W_v`` of
     ``in_proj_weight`` the columns ``q | k | v`` of ``c_attn``. A GPT without biases gets zero
     biases (the same function). The GPT needs LayerNorm, the GELU MLP, learned positions, one
-    key/value head per query head, no ``qk_norm`` and no ``window``; anything else raises a
+    key/value head per query head, multi-head attention without sinks, no ``qk_norm`` and no
+    ``window``; anything else (a sparse, latent or recurrent attention included) raises a
     ``ValueError`` naming the setting. The model is in the GPT's dtype, in eval mode, and maps
     ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = gpt.config
-    needed = {"norm": "layernorm", "ffn": "mlp", "positions": "learned", "qk_norm": False, "window": None}
+    needed = {"norm": "layernorm", "ffn": "mlp", "positions": "learned", "qk_norm": False, "window": None,
+              "attention": "multi_head", "sinks": False}  # fmt: skip
     for name, value in needed.items():
         if getattr(c, name) != value:
             raise ValueError(f"GPT-2's format needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")

@@ -203,8 +203,9 @@ def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT
 def llama_from_gpt(gpt: GPT) -> nn.Module:
     """A ``transformers`` ``LlamaForCausalLM`` with the weights of a Llama-style :class:`GPT` (chapter 14).
 
-    The GPT needs ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"``, ``bias=False``, no
-    ``qk_norm`` and no ``window``; anything else raises a ``ValueError`` naming the setting. The
+    The GPT needs ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"``, ``bias=False``,
+    multi-head attention without sinks, no ``qk_norm`` and no ``window``; anything else (a sparse,
+    latent or recurrent attention included) raises a ``ValueError`` naming the setting. The
     model is in the GPT's dtype, in eval mode, with PyTorch's fused attention (``transformers``' eager
     attention computes the softmax in float32).
     """
@@ -219,7 +220,8 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = gpt.config
-    needed = {**{k: getattr(LLAMA_BLOCK, k) for k in ("norm", "ffn", "positions", "bias", "qk_norm")}, "window": None}
+    kept = ("norm", "ffn", "positions", "bias", "qk_norm", "attention", "sinks")
+    needed = {**{k: getattr(LLAMA_BLOCK, k) for k in kept}, "window": None}
     for name, value in needed.items():
         if getattr(c, name) != value:
             raise ValueError(f"llama_from_gpt needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")
