@@ -416,6 +416,8 @@ RECIPE_BAD = [
     ({"attention": "delta", "n_kv_heads": 1}, "grouped-query attention's"),
     ({"full_every": 4}, "full_every=4 is linear or delta or gated_delta attention's"),
     ({"attention": "linear", "full_every": -1}, "full_every"),
+    # 2 layers: every 5th layer would be multi-head attention, and none is
+    ({"attention": "gated_delta", "full_every": 5}, "a model of n_layers=2 would have none"),
 ]
 
 

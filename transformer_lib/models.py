@@ -95,6 +95,11 @@ class GPTConfig:
         if self.window is not None and self.recipe.attention in RECURRENT:
             raise ValueError(f"window={self.window} slides an attention's view: attention="
                              f"{self.recipe.attention!r} is a recurrence whose state sums every token")  # fmt: skip
+        if self.recipe.full_every > self.n_layers > 0:
+            raise ValueError(
+                f"full_every={self.recipe.full_every} makes every {self.recipe.full_every}th layer multi-head "
+                f"attention: a model of n_layers={self.n_layers} would have none (use at most {self.n_layers})"
+            )
         if self.recipe.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "
