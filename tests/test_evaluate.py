@@ -180,11 +180,27 @@ def test_an_lm_eval_task_file_is_not_overwritten(tmp_path):
         (("x", ("a",), 0), "at least 2"),
         (("x", ("a", "a"), 0), "distinct"),
         (("x", ("a", "b"), 2), "answer"),
+        (("x", "yes", 0), "one string 'yes'"),  # not the choices y, e and s
+        (("x", ("a", "b"), True), "answer"),
+        (("x", ("a", "b"), 1.0), "answer"),
     ],
 )
 def test_a_bad_item_is_refused(args, match):
     with pytest.raises(ValueError, match=match):
         MCItem(*args)
+
+
+def test_an_item_takes_numpy_integers_and_the_task_writer_takes_dicts_but_not_nothing(tmp_path):
+    item = MCItem("x", ("a", "b"), np.int64(1))
+    assert item.answer == 1 and type(item.answer) is int
+    written = write_lm_eval_task([{"context": "x", "choices": ["a", "b"], "answer": 1}], tmp_path, "dicts")
+    assert written.exists() and json.loads((tmp_path / "dicts.jsonl").read_text()) == {
+        "context": "x", "choices": ["a", "b"], "answer": 1}  # fmt: skip
+    with pytest.raises(ValueError, match="one or more MCItem.*got nothing"):
+        write_lm_eval_task([], tmp_path, "empty")
+    with pytest.raises(ValueError, match="got str"):
+        write_lm_eval_task(["x"], tmp_path, "strings")
+    assert not (tmp_path / "empty.jsonl").exists() and not (tmp_path / "strings.yaml").exists()
 
 
 # pass@k -------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ which ``lm_eval --tasks NAME --include_path FOLDER`` runs offline.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 from collections import Counter
@@ -45,12 +46,16 @@ class MCItem:
         """The context is text, at least two distinct choices, the answer one of them."""
         if not isinstance(self.context, str) or not self.context.strip():
             raise ValueError(f"context must be non-empty text, got {self.context!r}")
+        if isinstance(self.choices, (str, bytes)):  # tuple("yes") would be three choices, y, e and s
+            raise ValueError(f"choices must be a list of strings, got one string {self.choices!r}")
         choices = tuple(self.choices)
         if len(choices) < 2 or len(set(choices)) != len(choices) or not all(isinstance(c, str) and c for c in choices):
             raise ValueError(f"choices must be at least 2 distinct non-empty strings, got {choices!r}")
         object.__setattr__(self, "choices", choices)
-        if not (isinstance(self.answer, int) and 0 <= self.answer < len(choices)):
+        whole = isinstance(self.answer, numbers.Integral) and not isinstance(self.answer, bool)
+        if not (whole and 0 <= self.answer < len(choices)):
             raise ValueError(f"answer must index the {len(choices)} choices, got {self.answer!r}")
+        object.__setattr__(self, "answer", int(self.answer))  # a NumPy integer, as a Python one
 
 
 def held_out_text(text: str, start_fraction: float = 0.9) -> str:
@@ -142,6 +147,10 @@ def write_lm_eval_task(items, folder: str | os.PathLike, name: str, *, delimiter
         if path.exists() and not force:
             raise FileExistsError(f"{path} exists: give force=True to replace it")
     folder.mkdir(parents=True, exist_ok=True)
+    items = [MCItem(**it) if isinstance(it, dict) else it for it in items]  # dicts checked as items
+    if not items or not all(isinstance(it, MCItem) for it in items):
+        kinds = sorted({type(it).__name__ for it in items}) or ["nothing"]
+        raise ValueError(f"items must be one or more MCItem (or dicts of their fields), got {', '.join(kinds)}")
     docs = [{"context": it.context, "choices": list(it.choices), "answer": it.answer} for it in items]
     data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     spec.write_text(
