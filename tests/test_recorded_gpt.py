@@ -1,0 +1,63 @@
+"""Chapter 9's recorded GPT (``transformer_lib.experiments.ch09``): the record holds every seed at
+the current settings, the shipped checkpoint is seed 0's weights, and seed 0, re-run, reproduces
+both (slow)."""
+
+import pytest
+import torch
+
+import transformer_lib as tl
+from transformer_lib.experiments import ch09, recorded
+
+
+def test_the_record_holds_every_seed_at_the_current_settings():
+    sweep = recorded("ch09")
+    assert sweep["settings"] == ch09.SETTINGS
+    runs = sweep["gpt"]["runs"]
+    assert [r["seed"] for r in runs] == ch09.SEEDS
+    steps, every = ch09.TRAIN["max_iters"], ch09.TRAIN["eval_interval"]
+    for r in runs:
+        assert len(r["step_loss"]) == steps
+        assert r["eval_step"] == list(range(0, steps + 1, every))
+        assert len(r["train_loss"]) == len(r["val_loss"]) == len(r["eval_step"])
+        assert r["final_val_loss"] == r["val_loss"][-1]
+        assert 0 < r["gap"] < 0.1  # what the chapter claims for every seed
+    assert "weights_sha256" in runs[0]
+
+
+def test_the_shipped_checkpoint_is_seed_0s_weights_in_float64():
+    assert ch09.CHECKPOINT.stat().st_size < 1_000_000
+    model, tokenizer = ch09.recorded_model()
+    assert ch09.weights_sha256(model) == recorded("ch09")["gpt"]["runs"][0]["weights_sha256"]
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert not model.training
+    assert tokenizer.to_dict() == ch09.corpus()[0].to_dict()
+    config = model.config
+    assert {k: getattr(config, k) for k in ch09.MODEL} == ch09.MODEL and config.vocab_size == tokenizer.vocab_size
+
+
+@pytest.mark.slow
+def test_seed_0_reproduces_the_record_and_the_checkpoint(one_thread):
+    """Float64 throughout: a re-run on another CPU differs from the record only in the last bits
+    of its sums, which 800 steps of gentle training leave far below 1e-6 (the record's losses are
+    rounded to 6 decimals)."""
+    model, history = ch09.train_gpt(0)
+    run = recorded("ch09")["gpt"]["runs"][0]
+    assert history.eval_step == run["eval_step"]
+    for name in ("step_loss", "train_loss", "val_loss"):
+        assert getattr(history, name) == pytest.approx(run[name], abs=2e-6), name
+    shipped, _ = ch09.recorded_model()
+    for (name, a), (_, b) in zip(model.state_dict().items(), shipped.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-8), name
+    x = torch.tensor([ch09.corpus()[0].encode("\nevery child sleep")])
+    with torch.no_grad():
+        assert torch.allclose(model(x)[0], shipped(x)[0], rtol=0, atol=1e-8)
+
+
+def test_the_part_smoke_runs(one_thread):
+    # two steps of the part, as a dry run does: every field, nothing written
+    before = ch09.CHECKPOINT.read_bytes()
+    out = ch09.run_gpt([0], steps=2)
+    (r,) = out["gpt"]["runs"]
+    assert len(r["step_loss"]) == 2 and r["eval_step"] == [0, 2] and "weights_sha256" in r
+    assert ch09.CHECKPOINT.read_bytes() == before
+    assert isinstance(ch09.TRAINED[0], tl.GPT)
