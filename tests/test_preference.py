@@ -221,6 +221,9 @@ def test_group_advantages_centre_and_scale_each_group():
     assert group_advantages([[2, 2], [0.5, 1]]).dtype == torch.float64
     assert group_advantages(torch.tensor([[2, 2], [0, 1]])).dtype == torch.float64
     assert group_advantages(torch.ones(2, 3, dtype=torch.float32)).dtype == torch.float32
+    for ragged in ([[1.0, 0.0], [1.0]], [[1.0, "a"], [0.0, 1.0]]):
+        with pytest.raises(ValueError, match="rewards must be numbers in G groups of one size n, got"):
+            group_advantages(ragged)
 
 
 def test_k3_is_never_negative_and_its_mean_over_samples_is_the_exact_kl(gen):

@@ -109,6 +109,20 @@ def test_bad_settings_are_refused_by_name(dates_model):
         tl.GRPOBatches(model, tokenizer, pairs, pairs, 2, reward="exact", beta=0, max_new_tokens=10_000)
     with pytest.raises(ValueError, match="method must be one of"):
         tl.make_policy(model, "head")
+    for returned in (None, float("nan"), "1", True):
+        grpo = tl.GRPOBatches(model, tokenizer, pairs, pairs, 2, reward=lambda answer, target, r=returned: r, beta=0,
+                              group_size=2, max_new_tokens=4)  # fmt: skip
+        with pytest.raises(ValueError, match=r"the reward <lambda>\(.*\) must return a finite number, got"):
+            grpo("train")
+
+
+def test_a_target_that_is_no_date_is_refused_by_name():
+    for bad in ("2003-02-30", "2003-4-17", "", 20030417):
+        with pytest.raises(ValueError, match=f"wrong_date needs a real date written yyyy-mm-dd, got {bad!r}"):
+            V.wrong_date(bad, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="char_reward needs a target date"):
+        V.char_reward("", "")
+    assert V.char_reward("", "2003-04-17") == 0.0  # an empty answer scores nothing
 
 
 def test_preference_files_round_trip_and_bad_ones_are_refused_by_line(tmp_path):

@@ -233,7 +233,12 @@ def group_advantages(rewards, *, scale: str = "group", eps: float = 1e-4) -> Ten
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
     eps = _number(eps, "eps", positive=False)
-    r = rewards if isinstance(rewards, Tensor) else torch.as_tensor(rewards, dtype=torch.float64)
+    try:
+        r = rewards if isinstance(rewards, Tensor) else torch.as_tensor(rewards, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):  # groups of other sizes, or something not a number
+        shown = repr(rewards)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ValueError(f"rewards must be numbers in G groups of one size n, got {shown}") from None
     r = r if r.is_floating_point() else r.double()
     if r.dim() != 2 or r.shape[1] < 2:
         raise ValueError(f"rewards must be (G groups, n answers per group) with n >= 2, got shape {tuple(r.shape)}")

@@ -25,6 +25,8 @@ never stopped::
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -194,6 +196,14 @@ class GRPOBatches(_Batches):
             texts.append(self.tokenizer.decode(cut[:-1] if cut and cut[-1] == eos else cut))
         return rows, texts
 
+    def _score(self, text: str, target: str) -> float:
+        """The reward of one answer, refused by name unless it is a finite number."""
+        value = self.reward(text, target)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            name = getattr(self.reward, "__name__", repr(self.reward))
+            raise ValueError(f"the reward {name}({text!r}, {target!r}) must return a finite number, got {value!r}")
+        return float(value)
+
     def __call__(self, split: str = "train") -> dict[str, Tensor]:
         self._check_split(split)
         rows, rewards = [], []
@@ -201,7 +211,7 @@ class GRPOBatches(_Batches):
             prompt, target = self.pairs[split][int(i)]
             group, texts = self.sample(prompt, self.generators[split])
             rows += group
-            rewards.append([float(self.reward(text, target)) for text in texts])
+            rewards.append([self._score(text, target) for text in texts])
         ids, n_prompt, lengths = pad_rows(rows, self.tokenizer.eos_id)
         rewards = torch.tensor(rewards, dtype=torch.float64)  # (batch_size, group_size)
         advantages = group_advantages(rewards, scale=self.scale).reshape(-1)

@@ -75,6 +75,8 @@ def char_reward(answer: str, target: str) -> float:
     """The share of ``target``'s characters that ``answer`` has at the same place (chapter 17):
     partial credit, 1.0 only for the right date."""
     answer = _final(answer)
+    if not target:
+        raise ValueError("char_reward needs a target date, got an empty one")
     return sum(a == b for a, b in zip(answer, target, strict=False)) / max(len(target), len(answer))
 
 
@@ -147,8 +149,11 @@ REWARDS = {"exact": exact_reward, "chars": char_reward, "format": format_reward,
 def wrong_date(target: str, rng: np.random.Generator) -> str:
     """A plausible wrong answer to ``target`` (chapter 17): the same date with one field moved, the
     day by 1 to 3, the month by 1 or the year by 1 to 10 (a day that the new month lacks is moved
-    to the month's last), drawn with ``rng``; never the target itself."""
-    date = datetime.date.fromisoformat(target)
+    to the month's last), drawn with ``rng``; never the target itself. A target that is not a real
+    date written ``yyyy-mm-dd`` (``2003-02-30``) raises a ``ValueError`` naming it."""
+    date = _date(target) if isinstance(target, str) else None
+    if date is None:
+        raise ValueError(f"wrong_date needs a real date written yyyy-mm-dd, got {target!r}")
     field, step = int(rng.integers(3)), int(rng.choice([-1, 1]))
     if field == 0:
         out = date + datetime.timedelta(days=step * int(rng.integers(1, 4)))
