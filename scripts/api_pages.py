@@ -263,6 +263,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
         + ["transformer_lib.experiments.ch08"]
+        + ["transformer_lib.experiments.ch09"]
         + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 17, 18, 19)]
         + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"],
         "12 to 19",
