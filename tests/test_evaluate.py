@@ -97,6 +97,9 @@ def test_a_choices_log_likelihood_is_the_sum_over_its_tokens_after_the_context(b
     logp = torch.log_softmax(logits[0].double(), -1)
     want = sum(logp[k - 1, ids[k]].item() for k in range(n, len(ids)))
     assert choice_loglikelihoods(model, tokenizer, context, [choice])[0] == pytest.approx(want, abs=1e-10)
+    for none in ([], (), choice):  # no choice, or one string where a list is meant
+        with pytest.raises(ValueError, match="continuations must be a list of one or more strings"):
+            choice_loglikelihoods(model, tokenizer, context, none)
 
 
 def test_a_long_context_is_cropped_on_the_left_as_lm_eval_crops_it(bpe_model):
@@ -293,6 +296,16 @@ def test_loss_units_are_one_quantity():
     for bad in (float("nan"), -1.0, "2"):
         with pytest.raises(ValueError, match="nats_per_token"):
             loss_units(bad)
+    assert loss_units(np.float32(2.0), np.float64(2.5)) == u  # NumPy's numbers, as Python's
+    with pytest.raises(ValueError, match="bytes_per_token"):
+        loss_units(2.0, float("inf"))
+
+
+@pytest.mark.parametrize("args, name", [((math.nan, 0.1), "sd"), ((-1.0, 0.1), "sd"), ((0.5, math.inf), "difference"),
+                                        ((0.5, 0.1, math.nan), "z")])  # fmt: skip
+def test_items_needed_refuses_a_spread_or_difference_that_is_not_a_finite_number(args, name):
+    with pytest.raises(ValueError, match=f"{name} must be a finite number"):
+        items_needed(*args)
 
 
 def test_the_windows_of_bits_per_byte_add_up_to_its_totals(bpe_model):

@@ -5,6 +5,7 @@ refused by name."""
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LLAMA_STYLE = dict(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False)
 
 
-@pytest.mark.parametrize("eps", [1e-5, 1e-6, 0.1])
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 0.1, np.float32(1e-5)])  # NumPy's numbers too
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rmsnorm_equals_torch_rmsnorm(eps, dtype):
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_int, is_real
 from .data.instructions import encode_pair
 from .data.mc_tasks import MCItem
 from .data.tokenizer import tokenizer_checksum
@@ -68,13 +68,14 @@ def loss_units(nats_per_token: float, bytes_per_token: float | None = None) -> d
     """One loss in three units (chapter 16): ``loss`` (nats per token), ``perplexity`` (``e`` to
     the loss: the number of equally likely tokens the model hesitates between) and, given the
     text's bytes per token, ``bits_per_byte`` (the loss in bits, shared over the bytes)."""
-    if not (isinstance(nats_per_token, (int, float)) and math.isfinite(nats_per_token) and nats_per_token >= 0):
+    if not (is_real(nats_per_token) and math.isfinite(nats_per_token) and nats_per_token >= 0):
         raise ValueError(f"nats_per_token must be a finite number >= 0, got {nats_per_token!r}")
-    out = {"loss": float(nats_per_token), "perplexity": math.exp(nats_per_token)}
+    nats_per_token = float(nats_per_token)  # a NumPy number, as Python's
+    out = {"loss": nats_per_token, "perplexity": math.exp(nats_per_token)}
     if bytes_per_token is not None:
-        if not (isinstance(bytes_per_token, (int, float)) and bytes_per_token > 0):
+        if not (is_real(bytes_per_token) and math.isfinite(bytes_per_token) and bytes_per_token > 0):
             raise ValueError(f"bytes_per_token must be a number > 0, got {bytes_per_token!r}")
-        out["bits_per_byte"] = nats_per_token / math.log(2) / bytes_per_token
+        out["bits_per_byte"] = nats_per_token / math.log(2) / float(bytes_per_token)
     return out
 
 
@@ -117,7 +118,13 @@ def bootstrap_interval(
 
 def items_needed(sd: float, difference: float, z: float = Z95) -> int | None:
     """How many items make an interval of ``+- z sd / sqrt(n)`` narrower than ``difference``
-    (chapter 16): ``ceil((z sd / difference) ** 2)``; None for a difference of 0 (no number does)."""
+    (chapter 16): ``ceil((z sd / difference) ** 2)``; None for a difference of 0 (no number does).
+    A spread, difference or ``z`` that is not a finite number (a NaN from one item) raises a
+    ``ValueError`` naming it."""
+    for name, value in (("sd", sd), ("difference", difference), ("z", z)):
+        if not (is_real(value) and math.isfinite(value)) or (name != "difference" and value < 0):
+            rule = "a finite number" if name == "difference" else "a finite number >= 0"
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
     if difference == 0:
         return None
     return max(2, math.ceil((z * sd / abs(difference)) ** 2))
@@ -193,7 +200,10 @@ def choice_loglikelihoods(model: nn.Module, tokenizer, context: str, continuatio
     """The summed log-probability of each continuation's ids after ``context`` (chapter 16), in
     float64, as ``lm-eval``'s ``loglikelihood`` requests compute it: the pair is cut into ids by
     :func:`_encode_choice` and the last ``context_len + 1`` ids are kept (the context cropped on
-    the left). A continuation with no ids of its own is refused."""
+    the left). No continuation at all, one string in place of a list, or a continuation with no
+    ids of its own is refused."""
+    if isinstance(continuations, str) or not continuations:
+        raise ValueError(f"continuations must be a list of one or more strings, got {continuations!r}")
     T = model.config.context_len
     rows, spans = [], []
     for cont in continuations:

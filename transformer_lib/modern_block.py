@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_int, is_real
 from .multihead import MultiHeadAttention
 from .parts import find_parts
 from .positional import RotaryEmbedding
@@ -33,7 +33,7 @@ __all__ = ["QKTransform", "RMSNorm", "SwiGLU", "attention_logit_max", "rotate_he
 
 
 def _check_eps(eps: object) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+    if not is_real(eps) or not eps > 0:
         raise ValueError(f"eps must be a number > 0 (it keeps the division finite), got {eps!r}")
 
 
