@@ -488,6 +488,8 @@ def test_the_converter_copies_gpt_oss_attention(gpt_oss_rotary_in_float64, layer
         got = ours(x, x, x, is_causal=True, window=window)[0]
         assert torch.equal(got, by_hand(x, x, x, is_causal=True, window=window)[0])
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    with pytest.raises(TypeError, match="must be a transformers GptOssAttention, got Linear"):
+        tl.sink_attention_from_gpt_oss(torch.nn.Linear(2, 2))
 
 
 def test_attention_sink_mass_from_a_later_query():

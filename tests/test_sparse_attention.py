@@ -58,6 +58,9 @@ def _deepseek(seed: int = 0):
     converted = indexer_from_deepseek(theirs)  # the library's converter: the same weights
     mine, its = ours.state_dict(), converted.state_dict()
     assert mine.keys() == its.keys() and all(torch.equal(mine[k], its[k]) for k in mine)
+    for wrong in (ds.DeepseekV32MLP(config), torch.nn.Linear(2, 2)):  # another layer: refused by name
+        with pytest.raises(TypeError, match=f"must be a transformers DeepseekV32Indexer, got {type(wrong).__name__}"):
+            indexer_from_deepseek(wrong)
     return ds, config, theirs, rotary, ours
 
 

@@ -203,6 +203,8 @@ def sink_attention_from_gpt_oss(attn: nn.Module) -> SinkAttention:
     The layer's sliding window is not a weight: pass ``window=attn.sliding_window`` to its forward.
     Only the default rotary frequencies (``rope_type="default"``) are supported.
     """
+    if type(attn).__name__ != "GptOssAttention":
+        raise TypeError(f"attn must be a transformers GptOssAttention, got {type(attn).__name__}")
     config = attn.config
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":

@@ -333,6 +333,8 @@ def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
     heads and of the key (with its LayerNorm's weight and bias) are reordered, the others kept.
     Its queries read DeepSeek's query latent (``q_lora_rank`` wide): pass it as ``q_input``.
     """
+    if type(indexer).__name__ != "DeepseekV32Indexer":
+        raise TypeError(f"indexer must be a transformers DeepseekV32Indexer, got {type(indexer).__name__}")
     config = indexer.config
     r, D, H = indexer.qk_rope_head_dim, indexer.head_dim, indexer.n_heads
     rope = dict(getattr(config, "rope_parameters", None) or {})
