@@ -305,3 +305,26 @@ def test_bad_calls_are_refused_by_name():
     one = x[:1]
     with pytest.raises(ValueError, match="start a new cache"):
         layer(one, one, one, is_causal=True, cache=cache)  # another batch
+
+
+@pytest.mark.parametrize("kind", ["latent", "gated_delta"])
+def test_an_empty_sequence_gives_an_empty_output_and_leaves_the_cache_as_it_was(kind):
+    # multi-head attention maps (B, 0, d) to (B, 0, d); so do the layers of chapters 18 and 19, with
+    # or without a cache, and decoding after an empty step equals decoding without one
+    from transformer_lib.delta_net import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = (LatentAttention(16, 2, kv_latent=8) if kind == "latent" else GatedDeltaNet(16, 2)).double().eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    first, empty, rest = x[:, :3], x[:, :0], x[:, 3:]
+    out, weights = layer(empty, empty, empty, is_causal=True, need_weights=True)
+    assert out.shape == (2, 0, 16) and weights.shape == (2, 2, 0, 0)
+    with torch.no_grad():
+        with_empty, without = layer.new_cache(), layer.new_cache()
+        layer(first, first, first, is_causal=True, cache=with_empty)
+        assert layer(empty, empty, empty, is_causal=True, cache=with_empty)[0].shape == (2, 0, 16)
+        after_empty = layer(rest, rest, rest, is_causal=True, cache=with_empty)[0]
+        layer(first, first, first, is_causal=True, cache=without)
+        torch.testing.assert_close(
+            after_empty, layer(rest, rest, rest, is_causal=True, cache=without)[0], rtol=0, atol=0
+        )

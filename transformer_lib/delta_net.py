@@ -219,6 +219,9 @@ class GatedDeltaNet(nn.Module):
         shapes = (B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1)
         if cache is not None:
             cache.check(*shapes)
+        if T == 0:  # no token: an empty output, as multi-head attention gives, and the state as it was
+            weights = query.new_zeros(B, self.n_heads, 0, 0) if need_weights else None
+            return query.new_zeros(B, 0, self.out_proj.out_features), weights
         q, k, v, beta, g, conv = self._inputs(query, cache)
         if cache is not None:  # a 16-bit layer (or autocast) keeps a float32 state
             cache.check(*shapes, torch.promote_types(v.dtype, torch.float32), conv.dtype)

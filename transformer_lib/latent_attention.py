@@ -254,6 +254,9 @@ class LatentAttention(nn.Module):
             check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
         folded, p = self.folded if folded is None else folded, self.dropout if self.training else 0.0
         check_bool(folded, "folded")
+        if T_q == 0:  # no token: an empty output, as multi-head attention gives, and the cache as it was
+            weights = query.new_zeros(B, self.n_heads, 0, T_k) if need_weights else None
+            return query.new_zeros(B, 0, self.d_model), weights
         return self._run(query, mask, is_causal, window, cache, folded, need_weights, p)
 
     def _run(self, x, mask, is_causal, window, cache, folded, need_weights, p) -> tuple[Tensor, Tensor | None]:
