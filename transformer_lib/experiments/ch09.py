@@ -12,7 +12,7 @@ of each split. Seed ``s`` draws the initial weights after ``tl.set_seed(s)`` and
 
 The command line (``--dry-run`` prints and writes nothing)::
 
-    # the record, three seeds (about 4 minutes, 1 core)
+    # the record, three seeds (about 2 minutes, 1 core)
     python -m transformer_lib.experiments ch09
     # the record and seed 0's weights, the shipped checkpoint
     python -m transformer_lib.experiments.ch09
