@@ -149,8 +149,15 @@ class SparseCache(KVCache):
         self._index_buffer: Tensor | None = None  # (B, capacity, index_dim)
 
     def append_index(self, keys: Tensor) -> Tensor:
-        """Add the new key rows ``(B, T_new, index_dim)``; returns all of them ``(B, T_cached + T_new, index_dim)``."""
-        held = 0 if self.index_keys is None else self.index_keys.shape[1]
+        """Add the new key rows ``(B, T_new, index_dim)``; returns all of them ``(B, T_cached + T_new, index_dim)``.
+        Rows of another batch size, width or dtype than those held are refused: start a new cache."""
+        old = self.index_keys
+        if old is not None and (keys.shape[::2] != old.shape[::2] or keys.dtype != old.dtype):
+            raise ValueError(
+                f"SparseCache holds index keys (B, T, index_dim) = {tuple(old.shape)} {old.dtype}; cannot add "
+                f"{tuple(keys.shape)} {keys.dtype} (a different batch, layer or dtype: start a new cache)"
+            )
+        held = 0 if old is None else old.shape[1]
         if self.window is not None or (torch.is_grad_enabled() and keys.requires_grad):
             self._index_buffer = None
             if self.index_keys is not None:
