@@ -262,11 +262,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     (
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
-        + ["transformer_lib.experiments.ch08"]
-        + ["transformer_lib.experiments.ch09"]
-        + [f"transformer_lib.experiments.ch{i}" for i in (12, 13, 14, 15, 16, 17, 18, 19)]
+        + [f"transformer_lib.experiments.ch{i:02d}" for i in (8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19)]
         + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"],
-        "12 to 19",
+        "8 to 19",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),

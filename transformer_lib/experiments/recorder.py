@@ -1,5 +1,5 @@
 """The recorder of the chapters' experiments: run parts and seeds, merge them into the record,
-write it atomically, stamped with the versions that made it (chapters 12-19).
+write it atomically, stamped with the versions that made it (chapters 8-19).
 
 An experiment is a chapter's set of named parts; a part is a function ``run(seeds, steps)`` that
 trains and measures each seed and returns the record's entries it fills, for example
@@ -90,7 +90,7 @@ def record_path(chapter: str) -> Path:
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch12"`` ... ``"ch19"``), as the
+    """The recorded results of ``chapter``'s experiment (``"ch08"`` ... ``"ch19"``), as the
     chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 
