@@ -140,3 +140,15 @@ def test_preference_files_round_trip_and_bad_ones_are_refused_by_line(tmp_path):
     (tmp_path / "one.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
     with pytest.raises(ValueError, match="holds 1 preference pair"):
         V.read_preferences(tmp_path / "one.jsonl")
+    good = b'{"prompt": "a", "chosen": "b", "rejected": "c"}\n'
+    for bad, message in [
+        (b"\xff\xfe\n", r"line 2: not UTF-8 text \(byte 0xff at 0\)"),
+        (b'["a", "b", "c"]\n', "line 2: needs an object with the keys 'prompt', 'chosen', 'rejected', got a JSON list"),
+        (b'{"prompt": "a", "chosen": "b<|endoftext|>", "rejected": "c"}\n', "line 2: .*spells the special token"),
+        (b'{"prompt": "a", "chosen": "b", "rejected": "\\ud800"}\n', "line 2: .*a lone surrogate"),
+    ]:
+        (tmp_path / "bad.jsonl").write_bytes(good + bad)
+        with pytest.raises(ValueError, match="bad.jsonl, " + message):
+            V.read_preferences(tmp_path / "bad.jsonl")
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + good + good.replace(b'"c"', b'"d"'))
+    assert V.read_preferences(tmp_path / "bom.jsonl") == [("a", "b", "c"), ("a", "b", "d")]  # a byte-order mark

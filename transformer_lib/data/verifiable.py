@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import check_int
-from .instructions import date_pairs
+from .instructions import END_TOKEN, _pair_problem, date_pairs
 from .tasks import _MONTHS, DATE_FORMATS, date_field_spans
 
 __all__ = [
@@ -183,6 +183,9 @@ def _triple_problem(item) -> str | None:
         return f"needs three non-empty strings under {', '.join(map(repr, _KEYS))}"
     if values[1] == values[2]:
         return "holds the same answer as chosen and as rejected"
+    for answer in values[1:]:  # each answer after its prompt, as the model reads it
+        if problem := _pair_problem((values[0], answer), (END_TOKEN,)):
+            return "the pair " + problem[1].replace("a response", "an answer").replace("response", "answer")
     return None
 
 
@@ -206,16 +209,25 @@ def write_preferences(triples: Sequence, path: str | os.PathLike, *, force: bool
 
 
 def read_preferences(path: str | os.PathLike) -> list[tuple[str, str, str]]:
-    """The ``(prompt, chosen, rejected)`` triples of a JSON Lines file (chapter 17); a line that is
-    not JSON or not a triple is refused by its number, and so is a file of fewer than two."""
+    """The ``(prompt, chosen, rejected)`` triples of a JSON Lines file, one object with those keys a
+    line (chapter 17); a line that is not UTF-8, not JSON, not such an object, or whose text cannot be
+    encoded (a lone surrogate, the end token's spelling) is refused by its number, and so is a file of
+    fewer than two triples."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), start=1):
+    for n, raw in enumerate(Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not UTF-8 text (byte {raw[e.start]:#04x} at {e.start})") from None
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {n}: not JSON ({e.msg})") from None
+        if not isinstance(item, dict):
+            raise ValueError(f"{path}, line {n}: needs an object with the keys {', '.join(map(repr, _KEYS))}, "
+                             f"got a JSON {type(item).__name__}")  # fmt: skip
         if problem := _triple_problem(item):
             raise ValueError(f"{path}, line {n}: {problem}")
         rows.append(tuple(item[k] for k in _KEYS))
