@@ -328,3 +328,11 @@ def test_an_empty_sequence_gives_an_empty_output_and_leaves_the_cache_as_it_was(
         torch.testing.assert_close(
             after_empty, layer(rest, rest, rest, is_causal=True, cache=without)[0], rtol=0, atol=0
         )
+
+
+def test_the_default_rotary_width_is_the_even_part_of_half_a_head_and_a_head_too_narrow_is_named():
+    assert [LatentAttention(2 * d_k, 2, kv_latent=8).rope_dim for d_k in (4, 6, 8, 12)] == [2, 2, 4, 6]
+    with pytest.raises(ValueError, match="whose width d_model / n_heads is 2: give wider heads or a rope_dim"):
+        LatentAttention(16, 8, kv_latent=8)
+    with pytest.raises(ValueError, match=r"got 3$"):  # given, not defaulted: no word about the default
+        LatentAttention(16, 2, kv_latent=8, rope_dim=3)

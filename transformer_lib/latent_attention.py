@@ -125,7 +125,7 @@ class LatentAttention(nn.Module):
 
     ``LatentAttention(d_model, n_heads, *, kv_latent, q_latent=None, rope_dim=None, nope_dim=None,
     v_dim=None, rotary_base=10000.0, eps=1e-6, dropout=0.0, bias=False)``; with ``d_k = d_model //
-    n_heads`` the defaults are ``nope_dim = v_dim = d_k`` and ``rope_dim = d_k // 2`` (even). Its maps:
+    n_heads`` the defaults are ``nope_dim = v_dim = d_k`` and ``rope_dim``, the even part of ``d_k // 2``. Its maps:
 
     - queries: ``q_proj`` (``d_model -> h (nope_dim + rope_dim)``), or with ``q_latent`` ``q_down``
       (``d_model -> q_latent``), the :class:`~transformer_lib.modern_block.RMSNorm` ``q_norm`` and
@@ -166,9 +166,14 @@ class LatentAttention(nn.Module):
         if d_k is None and None in (rope_dim, nope_dim, v_dim):
             raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so rope_dim, nope_dim and "
                              "v_dim have no default (d_k): give all three")  # fmt: skip
-        nope_dim, v_dim, rope_dim = nope_dim or d_k, v_dim or d_k, rope_dim or d_k // 2
+        given = rope_dim
+        nope_dim, v_dim, rope_dim = nope_dim or d_k, v_dim or d_k, rope_dim or 2 * (d_k // 4)
         if rope_dim < 2 or rope_dim % 2:
-            raise ValueError(f"rope_dim must be even and >= 2 (rotated in pairs), got {rope_dim}")
+            why = (
+                "" if given else f" (by default the even part of half a head, whose width d_model / n_heads is {d_k}: "
+            )
+            raise ValueError(f"rope_dim must be even and >= 2 (rotated in pairs), got {rope_dim}"
+                             + (why and why + "give wider heads or a rope_dim)"))  # fmt: skip
         check_base(rotary_base, "rotary_base")
         check_probability(dropout, "dropout")
         check_bool(bias, "bias")

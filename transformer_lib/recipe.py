@@ -83,7 +83,7 @@ def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, drop
     d_k = d_model // n_heads
     return LatentAttention(
         d_model, n_heads, kv_latent=recipe.kv_latent or 4 * d_k, q_latent=recipe.q_latent,
-        rope_dim=recipe.rope_dim or d_k // 2, rotary_base=recipe.rotary_base, eps=recipe.norm_eps,
+        rope_dim=recipe.rope_dim, rotary_base=recipe.rotary_base, eps=recipe.norm_eps,
         dropout=dropout, bias=recipe.bias,
     )  # fmt: skip
 
