@@ -369,3 +369,13 @@ def test_a_card_compares_two_models_item_by_item(bpe_model, char_model):
 def test_exact_match_needs_an_end_token(char_model):
     with pytest.raises(ValueError, match="end token"):
         report_card(*char_model, pairs=[("1.2.2000", "2000-02-01")])
+
+
+def test_more_choices_than_the_text_can_offer_are_refused_by_name():
+    speakers = len({s.speaker for s in tl.data.split_speeches(held_out_text(TEXT)) if s.speaker.isupper()})
+    assert len(speaker_choice_task(TEXT, 5, n_choices=speakers - 1)[0].choices) == speakers - 1
+    # with as many choices as speakers, the one before the answer would be needed as a wrong one
+    with pytest.raises(ValueError, match=f"has {speakers} speakers: n_choices={speakers} needs {speakers + 1}"):
+        speaker_choice_task(TEXT, 5, n_choices=speakers)
+    with pytest.raises(ValueError, match="too few words for n_choices=100000"):
+        cloze_task(TEXT, 5, n_choices=100_000)

@@ -86,8 +86,9 @@ def speaker_choice_task(
     # a line of verse can end with a colon too: speakers' names are in capitals
     speeches = [s for s in split_speeches(held_out_text(text, start_fraction)) if s.speaker.isupper()]
     names = sorted(Counter(s.speaker for s in speeches))
-    if len(names) < n_choices:
-        raise ValueError(f"the held-out text has {len(names)} speakers, fewer than n_choices={n_choices}")
+    if len(names) < n_choices + 1:  # the true speaker and the one before are never a wrong choice
+        raise ValueError(f"the held-out text has {len(names)} speakers: n_choices={n_choices} needs "
+                         f"{n_choices + 1} (the one before the answer is never offered as a wrong choice)")  # fmt: skip
     rng = np.random.default_rng(seed)
     pairs = [(a, b) for a, b in zip(speeches, speeches[1:], strict=False) if a.speaker != b.speaker]
     if len(pairs) < n_items:
@@ -124,6 +125,10 @@ def cloze_task(
             found.append((prev, m.group(1), m.group(2)))
     if len(found) < n_items:
         raise ValueError(f"the held-out text has {len(found)} usable lines, fewer than n_items={n_items}")
+    most_of_one_length = max(Counter(len(w) for w in words).values(), default=0)
+    if len(words) - most_of_one_length < n_choices - 1:  # wrong choices have another length than the answer
+        raise ValueError(f"the held-out text has too few words for n_choices={n_choices}: some answers have only "
+                         f"{len(words) - most_of_one_length} words of another length to choose from")  # fmt: skip
     items = []
     for k in sorted(rng.choice(len(found), n_items, replace=False)):
         prev, head, word = found[k]
