@@ -138,6 +138,8 @@ ERRORS = [
     ("classifier_run: one class", lambda: run_classifier(labels=[0] * 4, classes=["only"]), ValueError,
      ["1 class (['only'])", "at least 2"]),
     ("classifier_run: no test rows", lambda: run_classifier(test=[]), ValueError, ["test split holds no text"]),
+    ("classifier_run: one class in training", lambda: run_classifier(labels=[0, 0, 1, 0]), ValueError,
+     ["train split holds only the class ['x']", "at least 2 classes"]),
     ("window_loss: a stream as long as the context", lambda: tl.window_loss(gpt(), torch.arange(8) % 5), ValueError,
      ["context_len + 1 = 9", "(8,)"]),
     ("window_loss: a list", lambda: tl.window_loss(gpt(), list(range(20))), TypeError, ["tokens must be a tensor"]),
