@@ -507,3 +507,15 @@ def test_a_recurrent_model_trains_under_autocast_and_decodes_in_16_bits(recipe):
     low(prompt, cache=cache)
     states = [c.self_attn.state for c in cache.layers if isinstance(c.self_attn, RecurrentState)]
     assert states and all(s.dtype == torch.float32 for s in states)
+
+
+def test_a_nan_in_one_value_reaches_the_outputs_the_module_docstring_says_in_each_form():
+    # equal for finite inputs; a NaN spreads by each form's arithmetic (0 * NaN is NaN)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    v[0, 0, 5] = float("nan")
+    reached = {}
+    for form in ("recurrent", "chunked", "parallel"):
+        out, _ = tl.linear_attention(q, k, v, form=form, chunk_size=2)
+        reached[form] = torch.isnan(out[0, 0]).any(-1).nonzero().flatten().tolist()
+    assert reached == {"recurrent": [5, 6, 7], "chunked": [4, 5, 6, 7], "parallel": list(range(8))}

@@ -10,6 +10,12 @@ recurrence three ways, equal up to rounding:
 - ``"chunked"``: blocks of ``chunk_size`` positions, parallel inside a block, the state carried
   from block to block (what training does on long sequences).
 
+They are equal for finite inputs. A NaN or inf in one position's key or value reaches different
+outputs in each form: the recurrence carries it forward only, the chunked form from the start of
+its block on, the parallel form to every position, since a masked-out weight of 0 times NaN is
+still NaN (as in :class:`~transformer_lib.multihead.MultiHeadAttention`): clean the inputs,
+masking does not.
+
 The recurrences, per head (``g_t <= 0`` a log decay, ``beta_t`` in (0, 1) a write strength):
 
 - linear attention: ``S_t = exp(g_t) S_{t-1} + k_t v_t^T`` (no gate: ``g_t = 0``);

@@ -75,7 +75,9 @@ class SinkAttention(MultiHeadAttention):
     ``keep_first`` keys (StreamingLLM), and :meth:`new_cache` keeps them. Everything else is
     :class:`~transformer_lib.multihead.MultiHeadAttention`'s: the fused projections, grouped-query
     attention, ``qk_transform`` (rotary, query-key norm) and the key-value cache. With sinks the
-    attention is the hand-written one (PyTorch's fused kernel has no sink column).
+    attention is the hand-written one (PyTorch's fused kernel has no sink column). As there, a
+    NaN or inf in a masked position's value still reaches the other queries' outputs (its weight
+    is 0, and 0 times NaN is NaN): masking does not clean the inputs.
     """
 
     def __init__(
