@@ -122,7 +122,7 @@ def test_the_way_back_refuses_a_gpt_llama_cannot_be(settings, name):
 def test_both_ways_out_refuse_an_attention_their_formats_lack(recipe):
     # Llama's and GPT-2's formats hold plain multi-head attention: a sink logit, a sparse indexer,
     # a latent or a recurrence would be dropped or misread, so each is refused by name
-    llama_like = tl.GPT(tl.GPTConfig(vocab_size=10, context_len=16, n_layers=2, n_heads=2, d_model=16, recipe=recipe))
+    llama_like = tl.GPT(tl.GPTConfig(vocab_size=10, context_len=16, n_layers=4, n_heads=2, d_model=16, recipe=recipe))
     with pytest.raises(ValueError, match="llama_from_gpt needs (attention='multi_head'|sinks=False)"):
         tl.llama_from_gpt(llama_like)
     option = {"sinks": True} if recipe == "sinks" else {"attention": "sparse", "sparse_k": 4}

@@ -208,7 +208,7 @@ def test_the_llama_converter_where_it_applies(name):
 def test_an_instruction_run_on_each_named_recipe(name):
     tokenizer = tl.train_bpe(TEXT, 280, specials=["<|endoftext|>"])
     torch.manual_seed(0)
-    base = tl.GPT(tl.GPTConfig(tokenizer.vocab_size, 32, 1, 2, 16, **RECIPES[name]))
+    base = tl.GPT(tl.GPTConfig(tokenizer.vocab_size, 32, 2, 2, 16, **RECIPES[name]))  # 2 layers: a hybrid's both kinds
     pairs = [("cat", "mat"), ("dog", "log")] * 4
     run = tl.instruction_run(base, tokenizer, pairs, pairs[:2], "right", 0, steps=2, batch_size=4, lora_rank=2)
     assert 0 <= run["exact_match"] <= 1 and list(tl.lora_weights(run["model"])) == tl.lora_targets(base)
