@@ -40,7 +40,9 @@ def test_the_shipped_checkpoint_is_seed_0s_weights_in_float64():
 def test_seed_0_reproduces_the_record_and_the_checkpoint(one_thread):
     """Float64 throughout: a re-run on another CPU differs from the record only in the last bits
     of its sums, which 800 steps of gentle training leave far below 1e-6 (the record's losses are
-    rounded to 6 decimals)."""
+    rounded to 6 decimals). Re-run under ATEN_CPU_CAPABILITY=avx2 and under default with
+    MKL_CBWR=COMPATIBLE, the weights moved at most 2.5e-10 and the logits of one sentence 1.7e-8,
+    so the test allows 1e-8 on a weight and 1e-6 on a logit."""
     model, history = ch09.train_gpt(0)
     run = recorded("ch09")["gpt"]["runs"][0]
     assert history.eval_step == run["eval_step"]
@@ -51,7 +53,7 @@ def test_seed_0_reproduces_the_record_and_the_checkpoint(one_thread):
         assert torch.allclose(a, b, rtol=0, atol=1e-8), name
     x = torch.tensor([ch09.corpus()[0].encode("\nevery child sleep")])
     with torch.no_grad():
-        assert torch.allclose(model(x)[0], shipped(x)[0], rtol=0, atol=1e-8)
+        assert torch.allclose(model(x)[0], shipped(x)[0], rtol=0, atol=1e-6)
 
 
 def test_the_part_smoke_runs(one_thread):
