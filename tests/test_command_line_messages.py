@@ -215,6 +215,7 @@ MODULE_FORMS = {
 }
 
 
+@pytest.mark.slow  # four training processes
 @pytest.mark.parametrize("form", MODULE_FORMS)
 def test_every_module_form_of_the_command_trains_or_refuses_like_it(form, tmp_path):
     import os

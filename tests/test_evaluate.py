@@ -52,6 +52,8 @@ def char_model():
 # lm-eval parity -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.cpu_rounding
 @pytest.mark.parametrize("which", ["bpe", "char"])
 def test_acc_and_acc_norm_equal_lm_evals_on_the_same_task_and_model(which, bpe_model, char_model, tmp_path):
     lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in requirements-eval.txt")

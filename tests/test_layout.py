@@ -111,6 +111,7 @@ def run_fresh(script: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a Python process per module
 def test_every_module_imports_first_without_a_circular_import():
     # A module imported first pulls in its parent packages and their imports: a cycle through a
     # package's __init__ only shows at run time, so import each module first in a fresh namespace.

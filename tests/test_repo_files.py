@@ -108,6 +108,7 @@ def test_notebook_carries_no_merge_tool_metadata(notebook):
     assert not leftovers, f"{notebook.name}: cells {leftovers} still hold nbdime-conflicts metadata"
 
 
+@pytest.mark.slow  # collects the whole suite in a process of its own
 def test_python_m_pytest_from_the_root_collects_every_test():
     """``python -m pytest`` from the repository root: every test file imports (tests/ and
     tests/browser/ each have a conftest, so no test imports from ``conftest`` by name)."""

@@ -205,6 +205,7 @@ def test_a_cell_that_reads_a_solution_or_its_worked_numbers_is_found():
     assert [p.split(" ")[0] for p in problems] == ["worked", "my_mask"]
 
 
+@pytest.mark.slow  # a kernel per chapter
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_every_check_reports_a_stub_as_not_implemented_yet(student_edition, chapter):
     """The student edition's exercise cells, run as a student meets them: the chapter's imports,
