@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from ._checks import check_bool, check_int, check_temperature, check_window
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
+from .experts import flat_settings
+from .experts import training_loss as experts_training_loss
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
 from .recipe import RECURRENT, BlockRecipe, as_recipe
@@ -118,8 +120,11 @@ class GPTConfig:
         return asdict(self)
 
     def settings(self) -> dict:
-        """Every setting by its flat name, the recipe's choices too (what the command line's flags set)."""
-        return {**{name: getattr(self, name) for name in _SHAPE}, **self.recipe.to_dict()}
+        """Every setting by its flat name, the recipe's choices too (what the command line's flags set);
+        the experts' spec as ``experts`` (its number, 0: none) and ``experts_<option>``."""
+        recipe = self.recipe.to_dict()
+        del recipe["experts"]
+        return {**{name: getattr(self, name) for name in _SHAPE}, **recipe, **flat_settings(self.recipe.experts)}
 
 
 class GPT(nn.Module):
@@ -204,6 +209,9 @@ class GPT(nn.Module):
                 keep = _check_loss_mask(loss_mask, targets).reshape(-1)
                 each = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1), reduction="none")
                 loss = each[keep].mean()  # the mean over the marked targets only
+            if self.training and c.recipe.experts is not None:  # chapter "Experts": the balancing terms
+                balancing = experts_training_loss(self)
+                loss = loss if balancing is None else loss + balancing
         elif loss_mask is not None:
             raise ValueError("loss_mask is given without targets: it marks which targets count in the loss")
         return logits, loss

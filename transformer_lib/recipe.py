@@ -29,6 +29,8 @@ from torch import nn
 from ._checks import check_base, check_bool, check_int
 from .blocks import FeedForward
 from .delta_net import GatedDeltaNet
+from .experts import FLAT as _EXPERTS_FLAT
+from .experts import ExpertsSpec, spec_from_dict, spec_from_flat
 from .latent_attention import LatentAttention
 from .modern_block import QKTransform, RMSNorm, SwiGLU
 from .multihead import MultiHeadAttention
@@ -155,8 +157,15 @@ class BlockRecipe:
     # chapter 19: with a recurrent attention, every full_every-th layer is multi-head attention (0: none is;
     # Qwen3-Next's full_attention_interval, 4)
     full_every: int = 0
+    # chapter "Experts": a mixture of experts in place of each feed-forward network (its own spec, with its
+    # options and which first layers stay dense); None: dense
+    experts: ExpertsSpec | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "experts", spec_from_dict(self.experts))  # a checkpoint's dict, or a spec
+        if self.experts is not None and self.ffn != "swiglu":
+            raise ValueError(f"experts are SwiGLU networks (as in Mixtral, Qwen3-MoE and DeepSeek-V3): "
+                             f"give ffn='swiglu' with experts, got ffn={self.ffn!r}")  # fmt: skip
         for name, allowed in RECIPE_CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -208,6 +217,8 @@ class BlockRecipe:
     def feed_forward(self, d_model: int, d_ff: int | None = None) -> nn.Module:
         """One feed-forward network; ``d_ff`` (a layer's own) wins over the recipe's."""
         d_ff = self.d_ff if d_ff is None else d_ff
+        if self.experts is not None:
+            return self.experts.layer(d_model, d_ff, bias=self.bias)
         if self.ffn == "swiglu":
             return SwiGLU(d_model, d_ff, bias=self.bias)
         return FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation=self.activation, bias=self.bias)
@@ -215,11 +226,15 @@ class BlockRecipe:
     def for_layer(self, index: int) -> BlockRecipe:
         """The recipe of layer ``index`` (0 first) of a stack (chapter 19): this one, except that with
         ``full_every`` the last layer of every group of ``full_every`` is multi-head attention
-        (``full_every=4``: layers 3, 7, ... as in Qwen3-Next)."""
+        (``full_every=4``: layers 3, 7, ... as in Qwen3-Next), and with experts the first
+        ``experts.dense_layers`` layers keep a dense feed-forward network (DeepSeek-V3's first three)."""
         check_int(index, "index", minimum=0)
+        layer = self
         if self.full_every and (index + 1) % self.full_every == 0:
-            return replace(self, attention="multi_head", full_every=0)
-        return self
+            layer = replace(layer, attention="multi_head", full_every=0)
+        if self.experts is not None and index < self.experts.dense_layers:
+            layer = replace(layer, experts=None)
+        return layer
 
     def attention_layer(
         self,
@@ -245,7 +260,14 @@ RECIPES = {
     # chapter 19: Qwen3-Next's gated DeltaNet in every layer, or in three of every four (a hybrid)
     "gated_delta": replace(LLAMA_BLOCK, attention="gated_delta"),
     "hybrid": replace(LLAMA_BLOCK, attention="gated_delta", full_every=4),
+    # chapter "Experts": Llama's block with eight SwiGLU experts, two per token (Mixtral's routing)
+    "experts": replace(LLAMA_BLOCK, experts=ExpertsSpec()),
 }  # fmt: skip
+
+
+def _is_flat(key: str, value) -> bool:
+    """A flat experts setting (``experts_top_k=2``, ``experts=8``), not the spec itself (or its dict, or None)."""
+    return key != "experts" or not (value is None or isinstance(value, (ExpertsSpec, dict)))
 
 
 def as_recipe(recipe=None, **changes) -> BlockRecipe:
@@ -262,6 +284,9 @@ def as_recipe(recipe=None, **changes) -> BlockRecipe:
         recipe = GPT2_BLOCK
     elif not isinstance(recipe, BlockRecipe):
         raise TypeError(f"recipe must be a BlockRecipe, a name in {sorted(RECIPES)} or a dict, got {recipe!r}")
+    flat = {k: changes.pop(k) for k in list(changes) if k in _EXPERTS_FLAT and _is_flat(k, changes[k])}
+    if flat:  # the command line's flat experts settings (chapter "Experts"): experts=8, experts_top_k=2, ...
+        changes["experts"] = spec_from_flat(flat)
     known = {f.name for f in fields(BlockRecipe)}
     unknown = sorted(set(changes) - known)
     if unknown:

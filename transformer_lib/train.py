@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .checkpoint import TrainingFile, capture_rng, check_recorded, restore_rng
 from .cost import estimate_mfu, gpu_peak_flops
 from .data import tokenizer_from_dict
+from .experts import after_step as experts_after_step
 from .train_config import TrainConfig, configure_optimizer, lr_at, make_scheduler
 from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, run_batch, world
 
@@ -257,6 +258,7 @@ class _Run:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        experts_after_step(self.model)  # chapter "Experts": the choice biases move towards balance
         self.optimizer.zero_grad(set_to_none=True)
         self.point("optimizer")
         self.history.lr.append(self.scheduler.get_last_lr()[0])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .experts import FLAT_HELP as EXPERTS_FLAT_HELP
 from .recipe import LLAMA_BLOCK
 from .utils import DTYPES, check_fields
 
@@ -118,6 +119,8 @@ MODEL_SETTINGS = {
     "keep_first": "with --window, every token also sees the first this many tokens",
     # chapter 19, "Attention as a recurrence"
     "full_every": "with a recurrent --attention, every this many-th layer is multi-head attention (a hybrid; 0: none)",
+    # chapter "Experts": the flags of the experts' spec, with its own help (transformer_lib.experts)
+    **EXPERTS_FLAT_HELP,
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig

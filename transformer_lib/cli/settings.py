@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import CHECKPOINT_NAME
+from ..experts import FLAT_TYPES as EXPERTS_FLAT_TYPES
+from ..experts import SCORES
 from ..models import GPTConfig
 from ..recipe import RECIPE_CHOICES, BlockRecipe
 from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
@@ -26,6 +28,7 @@ from ..utils import DTYPES, check_fields
 
 _SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
                 "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
+EXPERTS_CHOICES = {"experts_score": list(SCORES)}
 _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
 
@@ -99,11 +102,13 @@ def add_setting_flags(
     if shape:
         group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
         model_types = {f.name: f.type for f in (*fields(GPTConfig), *fields(BlockRecipe))}  # the recipe's choices too
+        model_types.update(EXPERTS_FLAT_TYPES)  # chapter "Experts": the experts' spec's options
         base = GPTConfig(vocab_size=1).settings()
         for name, help_ in MODEL_SETTINGS.items():
             values = {k: changes.get(name, base[name]) for k, (changes, _) in PRESETS.items()}
             shown = None if None in values.values() else _preset_defaults(values)
-            _add_flag(group, name, model_types[name], _with_default(help_, shown), RECIPE_CHOICES.get(name))
+            choices = RECIPE_CHOICES.get(name, EXPERTS_CHOICES.get(name))
+            _add_flag(group, name, model_types[name], _with_default(help_, shown), choices)
     title = defaults if isinstance(defaults, str) else "the command's"
     group = parser.add_argument_group(f"training (default: {title}, or the checkpoint's with --resume)")
     for f in fields(TrainConfig):
