@@ -48,6 +48,14 @@ RECIPES = {
     "gated-delta": {"recipe": "gated_delta"},
     "hybrid": {"recipe": "gated_delta", "full_every": 2},
     "hybrid-gpt2": {"attention": "gated_delta", "full_every": 2, "qk_norm": True},
+    # chapter "Experts": a mixture of experts in every layer (Mixtral's routing, the Switch loss and a
+    # capacity), and DeepSeek-V3's (sigmoid scores in groups, a shared expert, a scaling factor, the
+    # choice bias updated after each step, the router z-loss) from the second layer on
+    "experts": {"recipe": "experts", "experts": {"n_experts": 4, "capacity": 1.0}},
+    "experts-deepseek": {"recipe": "experts", "experts": {
+        "n_experts": 4, "score": "sigmoid", "n_groups": 2, "topk_groups": 1, "n_shared": 1, "scaling": 2.5,
+        "dense_layers": 1, "aux_loss": 0.0, "z_loss": 1e-3, "bias_rate": 0.01,
+    }},
 }
 ALL = pytest.mark.parametrize("choices", list(RECIPES.values()), ids=list(RECIPES))
 
@@ -131,14 +139,13 @@ def test_lora_adapts_every_block_matrix_and_merges_exactly(choices):
     base = make(choices).eval()
     adapted = copy.deepcopy(base)
     names = tl.add_lora(adapted, tl.lora_targets(adapted), rank=2, alpha=4.0)
-    n_ffn = 3 if adapted.config.ffn == "swiglu" else 2
     r = adapted.config.recipe
     # Q, K, V fused and the output; latent: q (down, up), kv down, up, out; a recurrence: Q, K, V fused,
     # write strength, decay, output gate and output
     n_attention = [
         2 if a in ("multi_head", "sparse") else 4 if a == "latent" and not r.q_latent else 5 for a in _attentions(r)
     ]
-    assert len(names) == sum(n + n_ffn for n in n_attention)
+    assert len(names) == sum(n + _feed_forward_matrices(r.for_layer(i)) for i, n in enumerate(n_attention))
     x = ids()
     assert torch.equal(adapted(x)[0], base(x)[0])  # B starts at zero
     g = torch.Generator().manual_seed(0)
@@ -180,17 +187,25 @@ def test_capture_ablate_and_patch_heads(choices):
             tl.attention_logit_max(model, x)
 
 
+def _feed_forward_matrices(recipe):
+    """The matrices of one layer's feed-forward network: an MLP's two, SwiGLU's three; experts: the
+    router and every expert's three, and the shared experts' three."""
+    dense = 3 if recipe.ffn == "swiglu" else 2
+    e = recipe.experts
+    return dense if e is None else 1 + dense * e.n_experts + (dense if e.n_shared else 0)
+
+
 def _attentions(recipe, n_layers=2, recurrent=None):
     """The attention of each layer of a two-layer model of ``recipe`` (``recurrent`` names a recurrence's)."""
     kinds = [recipe.for_layer(i).attention for i in range(n_layers)]
     return [recurrent if recurrent and a in tl.RECURRENT else a for a in kinds]
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-untied-gqa-qknorm", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "llama-untied-gqa-qknorm", "gpt2", "experts"])
 def test_the_llama_converter_where_it_applies(name):
     model = make(RECIPES[name]).eval()
     if name != "llama":
-        setting = "qk_norm" if name.startswith("llama") else "norm"
+        setting = {"llama-untied-gqa-qknorm": "qk_norm", "gpt2": "norm", "experts": "experts"}[name]
         with pytest.raises(ValueError, match=setting):
             tl.llama_from_gpt(model)
         return

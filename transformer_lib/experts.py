@@ -80,7 +80,9 @@ class ExpertsSpec:
     aux_loss: float = _option(0.01, "the weight of the load-balancing loss added to the training loss (0: none)")
     z_loss: float = _option(0.0, "the weight of the router z-loss added to the training loss (0: none)")
     bias_rate: float = _option(0.0, "each step, move each expert's choice bias by this towards balance (0: none)")
-    capacity: float | None = _option(None, "capacity factor: an expert takes at most factor * k N / E tokens")
+    capacity: float | None = _option(
+        None, "capacity factor: in training an expert takes at most factor * k N / E tokens"
+    )
 
     def __post_init__(self):
         check_int(self.n_experts, "n_experts")
@@ -314,6 +316,10 @@ class Experts(nn.Module):
     through (DeepSeek-V3's). ``score_bias (E,)`` is the bias that moves the choice
     (DeepSeek-V3's ``e_score_correction_bias``), a buffer that :meth:`after_step` updates.
 
+    With ``capacity``, training runs :func:`combine_grouped` and drops what overflows; in eval mode
+    every token reaches its experts, so that a token's output does not depend on the batch it is
+    decoded in (cached decoding equals the full forward).
+
     After each forward, ``loads`` holds how many assignments each expert got, and ``routing`` the
     last :class:`Routing` (detached); in training mode ``training_loss`` holds the weighted
     balancing terms (see the module's docstring), else None.
@@ -345,7 +351,7 @@ class Experts(nn.Module):
             raise ValueError(f"expected last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
         flat = x.reshape(-1, self.d_model)  # (N, d)
         routing = route(self.gate(flat), self.spec, self.score_bias)
-        if self.spec.capacity is None:
+        if self.spec.capacity is None or not self.training:  # a capacity drops tokens in training only
             out = self._combine_by_expert(flat, routing)
         else:
             out, _ = combine_grouped(flat, routing, self.experts, capacity_of(flat.shape[0], self.spec))

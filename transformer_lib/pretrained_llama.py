@@ -220,6 +220,9 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = gpt.config
+    if c.experts is not None:
+        raise ValueError("llama_from_gpt needs a dense feed-forward network: the GPT has experts (a mixture "
+                         "of experts), which Llama's format cannot hold")  # fmt: skip
     kept = ("norm", "ffn", "positions", "bias", "qk_norm", "attention", "sinks")
     needed = {**{k: getattr(LLAMA_BLOCK, k) for k in kept}, "window": None}
     for name, value in needed.items():
