@@ -61,7 +61,7 @@ def test_the_combine_is_the_weighted_sum_of_the_chosen_experts_only():
     out = experts(x.unsqueeze(0))[0]
     for t in range(3):
         outputs = [experts.experts[int(e)](x[t : t + 1])[0] for e in routing.chosen[t]]
-        want = sum(w * o for w, o in zip(routing.weights[t], outputs))
+        want = sum(w * o for w, o in zip(routing.weights[t], outputs, strict=True))
         torch.testing.assert_close(out[t], want, rtol=1e-12, atol=1e-12)
 
 
