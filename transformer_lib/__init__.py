@@ -8,12 +8,14 @@ Concept modules, in chapter order (each imports only the ones before it): ``atte
 attention weights, intervening on heads, scoring patterns), ``bpe`` (13: byte-level BPE),
 ``modern_block`` and ``recipe`` (14: today's block and the recipe that assembles it) and
 ``latent_attention``, ``sparse_attention`` and ``sinks`` (18: the cache compressed three ways),
-``linear_attention`` and ``delta_net`` (19: attention as a recurrence, a fixed-size state).
+``linear_attention`` and ``delta_net`` (19: attention as a recurrence, a fixed-size state),
+``experts`` (chapter "Experts": a mixture of experts in place of a feed-forward network).
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
-GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``export`` (a run in Hugging Face's format),
+GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``pretrained_experts`` (the experts of Qwen3-MoE,
+Mixtral and DeepSeek-V3), ``export`` (a run in Hugging Face's format),
 ``evaluate`` and ``quantize`` (16: the report card, multiple choice, pass@k, intervals; int8 and NF4 weights),
 ``preference`` and ``preference_runs`` (17: DPO's and GRPO's losses, equal to TRL's, and their runs),
 ``viz`` (figures), ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
@@ -45,13 +47,13 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 _CONCEPTS = (
     "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
     "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention", "sparse_attention",
-    "sinks", "linear_attention", "delta_net", "recipe", "models",
+    "sinks", "linear_attention", "delta_net", "experts", "recipe", "models",
 )  # fmt: skip
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (
     "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
-    "student", "pretrained", "pretrained_llama", "induction", "tokens", "lora", "token_rows", "finetune", "run",
-    "export", "evaluate", "quantize", "preference", "preference_runs", "experiments",
+    "student", "pretrained", "pretrained_llama", "pretrained_experts", "induction", "tokens", "lora", "token_rows",
+    "finetune", "run", "export", "evaluate", "quantize", "preference", "preference_runs", "experiments",
 )  # fmt: skip
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).

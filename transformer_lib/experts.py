@@ -173,12 +173,15 @@ def spec_from_flat(flat: dict) -> ExpertsSpec | None:
 
 
 class Routing(tuple):
-    """What :func:`route` returns: ``(weights (N, k), chosen (N, k), logits (N, E), scores (N, E))``."""
+    """What :func:`route` returns (chapter "Experts"): ``(weights (N, k), chosen (N, k), logits (N, E), scores (N, E))``."""
 
     __slots__ = ()
 
     def __new__(cls, weights, chosen, logits, scores):
         return super().__new__(cls, (weights, chosen, logits, scores))
+
+    def __getnewargs__(self):  # copy.deepcopy and pickle rebuild it from its four parts
+        return tuple(self)
 
     weights = property(lambda self: self[0])
     chosen = property(lambda self: self[1])
@@ -216,12 +219,12 @@ def route(logits: Tensor, spec: ExpertsSpec, bias: Tensor | None = None) -> Rout
 
 
 def expert_loads(chosen: Tensor, n_experts: int) -> Tensor:
-    """How many of the ``N k`` assignments ``chosen (N, k)`` each expert got: ``(n_experts,)``, summing to N k."""
+    """How many of the ``N k`` assignments ``chosen (N, k)`` each expert got (chapter "Experts"): ``(n_experts,)``, summing to N k."""
     return torch.bincount(chosen.reshape(-1), minlength=n_experts)
 
 
 def load_balancing_loss(scores: Tensor, chosen: Tensor, *, balanced: str = "one") -> Tensor:
-    """The Switch Transformer's balancing loss ``E * sum_i f_i P_i`` for one group of tokens.
+    """The Switch Transformer's balancing loss ``E * sum_i f_i P_i`` for one group of tokens (chapter "Experts").
 
     ``P_i`` is the mean score (router probability) of expert ``i`` over the ``N`` tokens and
     ``f_i`` the share of tokens sent to it. Two conventions for ``f_i`` with top k:
@@ -245,7 +248,7 @@ def load_balancing_loss(scores: Tensor, chosen: Tensor, *, balanced: str = "one"
 
 
 def router_z_loss(logits: Tensor) -> Tensor:
-    """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)^2``; it keeps the
+    """ST-MoE's router z-loss (chapter "Experts"): the mean over tokens of ``logsumexp(logits)^2``; it keeps the
     router's logits small, so its softmax stays far from saturating."""
     return torch.logsumexp(logits, dim=-1).pow(2).mean()
 
@@ -259,7 +262,7 @@ def _expert_stack(experts: nn.ModuleList) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def combine_plainly(x: Tensor, routing: Routing, experts: nn.ModuleList) -> Tensor:
-    """Dispatch and combine written plainly: for each token, for each of its k experts, add the
+    """Dispatch and combine written plainly (chapter "Experts"): for each token, for each of its k experts, add the
     expert's output times its weight. ``x (N, d)`` -> ``(N, d)``. Slow; the definition."""
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
@@ -277,7 +280,7 @@ def capacity_of(n_tokens: int, spec: ExpertsSpec) -> int:
 def combine_grouped(
     x: Tensor, routing: Routing, experts: nn.ModuleList, capacity: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Dispatch and combine as one grouped computation: the ``N k`` assignments sorted by expert
+    """Dispatch and combine as one grouped computation (chapter "Experts"): the ``N k`` assignments sorted by expert
     into a buffer ``(E, C, d)`` of ``C`` slots per expert, every expert run on its buffer at once
     (batched matrix products of the stacked weights), the outputs weighted and added back.
 
@@ -400,7 +403,7 @@ class Experts(nn.Module):
 
 
 def experts_layers(model: nn.Module) -> dict[str, Experts]:
-    """Every :class:`Experts` layer of ``model``, by name, in order."""
+    """Every :class:`Experts` layer of ``model``, by name, in order (chapter "Experts")."""
     return {name: m for name, m in model.named_modules() if isinstance(m, Experts)}
 
 
@@ -417,7 +420,7 @@ def after_step(model: nn.Module) -> None:
 
 
 def active_parameters(model: nn.Module) -> int:
-    """The parameters one token uses: all of ``model``'s, less the routed experts it is not sent
+    """The parameters one token uses (chapter "Experts"): all of ``model``'s, less the routed experts it is not sent
     to (each layer's ``n_experts - top_k`` of them). Embeddings count as in ``sum(p.numel())``."""
     total = sum(p.numel() for p in model.parameters())
     for layer in experts_layers(model).values():
