@@ -195,6 +195,21 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "and write gates, a gated output norm, its fixed-size state as its cache, and the converter.",
     ),
     (
+        "experts",
+        ["transformer_lib.experts"],
+        "20",
+        "A mixture of experts: the spec of its choices, the router (softmax or sigmoid, top k within groups, a "
+        "bias that moves the choice only), the experts combined plainly, by expert and grouped with a capacity, "
+        "the balancing loss in its conventions, the router z-loss, and the bias update.",
+    ),
+    (
+        "pretrained_experts",
+        ["transformer_lib.pretrained_experts"],
+        "20",
+        "The experts of transformers' Qwen3-MoE, Mixtral and DeepSeek-V3 blocks as the book's layer, their "
+        "routing in its spec.",
+    ),
+    (
         "recipe",
         ["transformer_lib.recipe"],
         "14",
@@ -263,8 +278,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "experiments",
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
         + [f"transformer_lib.experiments.ch{i:02d}" for i in (8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19)]
-        + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"],
-        "8 to 19",
+        + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"]
+        + ["transformer_lib.experiments.experts"],
+        "8 to 20",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
@@ -283,7 +299,9 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("utils", ["transformer_lib.utils"], "all", "Seeding, device and dtype choice, atomic writes."),
     (
         "exercises",
-        ["transformer_lib.exercises"] + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 20)],
+        ["transformer_lib.exercises"]
+        + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 20)]
+        + ["transformer_lib.exercises.experts"],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),
