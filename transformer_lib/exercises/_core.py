@@ -133,7 +133,8 @@ def _a(noun: str) -> str:
 
 def _has(what: str) -> str:
     """The verb that goes with ``what``: "the weights have", "the mask has"."""
-    return "have" if what.split()[-1].endswith("s") else "has"
+    last = what.split()[-1]
+    return "have" if last.endswith("s") and not last.endswith("ss") else "has"  # "the loss has"
 
 
 def _sentence(text: str) -> str:
