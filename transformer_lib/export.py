@@ -11,8 +11,9 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
   ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`, the reverse of chapter 10's
   :func:`~transformer_lib.pretrained.gpt_from_hf`); a Llama-style one (RMSNorm, SwiGLU, rotary
   positions, no biases) a ``LlamaForCausalLM`` (chapter 14's
-  :func:`~transformer_lib.pretrained_llama.llama_from_gpt`). Any other block is refused by the
-  setting that has no counterpart.
+  :func:`~transformer_lib.pretrained_llama.llama_from_gpt`); one with experts routed as Mixtral
+  routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
+  chapter "Experts"). Any other block is refused by the setting that has no counterpart.
 - **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter 13) becomes a
   ``tokenizers`` BPE over GPT-2's byte alphabet, split by the same pattern, with
   ``<|endoftext|>`` as its end token; the character tokenizer becomes a BPE with no merges over
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
 from .positional import half_split_rows
+from .pretrained_experts import mixtral_from_gpt
 from .pretrained_llama import llama_from_gpt
 from .run import load_run
 from .token_rows import remove_token_rows, token_rows
@@ -123,13 +125,16 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
 
 
 def hf_model(gpt: GPT) -> nn.Module:
-    """The ``transformers`` model that computes what ``gpt`` computes (chapters 10 and 14): a
-    ``LlamaForCausalLM`` for rotary positions (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`),
-    else a ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`). A block neither can hold is refused by name."""
+    """The ``transformers`` model that computes what ``gpt`` computes (chapters 10, 14 and "Experts"):
+    a ``MixtralForCausalLM`` for a GPT with experts (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
+    a ``LlamaForCausalLM`` for rotary positions (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`),
+    else a ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`). A block none can hold is refused by name."""
     if lora_weights(gpt):
         raise ValueError(
             "the GPT has LoRA adapters: merge them (remove_lora(model)) or save them with save_peft_adapter"
         )
+    if gpt.config.experts is not None:
+        return mixtral_from_gpt(gpt)
     return llama_from_gpt(gpt) if _is_llama(gpt) else gpt2_from_gpt(gpt)
 
 

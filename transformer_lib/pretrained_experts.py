@@ -30,19 +30,33 @@ loss only with ``output_router_logits``, and over every layer's tokens at once (
 ``z_loss``, ``bias_rate`` and ``capacity`` set them. What the book's layer cannot say is refused
 by name with a ``ValueError``: a bias in an expert or the router, an activation other than SiLU,
 Mixtral's router jitter, another layout of the stacked experts. ``transformers`` is imported only
-when a converter is called. There is no way back.
+when a converter is called.
+
+A whole model goes both ways with Mixtral: :func:`mixtral_from_gpt` writes the book's GPT with
+Llama's block and experts routed as Mixtral routes (the recipe ``"experts"``) as a
+``MixtralForCausalLM``, and :func:`gpt_from_mixtral` reads one back. Outside its experts a Mixtral
+is a Llama, so everything else is chapter 14's conversion (``pretrained_llama``: the names, the
+rotary row order, the tied head).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import chain
 
 import torch
 from torch import Tensor, nn
 
-from .experts import Experts, ExpertsSpec
+from .experts import Experts, ExpertsSpec, experts_layers
+from .models import GPT
+from .positional import half_split_rows
+from .pretrained_llama import _LLAMA_NORMS, _LLAMA_QKV, _layer_names, _setting, gpt_config_from_llama
+from .recipe import LLAMA_BLOCK
 
-__all__ = ["experts_from_deepseek_v3", "experts_from_mixtral", "experts_from_qwen3_moe"]
+__all__ = [
+    "experts_from_deepseek_v3", "experts_from_mixtral", "experts_from_qwen3_moe", "gpt_from_mixtral",
+    "mixtral_from_gpt",
+]  # fmt: skip
 
 # The spec's training terms a converter may be given; the block says everything else.
 _TRAINING = {"aux_loss": 0.0, "z_loss": 0.0, "bias_rate": 0.0, "capacity": None}
@@ -57,13 +71,13 @@ _EXPERTS_LAYOUT = {
 }
 
 
-def _check_type(block, module: str, class_name: str, caller: str) -> None:
+def _check_type(block, module: str, class_name: str, caller: str, hint: str = " (a decoder layer's .mlp)") -> None:
     """``block`` must be ``transformers.models.<module>``'s ``class_name``; a TypeError names what it is."""
     from importlib import import_module
 
     expected = getattr(import_module(f"transformers.models.{module}.modeling_{module}"), class_name)
     if not isinstance(block, expected):
-        hint = " (a decoder layer's .mlp)" if isinstance(block, nn.Module) else ""
+        hint = hint if isinstance(block, nn.Module) else ""
         raise TypeError(f"{caller} takes a transformers {class_name}{hint}, got {type(block).__name__}")
 
 
@@ -202,3 +216,144 @@ def experts_from_deepseek_v3(block: nn.Module, **training) -> Experts:
                 shared: Tensor = getattr(block.shared_experts, name).weight
                 getattr(layer.shared, name).weight.copy_(shared)
     return layer
+
+
+# The whole model. Mixtral's routing in the spec's terms: experts that route otherwise are refused by the setting.
+_MIXTRAL_ROUTING = {"score": "softmax", "norm_topk": True, "n_shared": 0, "n_groups": 1, "scaling": 1.0,
+                    "dense_layers": 0}  # fmt: skip
+# Around the experts, Llama's block (chapter 14) without a sliding window: the choices a Mixtral layer has.
+_MIXTRAL_BLOCK = {name: getattr(LLAMA_BLOCK, name) for name in ("norm", "positions", "bias", "qk_norm", "attention",
+                                                                 "sinks")} | {"window": None}  # fmt: skip
+# A MixtralConfig's name for each size of the GPTConfig
+_MIXTRAL_SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                  "num_attention_heads": "n_heads", "max_position_embeddings": "context_len",
+                  "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_embeddings"}  # fmt: skip
+
+
+def _llama_tensors(gpt: GPT) -> list[tuple[str, list[tuple[str, Tensor | None]]]]:
+    """Each tensor of ``gpt`` outside its experts, by the book's name, with the Llama tensors (Mixtral's
+    names are Llama's) that its rows hold, in order, and each one's rows in the book's rotary order
+    (``half_split_rows``; None: as is). The fused ``W_q, W_k, W_v`` holds three; every other tensor one."""
+    c = gpt.config
+    d_k, n_kv = c.d_model // c.n_heads, c.n_kv_heads or c.n_heads
+    qkv_rows = (half_split_rows(c.n_heads, d_k), half_split_rows(n_kv, d_k), torch.arange(n_kv * d_k))
+    table = [
+        ("tok_embed.weight", [("model.embed_tokens.weight", None)]),
+        ("decoder.norm.weight", [("model.norm.weight", None)]),
+        ("lm_head.weight", [("lm_head.weight", None)]),
+    ]
+    for i in range(c.n_layers):
+        hf, names = f"model.layers.{i}.", _layer_names(gpt, i)
+        table.append((names["attention", "qkv"], [(hf + n, r) for n, r in zip(_LLAMA_QKV, qkv_rows, strict=True)]))
+        table.append((names["attention", "out"], [(hf + "self_attn.o_proj.weight", None)]))
+        table += [(ours, [(hf + theirs, None)]) for ours, theirs in zip(names["norms"], _LLAMA_NORMS, strict=True)]
+    return table
+
+
+def _require(settings, needed: dict, what: str) -> None:
+    """Each setting of ``needed`` must have its value; the first that has not is named."""
+    for name, value in needed.items():
+        held = getattr(settings, name)
+        if held != value:
+            raise ValueError(f"Mixtral's format needs {what}{name}={value!r}, the GPT has {name}={held!r}")
+
+
+def mixtral_from_gpt(gpt: GPT) -> nn.Module:
+    """A ``transformers`` ``MixtralForCausalLM`` with the weights of an experts :class:`GPT` (chapter
+    "Experts"), mapping ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
+
+    The GPT needs Llama's block (RMSNorm, rotary positions, no biases, multi-head attention, grouped
+    queries allowed, no ``qk_norm``, ``window`` or ``sinks``) and experts that route as Mixtral's:
+    softmax scores, the top k renormalised (``norm_topk``), no shared experts, no groups,
+    ``scaling`` 1, experts in every layer (``dense_layers`` 0) and no choice bias (``score_bias``
+    zero). Anything else raises a ``ValueError`` naming the setting. The spec's training settings
+    are dropped: ``aux_loss`` and ``z_loss`` (``transformers`` adds its own balancing loss, in
+    another convention, with ``output_router_logits`` only), ``bias_rate``, and ``capacity``, which
+    the book applies in training only (in eval mode every token reaches its experts, as in Mixtral).
+
+    The model is in the GPT's dtype, in eval mode, its head tied where the GPT's is, with PyTorch's
+    fused attention and ``transformers``' eager experts, the one that runs in float64 (a float64
+    model loaded from a saved folder needs ``experts_implementation="eager"`` too). Its router
+    computes its scores in float32: in float64 the logits differ by that rounding.
+    """
+    if not isinstance(gpt, GPT):
+        inner = " (convert its .gpt: a classifier's head has no Mixtral counterpart)" if hasattr(gpt, "gpt") else ""
+        raise TypeError(f"mixtral_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
+    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
+        raise ValueError("mixtral_from_gpt takes a GPT without LoRA adapters (or other parametrizations): "
+                         "write them into its weights first with remove_lora(gpt), which merges them")  # fmt: skip
+    c = gpt.config
+    if c.experts is None:
+        raise ValueError("mixtral_from_gpt needs experts (recipe='experts'): the GPT has a dense feed-forward "
+                         "network, which llama_from_gpt converts")  # fmt: skip
+    _require(c, _MIXTRAL_BLOCK, "")
+    _require(c.experts, _MIXTRAL_ROUTING, "experts ")
+    by_name = experts_layers(gpt)  # one a layer (dense_layers is 0)
+    for name, layer in by_name.items():
+        if layer.score_bias.any():
+            raise ValueError(f"{name}.score_bias, the choice bias that bias_rate={c.experts.bias_rate} trained, "
+                             "is not zero: Mixtral's router has no bias")  # fmt: skip
+    layers = list(by_name.values())
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(
+        **{theirs: getattr(c, ours) for theirs, ours in _MIXTRAL_SIZES.items()},
+        num_key_value_heads=c.n_kv_heads or c.n_heads, head_dim=c.d_model // c.n_heads,
+        intermediate_size=layers[0].d_expert if layers else c.experts.d_expert or c.d_ff or 1,
+        num_local_experts=c.experts.n_experts, num_experts_per_tok=c.experts.top_k,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base}, hidden_act="silu",
+        sliding_window=None, router_jitter_noise=0.0, bos_token_id=None, eos_token_id=None,
+        attn_implementation="sdpa", experts_implementation="eager",
+    )  # fmt: skip
+    book, state = gpt.state_dict(), {}
+    for ours, parts in _llama_tensors(gpt):
+        sizes = [book[ours].shape[0] if rows is None else len(rows) for _, rows in parts]
+        for (theirs, rows), piece in zip(parts, book[ours].split(sizes), strict=True):
+            state[theirs] = piece if rows is None else piece[torch.argsort(rows)]
+    for i, layer in enumerate(layers):  # the inverse of _layer: gate_up_proj (E, 2 h, d), down_proj (E, d, h)
+        mlp = f"model.layers.{i}.mlp."
+        state[mlp + "gate.weight"] = layer.gate.weight  # (E, d)
+        state[mlp + "experts.gate_up_proj"] = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
+                                                           for e in layer.experts])  # fmt: skip
+        state[mlp + "experts.down_proj"] = torch.stack([e.down_proj.weight for e in layer.experts])
+    mixtral = MixtralForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
+    mixtral.load_state_dict(state)
+    return mixtral.eval()
+
+
+def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
+    """The book's :class:`GPT` computing what a ``transformers`` ``MixtralForCausalLM`` computes (chapter
+    "Experts"), ``idx (B, T)`` to logits ``(B, T, vocab_size)``, in the model's dtype, in eval mode.
+
+    Its recipe is Llama's block with experts: :func:`experts_from_mixtral` reads each layer's block
+    (and refuses what the book's layer cannot say), and the rest of the config is read as chapter
+    14's :func:`~transformer_lib.pretrained_llama.gpt_config_from_llama` reads Llama's (a rope
+    scaling, biases, another activation or head width are refused by name); a ``sliding_window`` is
+    refused too. ``training``: the spec's ``aux_loss``, ``z_loss``, ``bias_rate``, ``capacity``
+    (default none), for training the GPT further.
+    """
+    _check_type(model, "mixtral", "MixtralForCausalLM", "gpt_from_mixtral", hint=" (the whole model, with its head)")
+    cfg = model.config
+    if _setting(cfg, "sliding_window") is not None:
+        raise ValueError(f"Mixtral setting sliding_window={cfg.sliding_window!r} is not supported: the book "
+                         "converts a Mixtral whose every query sees every earlier key")  # fmt: skip
+    try:
+        dense = gpt_config_from_llama(cfg)
+    except ValueError as error:  # chapter 14's checks of a Llama config, said of a Mixtral one
+        raise ValueError(str(error).replace("Llama", "Mixtral")) from None
+    routing = {"n_experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok,
+               "d_expert": cfg.intermediate_size, "norm_topk": True}  # fmt: skip
+    spec = _spec(routing, training)
+    layers = [experts_from_mixtral(layer.mlp, **training) for layer in model.model.layers]
+    for i, layer in enumerate(layers):
+        if layer.spec != spec:
+            raise ValueError(f"layer {i}'s Mixtral block routes as {layer.spec}, not as its config says ({spec})")
+    gpt = GPT(replace(dense, recipe=replace(dense.recipe, experts=spec)))
+    s = model.state_dict()
+    state = {ours: torch.cat([s[n] if rows is None else s[n][rows] for n, rows in parts])
+             for ours, parts in _llama_tensors(gpt)}  # fmt: skip
+    for name, layer in zip(experts_layers(gpt), layers, strict=True):
+        state |= {f"{name}.{key}": value for key, value in layer.state_dict().items()}
+    gpt = gpt.to(s["model.embed_tokens.weight"].dtype)
+    gpt.load_state_dict(state)
+    return gpt.eval()
