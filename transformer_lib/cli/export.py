@@ -20,7 +20,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         description="Write a model the book trained (a run folder or checkpoint of train or finetune) with its "
         "tokenizer into a folder that transformers' AutoModelForCausalLM.from_pretrained and "
         "AutoTokenizer.from_pretrained load offline: a GPT-2-style model as GPT2LMHeadModel, a Llama-style one "
-        "(--preset llama-cpu) as LlamaForCausalLM. The end-of-text id is the tokenizer's <|endoftext|> (BPE "
+        "(--preset llama-cpu) as LlamaForCausalLM, one with experts routed as Mixtral's (--experts N) as "
+        "MixtralForCausalLM. The end-of-text id is the tokenizer's <|endoftext|> (BPE "
         "runs), or none for a character run.",
     )
     parser.add_argument("--ckpt", required=True, help="the run's folder or checkpoint file (required)")
