@@ -194,7 +194,7 @@ def test_every_public_function_and_class_names_its_chapter():
         if not callable(obj) or isinstance(obj, type(tl)):
             continue  # constants and modules
         doc = obj.__doc__ or ""
-        named = set(re.findall(r'\b[Cc]hapter "([^"]+)"', doc))
+        named = set(re.findall(r'\b[Cc]hapter\s+"([^"]+)"', doc))
         if not re.search(r"\b[Cc]hapters? \d", doc) and not named & CHAPTER_TITLES:
             missing.append(name)
     assert not missing, f"docstrings that do not say which chapter introduces them: {missing}"
