@@ -278,7 +278,7 @@ def test_bad_recipes_and_settings_are_refused_by_name():
         spec_from_dict({"n_expert": 4})
     with pytest.raises(TypeError, match="ExpertsSpec"):
         spec_from_dict(8)
-    with pytest.raises(ValueError, match="experts_top_k=4 is a choice of a mixture of experts"):
+    with pytest.raises(ValueError, match="experts_top_k=4 is a choice of experts: give experts too"):
         spec_from_flat({"experts": 0, "experts_top_k": 4})
     assert spec_from_flat({"experts": 0, "experts_top_k": 2}) is None  # the default: nothing said
     with pytest.raises(ValueError, match="n_experts=4"):

@@ -45,9 +45,9 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 # imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-15 and 18, so it
 # comes after them.
 _CONCEPTS = (
-    "_checks", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks", "encoder_decoder",
-    "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention", "sparse_attention",
-    "sinks", "linear_attention", "delta_net", "experts", "recipe", "models",
+    "_checks", "_specs", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks",
+    "encoder_decoder", "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention",
+    "sparse_attention", "sinks", "linear_attention", "delta_net", "experts", "recipe", "models",
 )  # fmt: skip
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (
@@ -57,7 +57,8 @@ _TOOLS = (
 )  # fmt: skip
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).
-_NOT_FLAT = ("_checks", "__main__", "cli", "exercises", "student", "experiments")  # reached as tl.<module>, or not
+# reached as tl.<module>, or not
+_NOT_FLAT = ("_checks", "_specs", "__main__", "cli", "exercises", "student", "experiments")
 _MODULES = tuple(m for m in (*_CONCEPTS, *_TOOLS) if m not in _NOT_FLAT)
 
 __all__ = []

@@ -28,13 +28,14 @@ computed and then forgotten. In eval mode the loss is the language model's alone
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, is_int, is_real
+from ._checks import check_bool, check_int, is_real
+from ._specs import FlatSpec
 from .modern_block import SwiGLU, swiglu_hidden
 
 __all__ = [
@@ -127,53 +128,17 @@ class ExpertsSpec:
         return Experts(d_model, self, d_ff=d_ff, bias=bias)
 
 
-def spec_from_dict(value) -> ExpertsSpec | None:
-    """An :class:`ExpertsSpec` from a spec, a dict (a checkpoint's) or None, its keys checked."""
-    if value is None or isinstance(value, ExpertsSpec):
-        return value
-    if not isinstance(value, dict):
-        raise TypeError(f"experts must be an ExpertsSpec, a dict or None, got {value!r}")
-    known = {f.name for f in fields(ExpertsSpec)}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise ValueError(f"unknown experts choice {unknown[0]!r}: the choices are {sorted(known)}")
-    return ExpertsSpec(**value)
-
-
-# The command line's flat names: ``experts`` is n_experts (0: none), ``experts_<field>`` the others.
-FLAT = {"experts": "n_experts", **{f"experts_{f.name}": f.name for f in fields(ExpertsSpec) if f.name != "n_experts"}}
-FLAT_HELP = {flat: ExpertsSpec.__dataclass_fields__[name].metadata["help"] for flat, name in FLAT.items()}
-FLAT_TYPES = {flat: ExpertsSpec.__dataclass_fields__[name].type for flat, name in FLAT.items()}
-_DEFAULT = ExpertsSpec()
-
-
-def flat_settings(spec: ExpertsSpec | None) -> dict:
-    """The spec as the command line's flat settings (``{"experts": 0, ...}`` without experts)."""
-    shown = _DEFAULT if spec is None else spec
-    flat = {key: getattr(shown, name) for key, name in FLAT.items()}
-    if spec is None:
-        flat["experts"] = 0
-    return flat
-
-
-def spec_from_flat(flat: dict) -> ExpertsSpec | None:
-    """The spec the flat settings say: None where ``experts`` is 0 or missing; an option changed
-    from its default without experts is refused by name."""
-    n = flat.get("experts", 0)
-    options = {FLAT[k]: v for k, v in flat.items() if k != "experts"}
-    if not n:
-        changed = [k for k, v in flat.items() if k != "experts" and v != getattr(_DEFAULT, FLAT[k])]
-        if changed:
-            raise ValueError(f"{changed[0]}={flat[changed[0]]!r} is a choice of a mixture of experts: "
-                             "give experts, the number of experts (0: none)")  # fmt: skip
-        return None
-    if not is_int(n):
-        raise ValueError(f"experts must be an int (the number of experts per layer; 0: none), got {n!r}")
-    return ExpertsSpec(n_experts=n, **options)
+# The command line's flat settings: ``experts`` is n_experts (0: none), ``experts_<field>`` the others.
+FLAT_SPEC = FlatSpec(ExpertsSpec, "experts", "n_experts", 0, "experts_")
+FLAT, FLAT_HELP, FLAT_TYPES = FLAT_SPEC.names, FLAT_SPEC.help, FLAT_SPEC.types
+spec_from_dict = FLAT_SPEC.from_value  # a spec from a spec, a checkpoint's dict or None
+flat_settings = FLAT_SPEC.settings  # the spec (or None) as the flat settings
+spec_from_flat = FLAT_SPEC.spec  # the spec the flat settings say (None: no experts)
 
 
 class Routing(tuple):
-    """What :func:`route` returns (chapter "Experts"): ``(weights (N, k), chosen (N, k), logits (N, E), scores (N, E))``."""
+    """What :func:`route` returns (chapter "Experts"): ``(weights (N, k), chosen (N, k), logits (N, E),
+    scores (N, E))``."""
 
     __slots__ = ()
 
@@ -219,7 +184,8 @@ def route(logits: Tensor, spec: ExpertsSpec, bias: Tensor | None = None) -> Rout
 
 
 def expert_loads(chosen: Tensor, n_experts: int) -> Tensor:
-    """How many of the ``N k`` assignments ``chosen (N, k)`` each expert got (chapter "Experts"): ``(n_experts,)``, summing to N k."""
+    """How many of the ``N k`` assignments ``chosen (N, k)`` each expert got (chapter "Experts"):
+    ``(n_experts,)``, summing to N k."""
     return torch.bincount(chosen.reshape(-1), minlength=n_experts)
 
 
