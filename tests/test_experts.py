@@ -2,6 +2,7 @@
 terms and the choice bias, each by a property that a wrong version breaks. Parity with production
 blocks is in test_experts_parity.py; every tool on an experts recipe in test_recipes_compose.py."""
 
+import copy
 import dataclasses
 import math
 
@@ -185,6 +186,16 @@ def test_a_training_forward_adds_the_mean_balancing_term_and_an_eval_forward_add
     without = tl.GPT(tl.GPTConfig(20, 16, 3, 2, 16, recipe="experts", experts={**spec, "aux_loss": 0, "z_loss": 0}))
     without.double().load_state_dict(model.state_dict())
     torch.testing.assert_close(without.train()(x, x)[1], eval_loss, rtol=0, atol=0)
+
+
+def test_a_model_copies_after_a_training_forward():
+    torch.manual_seed(0)
+    model = tl.GPT(tl.GPTConfig(20, 16, 1, 2, 16, recipe="experts", experts={"n_experts": 4})).train()
+    x = torch.randint(0, 20, (2, 16))
+    model(x, x)
+    copied = copy.deepcopy(model)
+    assert copied.decoder.layers[0].ff.training_loss is None
+    assert torch.equal(copied.eval()(x)[0], model.eval()(x)[0])
 
 
 def test_the_router_learns_through_the_weights_even_without_a_balancing_loss():

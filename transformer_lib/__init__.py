@@ -9,7 +9,8 @@ attention weights, intervening on heads, scoring patterns), ``bpe`` (13: byte-le
 ``modern_block`` and ``recipe`` (14: today's block and the recipe that assembles it) and
 ``latent_attention``, ``sparse_attention`` and ``sinks`` (18: the cache compressed three ways),
 ``linear_attention`` and ``delta_net`` (19: attention as a recurrence, a fixed-size state),
-``experts`` (chapter "Experts": a mixture of experts in place of a feed-forward network).
+``experts`` (chapter "Experts": a mixture of experts in place of a feed-forward network),
+``rope_scaling`` (chapter "Longer than trained": rotary frequencies rescaled past the trained length).
 Tools above them: ``induction`` (12: the attention-only model and its training on repeats),
 ``tokens`` (13: bits per byte, the character-against-BPE run), ``cost`` (every cost formula:
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
@@ -47,7 +48,8 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 _CONCEPTS = (
     "_checks", "_specs", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks",
     "encoder_decoder", "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention",
-    "sparse_attention", "sinks", "linear_attention", "delta_net", "experts", "recipe", "models",
+    "sparse_attention", "sinks", "linear_attention", "delta_net", "experts", "rope_scaling", "recipe",
+    "models",
 )  # fmt: skip
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (

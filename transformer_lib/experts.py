@@ -314,6 +314,11 @@ class Experts(nn.Module):
         self.routing: Routing | None = None
         self.training_loss: Tensor | None = None
 
+    def __getstate__(self) -> dict:
+        """The layer's state for a copy or a pickle: ``training_loss`` left out, a tensor of the last
+        step's graph, not of the layer."""
+        return {**self.__dict__, "training_loss": None}
+
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, T, d_model)`` -> ``(B, T, d_model)``: each token's k experts, weighted, plus the shared ones."""
         if x.shape[-1] != self.d_model:

@@ -15,11 +15,12 @@ from torch import Tensor, nn
 from ._checks import check_bool, check_int, check_temperature, check_window
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
-from .experts import flat_settings
+from .experts import FLAT_SPEC as EXPERTS_FLAT
 from .experts import training_loss as experts_training_loss
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
 from .recipe import RECURRENT, BlockRecipe, as_recipe
+from .rope_scaling import FLAT_SPEC as ROPE_FLAT
 from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
@@ -121,10 +122,14 @@ class GPTConfig:
 
     def settings(self) -> dict:
         """Every setting by its flat name, the recipe's choices too (what the command line's flags set);
-        the experts' spec as ``experts`` (its number, 0: none) and ``experts_<option>``."""
+        the experts' spec as ``experts`` (its number, 0: none) and ``experts_<option>``, the rotary
+        rescaling as ``rope_scaling`` (its kind, None: none) and ``rope_<option>``."""
         recipe = self.recipe.to_dict()
-        del recipe["experts"]
-        return {**{name: getattr(self, name) for name in _SHAPE}, **recipe, **flat_settings(self.recipe.experts)}
+        specs = {}
+        for spec in (EXPERTS_FLAT, ROPE_FLAT):  # chapters "Experts" and "Longer than trained"
+            del recipe[spec.key]
+            specs.update(spec.settings(getattr(self.recipe, spec.key)))
+        return {**{name: getattr(self, name) for name in _SHAPE}, **recipe, **specs}
 
 
 class GPT(nn.Module):

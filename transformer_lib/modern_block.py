@@ -117,18 +117,23 @@ def rotate_heads(x: Tensor, rotary: RotaryEmbedding, start: int = 0) -> Tensor:
 class QKTransform(nn.Module):
     """What an attention does to its queries and keys before the scores (chapter 14).
 
-    ``QKTransform(d_k, *, rotary_base=None, qk_norm=False, eps=1e-5)``: with ``qk_norm`` each
-    head's queries and keys pass an :class:`RMSNorm` of width ``d_k`` (one for queries, one for
-    keys, shared by the heads); with ``rotary_base`` they are then rotated by their positions
-    (:func:`rotate_heads`). ``forward(q (B, h, T, d_k), k (B, h_kv, T, d_k), start)`` returns both,
-    same shapes; :class:`~transformer_lib.multihead.MultiHeadAttention` calls it on the new
-    positions before it appends the keys to its cache, so the cache holds rotated keys.
+    ``QKTransform(d_k, *, rotary_base=None, qk_norm=False, eps=1e-5, rope_scaling=None)``: with
+    ``qk_norm`` each head's queries and keys pass an :class:`RMSNorm` of width ``d_k`` (one for
+    queries, one for keys, shared by the heads); with ``rotary_base`` they are then rotated by their
+    positions (:func:`rotate_heads`), with rescaled frequencies if a ``rope_scaling`` (chapter
+    "Longer than trained", :class:`~transformer_lib.rope_scaling.RopeScaling`) is given.
+    ``forward(q (B, h, T, d_k), k (B, h_kv, T, d_k), start)`` returns both, same shapes;
+    :class:`~transformer_lib.multihead.MultiHeadAttention` calls it on the new positions before it
+    appends the keys to its cache, so the cache holds rotated keys.
     """
 
-    def __init__(self, d_k: int, *, rotary_base: float | None = None, qk_norm: bool = False, eps: float = 1e-5):
+    def __init__(
+        self, d_k: int, *, rotary_base: float | None = None, qk_norm: bool = False, eps: float = 1e-5, rope_scaling=None
+    ):
         super().__init__()
         check_bool(qk_norm, "qk_norm")
-        self.rotary = None if rotary_base is None else RotaryEmbedding(d_k, base=rotary_base)
+        rotary = None if rotary_base is None else RotaryEmbedding(d_k, base=rotary_base, scaling=rope_scaling)
+        self.rotary = rotary
         self.q_norm = RMSNorm(d_k, eps=eps) if qk_norm else None
         self.k_norm = RMSNorm(d_k, eps=eps) if qk_norm else None
 

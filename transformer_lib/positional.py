@@ -19,6 +19,7 @@ __all__ = [
     "apply_rotary",
     "binary_encoding",
     "relative_rotation",
+    "rotate_pairs",
     "sinusoidal_encoding",
     "sinusoidal_frequencies",
     "half_split_rows",
@@ -162,9 +163,17 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, *, base: float = 10
         positions = torch.arange(T, device=x.device)
     if positions.shape != (T,):
         raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
-    omega = sinusoidal_frequencies(d, base=base).to(x.device)  # (d / 2,)
+    return rotate_pairs(x, positions, sinusoidal_frequencies(d, base=base))
+
+
+def rotate_pairs(x: Tensor, positions: Tensor, omega: Tensor, scale: float = 1.0) -> Tensor:
+    """Pair ``(2i, 2i+1)`` of ``x (..., T, d)`` at position ``positions[t]`` rotated by the angle
+    ``positions[t] * omega[i]`` (chapter 6; chapter "Longer than trained" passes rescaled
+    frequencies ``omega (d/2,)``), and multiplied by ``scale`` (YaRN's attention factor: 1 leaves
+    the norms unchanged). Returns the shape and dtype of ``x``."""
+    omega = omega.to(device=x.device, dtype=torch.float64)  # (d / 2,)
     angles = positions.to(torch.float64)[:, None] * omega  # (T, d / 2)
-    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d / 2)
+    cos, sin = (scale * torch.cos(angles)).to(x.dtype), (scale * torch.sin(angles)).to(x.dtype)  # (T, d / 2)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., T, d / 2) each
     out = torch.empty_like(x)
     out[..., 0::2] = x_even * cos - x_odd * sin
@@ -179,23 +188,32 @@ class RotaryEmbedding(nn.Module):
     on ``q`` and ``k`` of shape ``(B, h, T, d_k)`` after splitting heads, never on ``v``.
     """
 
-    def __init__(self, d: int, *, base: float = 10000.0):
+    def __init__(self, d: int, *, base: float = 10000.0, scaling=None):
         super().__init__()
         check_int(d, "d")
         if d < 2 or d % 2:
             raise ValueError(f"RotaryEmbedding needs an even width d, got {d}")
         check_base(base)
-        self.d, self.base = d, base
+        if scaling is not None and not callable(getattr(scaling, "frequencies", None)):
+            raise TypeError(f"scaling must be a RopeScaling (or None), got {scaling!r}")
+        self.d, self.base, self.scaling = d, base, scaling
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """``x (..., T, d)`` -> the same shape, each pair of dimensions rotated by its position's
-        angle; ``positions (T,)`` (default ``0 .. T - 1``). :func:`apply_rotary` with ``base``."""
+        angle; ``positions (T,)`` (default ``0 .. T - 1``). :func:`apply_rotary` with ``base``, or
+        with ``scaling`` (chapter "Longer than trained") its rescaled frequencies and attention factor."""
         if x.shape[-1] != self.d:
             raise ValueError(f"expected last dimension d={self.d}, got shape {tuple(x.shape)}")
-        return apply_rotary(x, positions, base=self.base)
+        if self.scaling is None:
+            return apply_rotary(x, positions, base=self.base)
+        if positions is None:
+            positions = torch.arange(x.shape[-2], device=x.device)
+        seq_len = int(positions.max()) + 1 if positions.numel() else 0
+        omega, factor = self.scaling.frequencies(self.d, self.base, seq_len=seq_len)
+        return rotate_pairs(x, positions, omega, factor)
 
     def extra_repr(self) -> str:
-        return f"d={self.d}, base={self.base}"
+        return f"d={self.d}, base={self.base}" + ("" if self.scaling is None else f", scaling={self.scaling.kind!r}")
 
 
 def half_split_rows(n_heads: int, d: int) -> Tensor:

@@ -29,17 +29,24 @@ from torch import nn
 from ._checks import check_base, check_bool, check_int
 from .blocks import FeedForward
 from .delta_net import GatedDeltaNet
-from .experts import FLAT as _EXPERTS_FLAT
-from .experts import ExpertsSpec, spec_from_dict, spec_from_flat
+from .experts import FLAT_SPEC as _EXPERTS_FLAT
+from .experts import ExpertsSpec
 from .latent_attention import LatentAttention
 from .modern_block import QKTransform, RMSNorm, SwiGLU
 from .multihead import MultiHeadAttention
+from .rope_scaling import FLAT_SPEC as _ROPE_FLAT
+from .rope_scaling import RopeScaling
 from .sinks import SinkAttention
 from .sparse_attention import SparseAttention
 
 __all__ = [
     "ATTENTIONS", "GPT2_BLOCK", "LLAMA_BLOCK", "RECIPES", "RECIPE_CHOICES", "RECURRENT", "BlockRecipe", "as_recipe",
 ]  # fmt: skip
+
+
+# The specs a recipe holds as one field each, and their flat command-line settings (chapters "Experts" and
+# "Longer than trained").
+_SPECS = (_EXPERTS_FLAT, _ROPE_FLAT)
 
 
 def _multi_head(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
@@ -71,8 +78,9 @@ def _with_qk_transform(recipe: BlockRecipe, mha: MultiHeadAttention, self_attent
     rotary = recipe.positions == "rotary"
     if self_attention and (rotary or recipe.qk_norm):  # applied to q and k, before the scores and the cache
         mha.qk_transform = QKTransform(
-            mha.d_k, rotary_base=recipe.rotary_base if rotary else None, qk_norm=recipe.qk_norm, eps=recipe.norm_eps
-        )
+            mha.d_k, rotary_base=recipe.rotary_base if rotary else None, qk_norm=recipe.qk_norm, eps=recipe.norm_eps,
+            rope_scaling=recipe.rope_scaling,
+        )  # fmt: skip
     return mha
 
 
@@ -160,9 +168,14 @@ class BlockRecipe:
     # chapter "Experts": a mixture of experts in place of each feed-forward network (its own spec, with its
     # options and which first layers stay dense); None: dense
     experts: ExpertsSpec | None = None
+    # chapter "Longer than trained": multi-head attention's rotary frequencies rescaled (None: as trained)
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "experts", spec_from_dict(self.experts))  # a checkpoint's dict, or a spec
+        for spec in _SPECS:  # a checkpoint's dict, or a spec
+            object.__setattr__(self, spec.key, spec.from_value(getattr(self, spec.key)))
+        if self.rope_scaling is not None:
+            self._check_rope_scaling()
         if self.experts is not None and self.ffn != "swiglu":
             raise ValueError(f"experts are SwiGLU networks (as in Mixtral, Qwen3-MoE and DeepSeek-V3): "
                              f"give ffn='swiglu' with experts, got ffn={self.ffn!r}")  # fmt: skip
@@ -197,6 +210,19 @@ class BlockRecipe:
             check_int(self.d_ff, "d_ff")
         if self.ffn == "swiglu" and self.activation != "gelu":
             raise ValueError(f"activation={self.activation!r} is the 'mlp' network's: the 'swiglu' one uses SiLU")
+
+    def _check_rope_scaling(self) -> None:
+        """A rescaling needs rotary positions read by multi-head attention, and fixed frequencies."""
+        kind = self.rope_scaling.kind
+        if self.positions != "rotary":
+            raise ValueError(f"rope_scaling rescales rotary positions: positions is {self.positions!r}")
+        if self.attention in ("latent", "sparse") or (self.attention in RECURRENT and not self.full_every):
+            raise ValueError(f"rope_scaling rescales multi-head attention's rotary positions: attention is "
+                             f"{self.attention!r}")  # fmt: skip
+        if kind == "dynamic":
+            raise ValueError("rope_scaling kind 'dynamic' changes the frequencies as the sequence grows, so keys "
+                             "cached at a shorter length would no longer match: use 'ntk' with the factor of the "
+                             "longest length")  # fmt: skip
 
     def to_dict(self) -> dict:
         """The choices as a plain dict (what a checkpoint stores)."""
@@ -265,9 +291,9 @@ RECIPES = {
 }  # fmt: skip
 
 
-def _is_flat(key: str, value) -> bool:
-    """A flat experts setting (``experts_top_k=2``, ``experts=8``), not the spec itself (or its dict, or None)."""
-    return key != "experts" or not (value is None or isinstance(value, (ExpertsSpec, dict)))
+def _is_flat(spec, key: str, value) -> bool:
+    """A flat setting of ``spec`` (``experts_top_k=2``, ``experts=8``), not the spec itself (or its dict, or None)."""
+    return key != spec.key or not (value is None or isinstance(value, (spec.spec_type, dict)))
 
 
 def as_recipe(recipe=None, **changes) -> BlockRecipe:
@@ -284,9 +310,10 @@ def as_recipe(recipe=None, **changes) -> BlockRecipe:
         recipe = GPT2_BLOCK
     elif not isinstance(recipe, BlockRecipe):
         raise TypeError(f"recipe must be a BlockRecipe, a name in {sorted(RECIPES)} or a dict, got {recipe!r}")
-    flat = {k: changes.pop(k) for k in list(changes) if k in _EXPERTS_FLAT and _is_flat(k, changes[k])}
-    if flat:  # the command line's flat experts settings (chapter "Experts"): experts=8, experts_top_k=2, ...
-        changes["experts"] = spec_from_flat(flat)
+    for spec in _SPECS:  # the command line's flat settings of a spec: experts=8, experts_top_k=2, ...
+        flat = {k: changes.pop(k) for k in list(changes) if k in spec.names and _is_flat(spec, k, changes[k])}
+        if flat:
+            changes[spec.key] = spec.spec(flat)
     known = {f.name for f in fields(BlockRecipe)}
     unknown = sorted(set(changes) - known)
     if unknown:

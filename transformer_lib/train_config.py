@@ -14,6 +14,7 @@ from torch import nn
 
 from .experts import FLAT_HELP as EXPERTS_FLAT_HELP
 from .recipe import LLAMA_BLOCK
+from .rope_scaling import FLAT_SPEC as ROPE_FLAT
 from .utils import DTYPES, check_fields
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "TrainConfig", "configure_optimizer", "lr_at", "make_scheduler"]
@@ -121,6 +122,8 @@ MODEL_SETTINGS = {
     "full_every": "with a recurrent --attention, every this many-th layer is multi-head attention (a hybrid; 0: none)",
     # chapter "Experts": the flags of the experts' spec, with its own help (transformer_lib.experts)
     **EXPERTS_FLAT_HELP,
+    # chapter "Longer than trained": the rotary rescaling's spec (transformer_lib.rope_scaling)
+    **ROPE_FLAT.help,
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig

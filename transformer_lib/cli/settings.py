@@ -21,6 +21,8 @@ from ..experts import FLAT_TYPES as EXPERTS_FLAT_TYPES
 from ..experts import SCORES
 from ..models import GPTConfig
 from ..recipe import RECIPE_CHOICES, BlockRecipe
+from ..rope_scaling import FLAT_SPEC as ROPE_FLAT
+from ..rope_scaling import ROPE_KINDS
 from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
 from ..run import flag as _flag
 from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
@@ -28,7 +30,7 @@ from ..utils import DTYPES, check_fields
 
 _SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
                 "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
-EXPERTS_CHOICES = {"experts_score": list(SCORES)}
+EXPERTS_CHOICES = {"experts_score": list(SCORES), "rope_scaling": [k for k in ROPE_KINDS if k != "dynamic"]}
 _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
 
@@ -103,6 +105,7 @@ def add_setting_flags(
         group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
         model_types = {f.name: f.type for f in (*fields(GPTConfig), *fields(BlockRecipe))}  # the recipe's choices too
         model_types.update(EXPERTS_FLAT_TYPES)  # chapter "Experts": the experts' spec's options
+        model_types.update(ROPE_FLAT.types)  # chapter "Longer than trained": the rotary rescaling's
         base = GPTConfig(vocab_size=1).settings()
         for name, help_ in MODEL_SETTINGS.items():
             values = {k: changes.get(name, base[name]) for k, (changes, _) in PRESETS.items()}
