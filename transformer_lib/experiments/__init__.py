@@ -1,5 +1,6 @@
-"""A chapter's recorded experiment (chapters 8-19): the runs over several seeds whose results a
-chapter reads rather than trains live, one module per chapter (``ch08`` ... ``ch19``) and one
+"""A chapter's recorded experiment (chapters 8-19, "Experts" and after): the runs over several seeds
+whose results a chapter reads rather than trains live, one module per chapter (``ch08`` ... ``ch19``;
+from chapter "Experts" on, named by the chapter's name: ``experts``) and one
 recorder (:mod:`.recorder`) that runs, merges and writes them all the same way.
 
 A notebook reads a record with :func:`recorded`::
@@ -34,7 +35,8 @@ __all__ = [
 
 
 def experiment(chapter: str) -> Experiment:
-    """The :class:`Experiment` of ``chapter`` (``"ch08"`` ... ``"ch19"``), from its module (chapter 12)."""
+    """The :class:`Experiment` of ``chapter`` (``"ch08"`` ... ``"ch19"``, ``"experts"``, ...), from its
+    module (chapter 12)."""
     record_path(chapter)  # an unknown chapter: one sentence naming the known ones
     return import_module(f".{chapter}", __name__).EXPERIMENT
 

@@ -91,7 +91,7 @@ def record_path(chapter: str) -> Path:
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch08"`` ... ``"ch19"``), as the
+    """The recorded results of ``chapter``'s experiment (``"ch08"`` ... ``"ch19"``, ``"experts"``, ...), as the
     chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 
