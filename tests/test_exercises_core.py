@@ -63,6 +63,9 @@ def test_a_notebook_finds_its_module_by_the_chapters_name_or_number():
     with pytest.raises(ValueError, match="NN_name.ipynb"):
         exercises.module_for("experts.ipynb")
     assert chapter_numbers()["ch19"] == 19 and chapter_numbers()["experts"] == 20
+    # chapter 21's module, before and after its notebook chapters/21_longer_than_trained.ipynb is written
+    assert exercises.module_for("21_longer_than_trained.ipynb") == "longer_than_trained"
+    assert chapter_numbers()["longer_than_trained"] == 21
 
 
 @pytest.mark.parametrize(("module", "name", "fn"), CHECKS, ids=[f"{m.__name__}.{n}" for m, n, _ in CHECKS])
