@@ -14,14 +14,20 @@ details:
 - the output head. GPT-2 ties it to the token embedding, Llama usually does not:
   ``tie_embeddings`` follows Llama's ``tie_word_embeddings``.
 
-A setting the GPT cannot follow (rope scaling, biases, an activation other than SiLU, a head width
-other than ``d_model / n_heads``) raises a ``ValueError`` that names it, rather than giving a model
-that is silently wrong. ``transformers`` is imported only by :func:`llama_from_gpt`. Note that
-``transformers`` computes the RMSNorm and the rotary angles in float32 even for float64 weights.
+A rescaled rotary position (chapter "Longer than trained") is read into the recipe's
+``rope_scaling`` (:class:`~transformer_lib.rope_scaling.RopeScaling`) and written back as
+``rope_parameters``: transformers' ``"linear"``, ``"yarn"`` and ``"llama3"``, from ``rope_parameters`` or
+the older ``rope_scaling`` (with ``rope_type`` or the older ``type``). ``"dynamic"`` and
+``"longrope"`` are refused by name. A setting the GPT cannot follow (biases, an activation other
+than SiLU, a head width other than ``d_model / n_heads``) raises a ``ValueError`` that names it,
+rather than giving a model that is silently wrong. ``transformers`` is imported only by
+:func:`llama_from_gpt`. Note that ``transformers`` computes the RMSNorm and the rotary angles (and
+the rescaled frequencies) in float32 even for float64 weights.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -33,6 +39,7 @@ from .models import GPT, GPTConfig
 from .parts import find_parts, part_weights
 from .positional import half_split_rows
 from .recipe import LLAMA_BLOCK
+from .rope_scaling import RopeScaling
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
 
@@ -41,14 +48,118 @@ def _setting(cfg, name: str, default=None):
     return cfg.get(name, default) if isinstance(cfg, Mapping) else getattr(cfg, name, default)
 
 
-def _rope(cfg) -> float:
-    """The rotary base of a Llama config, refusing any scaling (``rope_parameters`` or the older ``rope_scaling``)."""
-    params = dict(_setting(cfg, "rope_parameters") or {})
-    scaling = _setting(cfg, "rope_scaling")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default" or (scaling and dict(scaling).get("rope_type", dict(scaling).get("type")) != "default"):
-        raise ValueError(f"rope scaling {scaling or params!r} is not supported: the book's rotary positions are plain")
-    return float(params.get("rope_theta", _setting(cfg, "rope_theta", 10000.0)))
+# transformers' rope types the GPT does not follow, and why (chapter "Longer than trained").
+_ROPE_REFUSED = {
+    "dynamic": "its frequencies change as the sequence grows, so keys cached at a shorter length would no "
+    "longer match (the recipe refuses it too); the rope type 'linear', 'yarn' or 'llama3', or the GPT's "
+    "kind 'ntk' at the longest length, keeps them fixed",
+    "longrope": "it divides each pair by a factor of its own (short_factor, long_factor) and switches between "
+    "the two lists past the trained length, which RopeScaling cannot say",
+}
+
+# The settings each rope type the GPT reads must give (yarn's factor defaults to the ratio of the lengths).
+_ROPE_NEEDS = {"linear": ("factor",), "yarn": (), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
+def _rope_parameters(cfg) -> dict:
+    """A Llama config's rotary settings as one dict: the older ``rope_scaling`` where it is given
+    (transformers reads it first), else ``rope_parameters``; ``rope_type`` from the older ``type`` too."""
+    params = dict(_setting(cfg, "rope_scaling") or _setting(cfg, "rope_parameters") or {})
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return params
+
+
+def _original_length(cfg, params: dict) -> int | None:
+    """The length the model was trained at, as transformers reads it: the config's own
+    ``original_max_position_embeddings`` (Phi-3's place) before the one in the rotary settings."""
+    return _setting(cfg, "original_max_position_embeddings") or params.get("original_max_position_embeddings")
+
+
+def _rope(cfg) -> tuple[float, RopeScaling | None]:
+    """The rotary base of a Llama config and its rescaling (chapter "Longer than trained"), or None.
+
+    - ``"linear"``: ``factor``; the trained length, which linear's frequencies do not use, is
+      ``original_max_position_embeddings`` where the config gives it, else ``max_position_embeddings /
+      factor`` rounded down (a linear-scaled config's ``max_position_embeddings`` is the new length);
+    - ``"yarn"``: ``factor`` (none: ``max_position_embeddings`` over the trained length),
+      ``original_max_position_embeddings`` (none: ``max_position_embeddings``), ``beta_fast``,
+      ``beta_slow`` (none or 0: 32 and 1), ``truncate`` (none: True) and ``attention_factor``; with
+      ``mscale`` and ``mscale_all_dim`` and no ``attention_factor``, the ratio of their two factors,
+      as transformers computes it;
+    - ``"llama3"``: ``factor``, ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``.
+
+    ``"dynamic"``, ``"longrope"``, any other type, a ``partial_rotary_factor`` other than 1 with a
+    rescaling, and a bad value are refused by name.
+    """
+    params = _rope_parameters(cfg)
+    kind = params["rope_type"]
+    base = float(params.get("rope_theta", _setting(cfg, "rope_theta", 10000.0)))
+    if kind == "default":
+        return base, None
+    if kind in _ROPE_REFUSED:
+        raise ValueError(f"Llama rope_type {kind!r} is not supported: {_ROPE_REFUSED[kind]}")
+    if kind not in ("linear", "yarn", "llama3"):
+        raise ValueError(f"Llama rope_type {kind!r} is not supported: the GPT reads 'default', 'linear', "
+                         "'yarn' and 'llama3'")  # fmt: skip
+    partial = params.get("partial_rotary_factor", _setting(cfg, "partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"Llama setting partial_rotary_factor={partial!r} is not supported with rope_type "
+                         f"{kind!r}: the GPT rotates every dimension of a head")  # fmt: skip
+    for name in _ROPE_NEEDS[kind]:
+        if params.get(name) is None:
+            raise ValueError(f"Llama rope_type {kind!r} needs {name} in rope_parameters, got {params!r}")
+    max_len = _setting(cfg, "max_position_embeddings")
+    original = _original_length(cfg, params)
+    if kind == "linear":
+        options = {"factor": params["factor"], "original_context": original or max(1, int(max_len // params["factor"]))}
+    elif kind == "llama3":
+        options = {name: params[name] for name in ("factor", "low_freq_factor", "high_freq_factor")}
+        options["original_context"] = original or max_len
+    else:
+        original = original or max_len
+        factor = params.get("factor") or max_len / original
+        attention = params.get("attention_factor")
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if attention is None and mscale and mscale_all_dim:  # DeepSeek's spelling of the attention factor
+
+            def mscale_of(scale: float) -> float:
+                return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+            attention = mscale_of(mscale) / mscale_of(mscale_all_dim)
+        options = {
+            "factor": factor, "original_context": original, "beta_fast": params.get("beta_fast") or 32.0,
+            "beta_slow": params.get("beta_slow") or 1.0, "truncate": params.get("truncate", True),
+            "attention_factor": attention,
+        }  # fmt: skip
+    try:
+        return base, RopeScaling(kind, **options)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"Llama rope_parameters {params!r} cannot be read: {error}") from None
+
+
+def _llama_rope_parameters(c: GPTConfig) -> dict:
+    """The ``rope_parameters`` of a Llama computing the GPT's rotary positions (chapter "Longer than
+    trained"): plain, or ``"linear"``, ``"yarn"``, ``"llama3"`` with the spec's values. The GPT's
+    ``"ntk"`` is plain rotary positions of the larger base ``base * s^(d_k / (d_k - 2))`` (the same
+    frequencies), and reads back as that base with no rescaling."""
+    r, base = c.recipe.rope_scaling, float(c.rotary_base)
+    if r is None:
+        return {"rope_type": "default", "rope_theta": base}
+    if r.kind == "ntk":
+        d_k = c.d_model // c.n_heads
+        return {"rope_type": "default", "rope_theta": base * float(r.factor) ** (d_k / (d_k - 2))}
+    params = {"rope_type": r.kind, "rope_theta": base, "factor": float(r.factor)}
+    if r.kind == "yarn":
+        params |= {"original_max_position_embeddings": r.original_context, "beta_fast": float(r.beta_fast),
+                   "beta_slow": float(r.beta_slow), "truncate": r.truncate}  # fmt: skip
+        if r.attention_factor is not None:
+            params["attention_factor"] = float(r.attention_factor)
+    elif r.kind == "llama3":
+        params |= {"original_max_position_embeddings": r.original_context, "low_freq_factor": float(r.low_freq_factor),
+                   "high_freq_factor": float(r.high_freq_factor)}  # fmt: skip
+    elif r.kind != "linear":
+        raise ValueError(f"llama_from_gpt cannot write rope_scaling kind {r.kind!r} as Llama's rope_parameters")
+    return params
 
 
 # The settings a Llama config must give (the others have defaults).
@@ -64,7 +175,10 @@ _REQUIRED = (
 
 
 def gpt_config_from_llama(cfg) -> GPTConfig:
-    """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter 14); unsupported settings raise."""
+    """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter 14); unsupported settings raise.
+
+    A rescaled rotary position (``"linear"``, ``"yarn"``, ``"llama3"``) becomes the recipe's
+    ``rope_scaling`` (chapter "Longer than trained"; how each is read: :func:`_rope`)."""
     refused = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
     for name, ok in refused.items():
         value = _setting(cfg, name, ok)
@@ -82,6 +196,7 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
             f"Llama setting head_dim={head_dim} is not supported: the GPT's heads are d_model / n_heads "
             f"(hidden_size={d_model} / num_attention_heads={n_heads})"
         )
+    base, rope_scaling = _rope(cfg)
     return GPTConfig(
         vocab_size=_setting(cfg, "vocab_size"),
         context_len=_setting(cfg, "max_position_embeddings"),
@@ -92,7 +207,8 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
         recipe=LLAMA_BLOCK,
         norm_eps=float(_setting(cfg, "rms_norm_eps")),
         d_ff=_setting(cfg, "intermediate_size"),
-        rotary_base=_rope(cfg),
+        rotary_base=base,
+        rope_scaling=rope_scaling,
         tie_embeddings=bool(_setting(cfg, "tie_word_embeddings", False)),
     )
 
@@ -205,9 +321,10 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
 
     The GPT needs ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"``, ``bias=False``,
     multi-head attention without sinks, no ``qk_norm`` and no ``window``; anything else (a sparse,
-    latent or recurrent attention included) raises a ``ValueError`` naming the setting. The
-    model is in the GPT's dtype, in eval mode, with PyTorch's fused attention (``transformers``' eager
-    attention computes the softmax in float32).
+    latent or recurrent attention included) raises a ``ValueError`` naming the setting. A
+    ``rope_scaling`` (chapter "Longer than trained") is written as Llama's ``rope_parameters``
+    (:func:`_llama_rope_parameters`). The model is in the GPT's dtype, in eval mode, with PyTorch's
+    fused attention (``transformers``' eager attention computes the softmax in float32).
     """
     if not isinstance(gpt, GPT):
         inner = " (convert its .gpt: a classifier's head has no Llama counterpart)" if hasattr(gpt, "gpt") else ""
@@ -240,7 +357,7 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
         max_position_embeddings=c.context_len,
         intermediate_size=layer0.gate_proj.out_features if layer0 is not None else c.d_ff or 1,
         rms_norm_eps=c.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
+        rope_parameters=_llama_rope_parameters(c),
         tie_word_embeddings=c.tie_embeddings,
         hidden_act="silu",
         attention_bias=False,

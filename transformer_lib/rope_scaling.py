@@ -21,8 +21,9 @@ wavelength ``2 pi / omega_i`` is longer than ``L``. The rescalings change ``omeg
   ``L / low_freq_factor``), a smooth blend between, no attention factor.
 
 :meth:`RopeScaling.frequencies` returns ``(omega (d/2,), attention_factor)`` in float64; each
-kind equals ``transformers``' ``ROPE_INIT_FUNCTIONS`` entry of the same name (``"ntk"`` is the
-``"dynamic"`` entry read at ``s L`` tokens). A recipe that holds a ``RopeScaling`` rotates its
+kind equals ``transformers``' ``ROPE_INIT_FUNCTIONS`` entry of the same name (``"ntk"`` of factor
+``s`` is the ``"dynamic"`` entry read at ``(2 - 1/s) L`` tokens, where its grown factor reaches ``s``;
+at ``s L`` tokens it has grown to ``s^2 - s + 1``). A recipe that holds a ``RopeScaling`` rotates its
 multi-head attention's queries and keys with the scaled frequencies.
 """
 
