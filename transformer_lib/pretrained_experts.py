@@ -50,7 +50,14 @@ from torch import Tensor, nn
 from .experts import Experts, ExpertsSpec, experts_layers
 from .models import GPT
 from .positional import half_split_rows
-from .pretrained_llama import _LLAMA_NORMS, _LLAMA_QKV, _layer_names, _setting, gpt_config_from_llama
+from .pretrained_llama import (
+    _LLAMA_NORMS,
+    _LLAMA_QKV,
+    _layer_names,
+    _llama_rope_parameters,
+    _setting,
+    gpt_config_from_llama,
+)
 from .recipe import LLAMA_BLOCK
 
 __all__ = [
@@ -301,7 +308,7 @@ def mixtral_from_gpt(gpt: GPT) -> nn.Module:
         num_key_value_heads=c.n_kv_heads or c.n_heads, head_dim=c.d_model // c.n_heads,
         intermediate_size=layers[0].d_expert if layers else c.experts.d_expert or c.d_ff or 1,
         num_local_experts=c.experts.n_experts, num_experts_per_tok=c.experts.top_k,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base}, hidden_act="silu",
+        rope_parameters=_llama_rope_parameters(c), hidden_act="silu",
         sliding_window=None, router_jitter_noise=0.0, bos_token_id=None, eos_token_id=None,
         attn_implementation="sdpa", experts_implementation="eager",
     )  # fmt: skip

@@ -101,6 +101,9 @@ class RopeScaling:
         if self.kind == "linear":
             return omega / s, 1.0
         if self.kind in ("ntk", "dynamic"):
+            if d < 4:
+                raise ValueError(f"{self.kind} scaling raises the base to s^(d / (d - 2)): d must be at least 4, "
+                                 f"got {d}")  # fmt: skip
             if self.kind == "dynamic":
                 s = s * max(seq_len or L, L) / L - (s - 1)
             return sinusoidal_frequencies(d, base=base * s ** (d / (d - 2))), 1.0
