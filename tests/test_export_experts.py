@@ -202,13 +202,6 @@ def _random_mixtral(**settings):
     [
         ({"sliding_window": 8}, "Mixtral setting sliding_window=8"),
         ({"hidden_act": "gelu"}, "Mixtral setting hidden_act='gelu'"),
-        (
-            {
-                "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
-                "max_position_embeddings": 64,
-            },
-            "rope_type 'dynamic'",
-        ),
         ({"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
     ],
 )
