@@ -55,7 +55,8 @@ _CONCEPTS = (
 _TOOLS = (
     "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
     "student", "pretrained", "pretrained_llama", "pretrained_experts", "induction", "tokens", "lora", "token_rows",
-    "finetune", "run", "export", "evaluate", "quantize", "preference", "preference_runs", "experiments",
+    "finetune", "run", "export", "evaluate", "quantize", "quantized_cache", "preference", "preference_runs",
+    "experiments",
 )  # fmt: skip
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).
