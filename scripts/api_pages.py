@@ -210,6 +210,20 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "routing in its spec.",
     ),
     (
+        "rope_scaling",
+        ["transformer_lib.rope_scaling"],
+        "21",
+        "Rotary frequencies rescaled past the trained length: position interpolation, NTK-aware and dynamic NTK "
+        "scaling, YaRN's ramp and attention factor, Llama 3's bands; the spec a recipe holds.",
+    ),
+    (
+        "quantized_cache",
+        ["transformer_lib.quantized_cache"],
+        "21",
+        "A key-value cache in 8 or 4 bits: keys per channel, values per token, the newest tokens in full "
+        "precision, its bytes as a formula.",
+    ),
+    (
         "recipe",
         ["transformer_lib.recipe"],
         "14",
@@ -279,8 +293,8 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         ["transformer_lib.experiments", "transformer_lib.experiments.recorder"]
         + [f"transformer_lib.experiments.ch{i:02d}" for i in (8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19)]
         + ["transformer_lib.experiments.ch15_diagnosis", "transformer_lib.experiments.ch17_parity"]
-        + ["transformer_lib.experiments.experts"],
-        "8 to 20",
+        + ["transformer_lib.experiments.experts", "transformer_lib.experiments.longer_than_trained"],
+        "8 to 21",
         "The chapters' recorded experiments over seeds, one module per chapter, their recorder (parts, seeds, "
         "merging by key, atomic writes, smoke runs that write nothing) and `recorded`, which the chapters read.",
     ),
@@ -301,7 +315,7 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "exercises",
         ["transformer_lib.exercises"]
         + [f"transformer_lib.exercises.ch{i:02d}" for i in range(1, 20)]
-        + ["transformer_lib.exercises.experts"],
+        + ["transformer_lib.exercises.experts", "transformer_lib.exercises.longer_than_trained"],
         "all",
         "The checks the exercises call, one module per chapter.",
     ),
