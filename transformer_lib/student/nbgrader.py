@@ -64,6 +64,7 @@ POINTS: dict[str, int] = {
     "ex-18-1": 3, "ex-18-2": 3, "ex-18-3": 2, "ex-18-4": 3,
     "ex-19-1": 3, "ex-19-2": 3, "ex-19-3": 2, "ex-19-4": 2,
     "ex-20-1": 3, "ex-20-2": 3, "ex-20-3": 2, "ex-20-4": 2,
+    "ex-21-1": 3, "ex-21-2": 3, "ex-21-3": 2, "ex-21-4": 2,
 }  # fmt: skip
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
