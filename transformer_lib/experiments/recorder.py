@@ -53,6 +53,7 @@ RECORDS = {
     "ch18": "attention_today.json",
     "ch19": "recurrence.json",
     "experts": "experts_sweep.json",
+    "longer_than_trained": "longer_sweep.json",
 }
 #: the fields that name a run in a list of runs, outermost loop first (a list of dicts is merged
 #: by the fields of this tuple that its items have, a missing one read as None; an item with a
