@@ -145,9 +145,19 @@ def test_every_training_setting_has_one_flag_made_from_its_field():
             assert f.name in flags and flags[f.name].default is None, f.name
             assert flags[f.name].help.startswith(f.metadata["help"]) and "default" in flags[f.name].help
     model_fields = fields_of(tl.GPTConfig) | fields_of(tl.BlockRecipe)  # the shape and the block's choices
+    # chapters "Experts" and "Longer than trained": a spec's fields are flags too, named after its recipe field
+    specs = {"experts": tl.ExpertsSpec, "rope_scaling": tl.RopeScaling}
+    spec_flags = {
+        ("experts" if f.name == "n_experts" else "rope_scaling" if f.name == "kind" else prefix + f.name): f
+        for key, cls in specs.items()
+        for prefix in [{"experts": "experts_", "rope_scaling": "rope_"}[key]]
+        for f in fields(cls)
+    }
     for name in cli.MODEL_SETTINGS:
-        assert name in model_fields and flags[name].default is None
-    assert model_fields - {"vocab_size", "recipe", "activation"} == set(cli.MODEL_SETTINGS)
+        assert (name in model_fields or name in spec_flags) and flags[name].default is None, name
+    for name, f in spec_flags.items():  # its help is the spec's field's own
+        assert flags[name].help.startswith(f.metadata["help"]), name
+    assert model_fields - {"vocab_size", "recipe", "activation", *specs} == set(cli.MODEL_SETTINGS) - set(spec_flags)
 
 
 def fields_of(cls):

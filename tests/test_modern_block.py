@@ -156,7 +156,7 @@ BAD = [
     (
         lambda: tl.GPTConfig(5, recipe="mistral"),
         ValueError,
-        r"recipe must be one of \['gated_delta', 'gpt2', 'hybrid', ",
+        r"recipe must be one of \['experts', 'gated_delta', 'gpt2', 'hybrid', ",
     ),
     (lambda: tl.GPTConfig(5, recipe=3), TypeError, "recipe must be a BlockRecipe"),
     (lambda: tl.GPTConfig(vocab_size=5, qk_norm="yes"), TypeError, "qk_norm"),
