@@ -52,15 +52,28 @@ RECIPES = {
     # capacity), and DeepSeek-V3's (sigmoid scores in groups, a shared expert, a scaling factor, the
     # choice bias updated after each step, the router z-loss) from the second layer on
     "experts": {"recipe": "experts", "experts": {"n_experts": 4, "capacity": 1.0}},
-    "experts-deepseek": {"recipe": "experts", "experts": {
-        "n_experts": 4, "score": "sigmoid", "n_groups": 2, "topk_groups": 1, "n_shared": 1, "scaling": 2.5,
-        "dense_layers": 1, "aux_loss": 0.0, "z_loss": 1e-3, "bias_rate": 0.01,
-    }},
+    "experts-deepseek": {
+        "recipe": "experts",
+        "experts": {
+            "n_experts": 4,
+            "score": "sigmoid",
+            "n_groups": 2,
+            "topk_groups": 1,
+            "n_shared": 1,
+            "scaling": 2.5,
+            "dense_layers": 1,
+            "aux_loss": 0.0,
+            "z_loss": 1e-3,
+            "bias_rate": 0.01,
+        },
+    },
     # chapter "Longer than trained": rotary frequencies rescaled for twice the trained length (the model is
     # built at 16 positions, said to be trained at 8), YaRN with its attention factor, and Llama 3's bands
     "rope-yarn": {"recipe": "llama", "rope_scaling": {"kind": "yarn", "factor": 2.0, "original_context": 8}},
     "rope-llama3-gqa": {
-        "recipe": "llama", "n_kv_heads": 1, "rope_scaling": {"kind": "llama3", "factor": 2.0, "original_context": 8},
+        "recipe": "llama",
+        "n_kv_heads": 1,
+        "rope_scaling": {"kind": "llama3", "factor": 2.0, "original_context": 8},
     },
 }
 ALL = pytest.mark.parametrize("choices", list(RECIPES.values()), ids=list(RECIPES))
