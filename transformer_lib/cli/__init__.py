@@ -85,7 +85,9 @@ COMMANDS = {
         "fine-tune a BPE run on prompt/response pairs, every weight or LoRA (ch. 15)",
         "; no checkpoint was written",
     ),
-    "export": _Command(export_main, "write a run for Hugging Face transformers (GPT-2 or Llama), LoRA for peft"),
+    "export": _Command(
+        export_main, "write a run for Hugging Face transformers (GPT-2, Llama or Mixtral), LoRA for peft"
+    ),
     "evaluate": _Command(
         evaluate_main,
         "a run's report card: loss, bits per byte, multiple choice, exact match and pass@k, with intervals; "
