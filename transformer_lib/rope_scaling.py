@@ -41,6 +41,7 @@ from .positional import sinusoidal_frequencies
 
 __all__ = ["ROPE_KINDS", "RopeScaling"]
 
+#: the rescalings :class:`RopeScaling` knows (chapter "Longer than trained"); a recipe takes all but "dynamic"
 ROPE_KINDS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 
 
