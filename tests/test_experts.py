@@ -235,6 +235,34 @@ def test_training_with_the_bias_update_evens_the_loads_of_a_router_that_prefers_
     assert experts.score_bias[0] < 0 < experts.score_bias[1:].min()
 
 
+def _bias_worker(rank, world_size, init_file, out_dir):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        experts = layer(dataclasses.replace(SPECS["mixtral"], bias_rate=0.25)).train()
+        experts(tokens(30, seed=10 + rank).unsqueeze(0))  # each process its own tokens
+        experts.after_step()
+        torch.save(experts.score_bias, f"{out_dir}/bias{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_data_parallel_every_process_moves_its_biases_by_the_summed_loads(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_bias_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    biases = [torch.load(tmp_path / f"bias{r}.pt") for r in range(2)]
+    loads = torch.zeros(4, dtype=torch.float64)
+    for rank in range(2):  # each process's loads, computed alone
+        alone = layer(SPECS["mixtral"]).train()
+        alone(tokens(30, seed=10 + rank).unsqueeze(0))
+        loads += alone.loads.double()
+    assert torch.equal(biases[0], biases[1])  # the same move on every process ...
+    torch.testing.assert_close(biases[0], 0.25 * torch.sign(loads.mean() - loads))  # ... by the summed loads
+
+
 def test_active_parameters_leave_out_the_experts_a_token_does_not_use():
     torch.manual_seed(0)
     model = tl.GPT(tl.GPTConfig(20, 16, 2, 2, 16, recipe="experts", experts={"n_experts": 6, "top_k": 2}))

@@ -362,7 +362,11 @@ class Experts(nn.Module):
         """After an optimizer step: DeepSeek-V3's auxiliary-loss-free balancing. Each expert's
         ``score_bias`` moves by ``bias_rate`` towards balance: down for an expert that got more
         than the mean load since the last step, up for one that got less. The bias changes which
-        experts are chosen, never the weights they are combined with."""
+        experts are chosen, never the weights they are combined with. Under ``torch.distributed``
+        the loads are summed over the processes first, so that every process moves its biases alike
+        (DeepSeek-V3 balances the global batch)."""
+        if self.spec.bias_rate and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(self._pending_loads)
         if self.spec.bias_rate and self._pending_loads.sum() > 0:
             error = self._pending_loads.mean() - self._pending_loads
             self.score_bias += self.spec.bias_rate * torch.sign(error).to(self.score_bias.dtype)
