@@ -16,6 +16,10 @@ The command line (``--dry-run`` prints and writes nothing)::
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 import transformer_lib as tl
 
 from .recorder import Experiment, Part
@@ -31,6 +35,30 @@ def split_text() -> tuple[str, str]:
     text = tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
     n = int(len(text) * (1 - tl.TOKEN_RUN["val_fraction"]))
     return text[:n], text[n:]
+
+
+def char_corpus() -> tuple[tl.CharTokenizer, torch.Tensor, torch.Tensor]:
+    """The character tokenizer of :func:`split_text`'s training text, and the training and held-out
+    ids ``(N,)``: what the later chapters' character-level experiments read."""
+    train_text, val_text = split_text()
+    tokenizer = tl.CharTokenizer.from_text(train_text)
+    encode = lambda text: torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    return tokenizer, encode(train_text), encode(val_text)
+
+
+def as_float32(model: tl.GPT) -> tl.GPT:
+    """A float32 GPT of ``model``'s configuration holding ``model``'s weights, rounded to float32."""
+    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    copy = tl.GPT(model.config)
+    copy.load_state_dict(state)
+    return copy.eval()
+
+
+def write_float32_state(model: tl.GPT, path: str | Path) -> Path:
+    """Write ``model``'s weights as a float32 state dict to ``path``, atomically (a shipped model)."""
+    state = as_float32(model).state_dict()
+    tl.utils.atomic_write(path, lambda tmp: torch.save(state, tmp))
+    return Path(path)
 
 
 def run_settings(steps: int | None = None, **changes) -> dict:

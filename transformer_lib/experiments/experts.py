@@ -96,7 +96,8 @@ from transformer_lib.experts import active_parameters, after_step, experts_layer
 from transformer_lib.experts import training_loss as balancing_loss
 
 from .ch09 import weights_sha256
-from .ch13 import run_settings, split_text
+from .ch13 import as_float32, run_settings, write_float32_state
+from .ch13 import char_corpus as corpus
 from .recorder import DATA, Experiment, Part, run_experiment
 
 __all__ = [
@@ -156,14 +157,6 @@ def config(name: str, vocab_size: int = 65) -> tl.GPTConfig:
     return tl.GPTConfig(
         vocab_size, s["context_len"], s["n_layers"], s["n_heads"], s["d_model"], **LLAMA, **MODELS[name]
     )
-
-
-def corpus() -> tuple[tl.CharTokenizer, torch.Tensor, torch.Tensor]:
-    """The character tokenizer of the training text, and the training and held-out ids ``(N,)``."""
-    train_text, val_text = split_text()
-    tokenizer = tl.CharTokenizer.from_text(train_text)
-    encode = lambda text: torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    return tokenizer, encode(train_text), encode(val_text)
 
 
 def shares(loads: torch.Tensor) -> list[float]:
@@ -287,19 +280,9 @@ def checkpoint_model(path: str | Path = CHECKPOINT) -> tuple[tl.GPT, tl.CharToke
     return model.eval(), tokenizer
 
 
-def as_float32(model: tl.GPT) -> tl.GPT:
-    """A float32 GPT of ``model``'s configuration holding ``model``'s weights, rounded to float32."""
-    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-    copy = tl.GPT(model.config)
-    copy.load_state_dict(state)
-    return copy.eval()
-
-
 def write_checkpoint(model: tl.GPT, path: str | Path = CHECKPOINT) -> Path:
     """Write ``model``'s weights as a float32 state dict to ``path``, atomically."""
-    state = as_float32(model).state_dict()
-    tl.utils.atomic_write(path, lambda tmp: torch.save(state, tmp))
-    return Path(path)
+    return write_float32_state(model, path)
 
 
 EXPERIMENT = Experiment("experts", {"sweep": Part(sweep, SEEDS)})

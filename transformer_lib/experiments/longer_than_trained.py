@@ -101,7 +101,8 @@ import torch.nn.functional as F
 import transformer_lib as tl
 
 from .ch09 import weights_sha256
-from .ch13 import run_settings, split_text
+from .ch13 import as_float32, run_settings, write_float32_state
+from .ch13 import char_corpus as corpus
 from .recorder import DATA, Experiment, Part, run_experiment
 
 __all__ = [
@@ -188,14 +189,6 @@ def config(positions: str = "rotary", context_len: int | None = None, method: st
     T = s["context_len"] if context_len is None else context_len
     options = {**LLAMA, **POSITIONS[positions], "rope_scaling": METHODS[method]}
     return tl.GPTConfig(vocab_size, T, s["n_layers"], s["n_heads"], s["d_model"], **options)
-
-
-def corpus() -> tuple[tl.CharTokenizer, torch.Tensor, torch.Tensor]:
-    """The character tokenizer of the training text, and the training and held-out ids ``(N,)``."""
-    train_text, val_text = split_text()
-    tokenizer = tl.CharTokenizer.from_text(train_text)
-    encode = lambda text: torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    return tokenizer, encode(train_text), encode(val_text)
 
 
 def train(model: tl.GPT, train_ids: torch.Tensor, steps: int, generator: torch.Generator, lr: float) -> dict:
@@ -432,19 +425,9 @@ def checkpoint_model(path: str | Path = CHECKPOINT, context_len: int | None = No
     return model.eval(), tokenizer
 
 
-def as_float32(model: tl.GPT) -> tl.GPT:
-    """A float32 GPT of ``model``'s configuration holding ``model``'s weights, rounded to float32."""
-    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-    copy = tl.GPT(model.config)
-    copy.load_state_dict(state)
-    return copy.eval()
-
-
 def write_checkpoint(model: tl.GPT, path: str | Path = CHECKPOINT) -> Path:
     """Write ``model``'s weights as a float32 state dict to ``path``, atomically."""
-    state = as_float32(model).state_dict()
-    tl.utils.atomic_write(path, lambda tmp: torch.save(state, tmp))
-    return Path(path)
+    return write_float32_state(model, path)
 
 
 EXPERIMENT = Experiment(
