@@ -285,9 +285,15 @@ def test_yarn_through_transformers_passes_and_without_truncation_is_named():
 
     def transformers_yarn(truncate):
         def fn(d, base, factor, original_context, beta_fast=32, beta_slow=1):
-            parameters = {"rope_type": "yarn", "rope_theta": base, "factor": factor, "beta_fast": beta_fast,
-                          "beta_slow": beta_slow, "original_max_position_embeddings": original_context,
-                          "truncate": truncate}  # fmt: skip
+            parameters = {
+                "rope_type": "yarn",
+                "rope_theta": base,
+                "factor": factor,
+                "beta_fast": beta_fast,
+                "beta_slow": beta_slow,
+                "original_max_position_embeddings": original_context,
+                "truncate": truncate,
+            }
             config = LlamaConfig(
                 hidden_size=2 * d,
                 num_attention_heads=2,

@@ -53,26 +53,43 @@ def randomise(block: nn.Module, seed: int, *, router_std: float = 0.5, bias_std:
 
 def qwen3(norm_topk_prob=True, seed=0, **extra):
     config = transformers.Qwen3MoeConfig(
-        hidden_size=D, moe_intermediate_size=H, num_experts=8, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
-        experts_implementation="eager", **extra,
-    )  # fmt: skip
+        hidden_size=D,
+        moe_intermediate_size=H,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=norm_topk_prob,
+        experts_implementation="eager",
+        **extra,
+    )
     return randomise(Qwen3MoeSparseMoeBlock(config), seed)
 
 
 def mixtral(seed=1, **extra):
     config = transformers.MixtralConfig(
-        hidden_size=D, intermediate_size=H, num_local_experts=8, num_experts_per_tok=2,
-        experts_implementation="eager", **extra,
-    )  # fmt: skip
+        hidden_size=D,
+        intermediate_size=H,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        experts_implementation="eager",
+        **extra,
+    )
     return randomise(MixtralSparseMoeBlock(config), seed)
 
 
 def deepseek(n_group=4, topk_group=2, scaling=2.5, n_shared=1, norm=True, seed=2, **extra):
     config = transformers.DeepseekV3Config(
-        hidden_size=D, moe_intermediate_size=H, n_routed_experts=16, num_experts_per_tok=3, n_group=n_group,
-        topk_group=topk_group, routed_scaling_factor=scaling, n_shared_experts=n_shared, norm_topk_prob=norm,
-        experts_implementation="eager", **extra,
-    )  # fmt: skip
+        hidden_size=D,
+        moe_intermediate_size=H,
+        n_routed_experts=16,
+        num_experts_per_tok=3,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=scaling,
+        n_shared_experts=n_shared,
+        norm_topk_prob=norm,
+        experts_implementation="eager",
+        **extra,
+    )
     with warnings.catch_warnings():  # n_shared_experts=0 makes empty shared matrices, and torch says so
         warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
         return randomise(DeepseekV3MoE(config), seed)
@@ -125,7 +142,7 @@ BLOCKS = {
     "deepseek, no groups, no shared": (
         lambda: deepseek(n_group=1, topk_group=1, n_shared=0, seed=4),
         experts_from_deepseek_v3,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -171,7 +188,15 @@ def test_the_specs_say_each_familys_routing():
     qwen_layer = experts_from_qwen3_moe(qwen3(False))
     s = qwen_layer.spec
     assert (s.score, s.norm_topk, s.n_experts, s.top_k, s.d_expert, s.n_shared, s.n_groups, s.scaling) == (
-        "softmax", False, 8, 2, H, 0, 1, 1.0)  # fmt: skip
+        "softmax",
+        False,
+        8,
+        2,
+        H,
+        0,
+        1,
+        1.0,
+    )
     assert (s.aux_loss, s.z_loss, s.bias_rate, s.capacity) == (0.0, 0.0, 0.0, None)  # no training term unless asked
     assert qwen_layer.gate.weight.dtype == torch.float64 and not qwen_layer.training  # the block's dtype and mode
     assert experts_from_mixtral(mixtral()).spec.norm_topk is True
@@ -179,7 +204,15 @@ def test_the_specs_say_each_familys_routing():
     layer = experts_from_deepseek_v3(block, aux_loss=0.01, bias_rate=1e-3)
     s = layer.spec
     assert (s.score, s.norm_topk, s.n_experts, s.top_k, s.n_shared, s.n_groups, s.topk_groups, s.scaling) == (
-        "sigmoid", True, 16, 3, 1, 4, 2, 2.5)  # fmt: skip
+        "sigmoid",
+        True,
+        16,
+        3,
+        1,
+        4,
+        2,
+        2.5,
+    )
     assert (s.aux_loss, s.bias_rate) == (0.01, 1e-3)
     assert torch.equal(layer.score_bias, block.gate.e_score_correction_bias)
     assert torch.equal(layer.experts[5].up_proj.weight, block.experts.gate_up_proj[5, H:])

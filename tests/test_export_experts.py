@@ -44,9 +44,20 @@ def experts_gpt(n_kv_heads=None, tie=False, seed=0, experts=None, **choices) -> 
     """A float64 experts GPT in eval mode, its weights drawn from ``seed``: the routers 0.5 (logits of
     about 3, few near ties), the norms' gains 1 +- 0.2 (a gain read into the wrong place shows)."""
     torch.manual_seed(seed)
-    config = tl.GPTConfig(V, 32, 2, 4, D, recipe="experts", experts={**EXPERTS, **(experts or {})},
-                          n_kv_heads=n_kv_heads, tie_embeddings=tie, rotary_base=500.0, norm_eps=1e-6,
-                          **choices)  # fmt: skip
+    config = tl.GPTConfig(
+        V,
+        32,
+        2,
+        4,
+        D,
+        recipe="experts",
+        experts={**EXPERTS, **(experts or {})},
+        n_kv_heads=n_kv_heads,
+        tie_embeddings=tie,
+        rotary_base=500.0,
+        norm_eps=1e-6,
+        **choices,
+    )
     gpt = tl.GPT(config).double().eval()
     g = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
@@ -128,13 +139,28 @@ def test_there_and_back_gives_equal_state_dicts_both_ways():
     assert (c.n_kv_heads, c.tie_embeddings, c.norm_eps, c.rotary_base) == (2, True, 1e-6, 500.0)
     s = c.experts
     assert (s.n_experts, s.top_k, s.d_expert, s.score, s.norm_topk, s.capacity, s.aux_loss) == (
-        4, 2, 24, "softmax", True, 1.25, 0.02)  # fmt: skip
+        4,
+        2,
+        24,
+        "softmax",
+        True,
+        1.25,
+        0.02,
+    )
     # and from transformers' side: a Mixtral made by transformers, to the book and back
     config = transformers.MixtralConfig(
-        vocab_size=V, hidden_size=D, intermediate_size=12, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, num_local_experts=3, num_experts_per_tok=1, max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, experts_implementation="eager",
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=12,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_local_experts=3,
+        num_experts_per_tok=1,
+        max_position_embeddings=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        experts_implementation="eager",
+    )
     torch.manual_seed(3)
     original = transformers.MixtralForCausalLM(config).eval()
     again = mixtral_from_gpt(gpt_from_mixtral(original))
@@ -190,10 +216,17 @@ def test_a_choice_bias_no_experts_adapters_and_a_classifier_are_refused():
 
 def _random_mixtral(**settings):
     config = transformers.MixtralConfig(
-        vocab_size=V, hidden_size=D, intermediate_size=12, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=3, max_position_embeddings=32, experts_implementation="eager",
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=12,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=3,
+        max_position_embeddings=32,
+        experts_implementation="eager",
         **settings,
-    )  # fmt: skip
+    )
     return transformers.MixtralForCausalLM(config)
 
 
@@ -219,8 +252,10 @@ def test_the_way_back_takes_the_whole_model():
         gpt_from_mixtral(model, top_k=1)  # the routing comes from the model
 
 
-SHAPE = ("--n-layers 2 --n-heads 2 --n-kv-heads 1 --d-model 16 --context-len 24 --batch-size 4 --eval-interval 2 "
-         "--eval-iters 1 --device cpu --no-progress --max-iters 2").split()  # fmt: skip
+SHAPE = (
+    "--n-layers 2 --n-heads 2 --n-kv-heads 1 --d-model 16 --context-len 24 --batch-size 4 --eval-interval 2 "
+    "--eval-iters 1 --device cpu --no-progress --max-iters 2"
+).split()
 TEXT = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: Ay me!\n" * 30
 PROMPT = "ROMEO: But soft"
 

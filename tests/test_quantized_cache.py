@@ -110,9 +110,14 @@ def test_eight_bit_codes_are_chapter_16s_int8_weights():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    seed=st.integers(0, 10_000), bits=st.sampled_from([8, 4]), group=st.integers(1, 6), extra=st.integers(0, 5),
-    T=st.integers(1, 30), d_k=st.integers(1, 7), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e4]),
-)  # fmt: skip
+    seed=st.integers(0, 10_000),
+    bits=st.sampled_from([8, 4]),
+    group=st.integers(1, 6),
+    extra=st.integers(0, 5),
+    T=st.integers(1, 30),
+    d_k=st.integers(1, 7),
+    scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e4]),
+)
 def test_every_number_is_within_half_a_step(seed, bits, group, extra, T, d_k, scale):
     k, v = keys_values(seed, B=1, h=2, T=T, d_k=d_k, dtype=torch.float64)
     k, v = k * scale, v * scale
@@ -244,8 +249,16 @@ def test_eight_bit_cache_decodes_the_full_caches_tokens(shape):
 
 def test_an_encoder_decoder_keeps_its_cross_attention_in_full():
     torch.manual_seed(0)
-    config = tl.TransformerConfig(src_vocab_size=11, tgt_vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1,
-                                  n_decoder_layers=2, context_len=16, dropout=0.0)  # fmt: skip
+    config = tl.TransformerConfig(
+        src_vocab_size=11,
+        tgt_vocab_size=11,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        context_len=16,
+        dropout=0.0,
+    )
     model = tl.Transformer(config).double().eval()
     cache = tl.new_quantized_cache(model, bits=8, group=4)
     assert all(type(c.cross_attn) is tl.KVCache and c.cross_attn.static for c in cache.layers)

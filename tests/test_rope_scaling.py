@@ -24,10 +24,14 @@ def _settings(n=10, seed=0):
     today's models and of tiny ones."""
     rng = random.Random(seed)
     return [
-        (rng.choice([8, 16, 64, 128]), rng.choice([100.0, 1e4, 5e5]), rng.choice([16, 64, 4096, 8192]),
-         rng.choice([1.5, 2.0, 4.0, 8.0, 32.0]))
+        (
+            rng.choice([8, 16, 64, 128]),
+            rng.choice([100.0, 1e4, 5e5]),
+            rng.choice([16, 64, 4096, 8192]),
+            rng.choice([1.5, 2.0, 4.0, 8.0, 32.0]),
+        )
         for _ in range(n)
-    ]  # fmt: skip
+    ]
 
 
 SETTINGS = _settings()
@@ -102,8 +106,12 @@ def test_dynamic_is_plain_up_to_the_trained_length_then_ntk_with_a_grown_factor(
 # ---------------------------------------------------------------- YaRN
 
 # (d, base, L, s, beta_fast, beta_slow): a ramp with pairs on both sides, Llama-sized and tiny
-YARN = [(64, 1e4, 4096, 4.0, 32.0, 1.0), (128, 5e5, 8192, 8.0, 32.0, 1.0), (16, 100.0, 16, 4.0, 2.0, 0.1),
-        (64, 1e4, 4096, 16.0, 8.0, 0.5)]  # fmt: skip
+YARN = [
+    (64, 1e4, 4096, 4.0, 32.0, 1.0),
+    (128, 5e5, 8192, 8.0, 32.0, 1.0),
+    (16, 100.0, 16, 4.0, 2.0, 0.1),
+    (64, 1e4, 4096, 16.0, 8.0, 0.5),
+]
 
 
 def ramp_of(omega, plain, s):

@@ -74,15 +74,25 @@ CASES = {
     "yarn-llama-sized": ("yarn", 128, 5e5, 8192, 8.0, {}, {}),
     "yarn-no-truncate": ("yarn", 64, 1e4, 4096, 4.0, {"truncate": False}, {"truncate": False}),
     "yarn-betas-own-factor": (
-        "yarn", 16, 100.0, 16, 4.0, {"beta_fast": 2.0, "beta_slow": 0.1, "attention_factor": 1.3},
+        "yarn",
+        16,
+        100.0,
+        16,
+        4.0,
+        {"beta_fast": 2.0, "beta_slow": 0.1, "attention_factor": 1.3},
         {"beta_fast": 2.0, "beta_slow": 0.1, "attention_factor": 1.3},
     ),
     "llama3": ("llama3", 128, 5e5, 8192, 8.0, {"low_freq_factor": 1.0, "high_freq_factor": 4.0}, {}),
     "llama3-tiny": (
-        "llama3", 16, 100.0, 16, 4.0, {"low_freq_factor": 0.5, "high_freq_factor": 2.0},
+        "llama3",
+        16,
+        100.0,
+        16,
+        4.0,
+        {"low_freq_factor": 0.5, "high_freq_factor": 2.0},
         {"low_freq_factor": 0.5, "high_freq_factor": 2.0},
     ),
-}  # fmt: skip
+}
 
 
 def both(name):
@@ -141,19 +151,26 @@ def test_transformers_reads_yarns_truncate_from_the_top_dict_not_a_layers_own(th
     # truncate=False is never seen, and the ramp is the truncated one (a version that reads it fails here)
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "rope_theta": 1e4}
     config = transformers.Gemma3TextConfig(
-        hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=16384, num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=16384,
+        num_hidden_layers=2,
         layer_types=["sliding_attention", "full_attention"],
-        rope_parameters={"full_attention": {**rope, "truncate": False},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-    )  # fmt: skip
+        rope_parameters={
+            "full_attention": {**rope, "truncate": False},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
     theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](config, layer_type="full_attention")
     truncated, _ = RopeScaling("yarn", 4.0, 4096, truncate=True).frequencies(64, 1e4)
     untruncated, _ = RopeScaling("yarn", 4.0, 4096, truncate=False).frequencies(64, 1e4)
     torch.testing.assert_close(theirs, truncated, rtol=1e-14, atol=0)
     assert (theirs - untruncated).abs().max() > 1e-3
     # in a flat config's rope_parameters it is read
-    flat, _ = transformers_rope("yarn", 64, 1e4, 16384, {"factor": 4.0, "original_max_position_embeddings": 4096,
-                                                          "truncate": False})  # fmt: skip
+    flat, _ = transformers_rope(
+        "yarn", 64, 1e4, 16384, {"factor": 4.0, "original_max_position_embeddings": 4096, "truncate": False}
+    )
     torch.testing.assert_close(flat, untruncated, rtol=1e-14, atol=0)
 
 
@@ -161,13 +178,30 @@ def test_transformers_reads_yarns_truncate_from_the_top_dict_not_a_layers_own(th
 
 ROPES = {
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 2.0,
-             "beta_slow": 0.1},
-    "yarn-no-truncate-own-factor": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                                    "beta_fast": 2.0, "beta_slow": 0.1, "truncate": False, "attention_factor": 1.3},
-    "llama3": {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 16,
-               "low_freq_factor": 0.5, "high_freq_factor": 2.0},
-}  # fmt: skip
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 2.0,
+        "beta_slow": 0.1,
+    },
+    "yarn-no-truncate-own-factor": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 2.0,
+        "beta_slow": 0.1,
+        "truncate": False,
+        "attention_factor": 1.3,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "low_freq_factor": 0.5,
+        "high_freq_factor": 2.0,
+    },
+}
 BASE, CONTEXT = 100.0, 64  # 16-wide heads of base 100 trained on 16 tokens, read at 64: every band has pairs
 IDX = torch.randint(0, 50, (2, CONTEXT), generator=torch.Generator().manual_seed(1))
 
@@ -175,10 +209,18 @@ IDX = torch.randint(0, 50, (2, CONTEXT), generator=torch.Generator().manual_seed
 def tiny_config(rope):
     """A LlamaConfig of 4 heads 16 wide, 2 of keys and values, 2 layers, with the rotary settings ``rope``."""
     return transformers.LlamaConfig(
-        vocab_size=50, hidden_size=64, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=CONTEXT, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_theta": BASE, **rope}, attn_implementation="sdpa",
-    )  # fmt: skip
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_theta": BASE, **rope},
+        attn_implementation="sdpa",
+    )
 
 
 def scaled_llama(rope, seed=0):
@@ -300,12 +342,19 @@ def test_each_setting_is_read_where_transformers_reads_it(their_float64):
     # yarn without a factor: the lengths' ratio; without betas: 32 and 1; a top-level trained length first
     bare = read(rope_parameters={"rope_type": "yarn", "original_max_position_embeddings": 8, "beta_fast": None})
     assert (bare.rope_scaling.factor, bare.rope_scaling.beta_fast, bare.rope_scaling.beta_slow) == (8.0, 32.0, 1.0)
-    top = read(rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8},
-               original_max_position_embeddings=32)  # fmt: skip
+    top = read(
+        rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8},
+        original_max_position_embeddings=32,
+    )
     assert top.rope_scaling.original_context == 32
     # DeepSeek's mscale and mscale_all_dim: the attention factor transformers computes from them
-    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.7,
-            "mscale_all_dim": 1.0}  # fmt: skip
+    rope = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "mscale": 0.7,
+        "mscale_all_dim": 1.0,
+    }
     spec = read(rope_parameters=rope).rope_scaling
     _, theirs = ROPE_INIT_FUNCTIONS["yarn"](tiny_config(rope))
     assert spec.frequencies(16, BASE)[1] == pytest.approx(theirs, rel=1e-15)
@@ -318,8 +367,15 @@ def test_each_setting_is_read_where_transformers_reads_it(their_float64):
     "rope, message",
     [
         ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported: its frequencies change"),
-        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-          "original_max_position_embeddings": 16}, "rope_type 'longrope' is not supported"),
+        (
+            {
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+                "original_max_position_embeddings": 16,
+            },
+            "rope_type 'longrope' is not supported",
+        ),
         ({"rope_type": "proportional", "partial_rotary_factor": 0.5}, "rope_type 'proportional' is not supported"),
         ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
         ({"rope_type": "linear"}, "rope_type 'linear' needs factor"),
@@ -327,7 +383,7 @@ def test_each_setting_is_read_where_transformers_reads_it(their_float64):
         ({"rope_type": "linear", "factor": 0.5}, "factor must be at least 1"),
         ({"rope_type": "yarn", "factor": 2.0, "beta_fast": 1.0, "beta_slow": 2.0}, "beta_slow=2.0 must be below"),
     ],
-)  # fmt: skip
+)
 def test_what_the_gpt_cannot_follow_is_refused_by_name(rope, message):
     with pytest.raises(ValueError, match=message):
         read(rope_parameters=rope)

@@ -48,8 +48,7 @@ class FlatSpec:
         if on == self.off or on is None:
             changed = [k for k, v in flat.items() if k != self.key and v != self.defaults.get(self.names[k])]
             if changed:
-                raise ValueError(f"{changed[0]}={flat[changed[0]]!r} is a choice of {self.key}: "
-                                 f"give {self.key} too")  # fmt: skip
+                raise ValueError(f"{changed[0]}={flat[changed[0]]!r} is a choice of {self.key}: give {self.key} too")
             return None
         return self.spec_type(**{self.switch: on, **options})
 

@@ -106,8 +106,9 @@ class ExpertsSpec:
         if self.n_groups > 1 and per_group < 2:
             raise ValueError(f"a group is scored by its two best experts: n_experts / n_groups = {per_group}")
         if self.top_k > self.topk_groups * per_group:
-            raise ValueError(f"top_k={self.top_k} experts cannot be found in topk_groups={self.topk_groups} "
-                             f"groups of {per_group}")  # fmt: skip
+            raise ValueError(
+                f"top_k={self.top_k} experts cannot be found in topk_groups={self.topk_groups} groups of {per_group}"
+            )
         check_int(self.dense_layers, "dense_layers", minimum=0)
         for name in ("scaling", "aux_loss", "z_loss", "bias_rate"):
             value = getattr(self, name)

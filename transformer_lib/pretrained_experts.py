@@ -61,9 +61,12 @@ from .pretrained_llama import (
 from .recipe import LLAMA_BLOCK
 
 __all__ = [
-    "experts_from_deepseek_v3", "experts_from_mixtral", "experts_from_qwen3_moe", "gpt_from_mixtral",
+    "experts_from_deepseek_v3",
+    "experts_from_mixtral",
+    "experts_from_qwen3_moe",
+    "gpt_from_mixtral",
     "mixtral_from_gpt",
-]  # fmt: skip
+]
 
 # The spec's training terms a converter may be given; the block says everything else.
 _TRAINING = {"aux_loss": 0.0, "z_loss": 0.0, "bias_rate": 0.0, "capacity": None}
@@ -130,8 +133,9 @@ def _expert_sizes(block: nn.Module, family: str) -> tuple[int, int, int]:
 def _spec(routing: dict, training: dict) -> ExpertsSpec:
     unknown = sorted(set(training) - set(_TRAINING))
     if unknown:
-        raise TypeError(f"unknown option {unknown[0]!r}: the routing comes from the block; "
-                        f"the options are {sorted(_TRAINING)}")  # fmt: skip
+        raise TypeError(
+            f"unknown option {unknown[0]!r}: the routing comes from the block; the options are {sorted(_TRAINING)}"
+        )
     return ExpertsSpec(**routing, **{**_TRAINING, **training})
 
 
@@ -178,8 +182,10 @@ def experts_from_mixtral(block: nn.Module, **training) -> Experts:
     E, _, h = _expert_sizes(block, "Mixtral")
     _check_silu(block.experts.act_fn, "the Mixtral experts", getattr(block.experts, "config", None))
     if block.jitter_noise:
-        raise ValueError(f"the Mixtral block has router_jitter_noise={block.jitter_noise!r}: the book's router "
-                         "multiplies no noise into its input in training (build it with 0.0)")  # fmt: skip
+        raise ValueError(
+            f"the Mixtral block has router_jitter_noise={block.jitter_noise!r}: the book's router "
+            "multiplies no noise into its input in training (build it with 0.0)"
+        )
     routing = {"n_experts": E, "top_k": block.gate.top_k, "d_expert": h, "norm_topk": True}
     return _layer(block, _spec(routing, training))
 
@@ -207,14 +213,22 @@ def experts_from_deepseek_v3(block: nn.Module, **training) -> Experts:
     _check_silu(block.shared_experts.act_fn, "the DeepSeek-V3 shared experts", config)
     width = block.shared_experts.gate_proj.weight.shape[0]
     if width % h:
-        raise ValueError(f"the DeepSeek-V3 shared experts are {width} wide, not a multiple of the experts' "
-                         f"moe_intermediate_size={h}: the book's shared experts are n_shared experts wide")  # fmt: skip
+        raise ValueError(
+            f"the DeepSeek-V3 shared experts are {width} wide, not a multiple of the experts' "
+            f"moe_intermediate_size={h}: the book's shared experts are n_shared experts wide"
+        )
     router = block.gate
     routing = {
-        "n_experts": E, "top_k": router.top_k, "d_expert": h, "n_shared": width // h, "score": "sigmoid",
-        "norm_topk": bool(router.norm_topk_prob), "n_groups": router.num_group, "topk_groups": router.topk_group,
+        "n_experts": E,
+        "top_k": router.top_k,
+        "d_expert": h,
+        "n_shared": width // h,
+        "score": "sigmoid",
+        "norm_topk": bool(router.norm_topk_prob),
+        "n_groups": router.num_group,
+        "topk_groups": router.topk_group,
         "scaling": float(router.routed_scaling_factor),
-    }  # fmt: skip
+    }
     layer = _layer(block, _spec(routing, training))
     with torch.no_grad():
         layer.score_bias.copy_(router.e_score_correction_bias)  # (E,)
@@ -226,15 +240,28 @@ def experts_from_deepseek_v3(block: nn.Module, **training) -> Experts:
 
 
 # The whole model. Mixtral's routing in the spec's terms: experts that route otherwise are refused by the setting.
-_MIXTRAL_ROUTING = {"score": "softmax", "norm_topk": True, "n_shared": 0, "n_groups": 1, "scaling": 1.0,
-                    "dense_layers": 0}  # fmt: skip
+_MIXTRAL_ROUTING = {
+    "score": "softmax",
+    "norm_topk": True,
+    "n_shared": 0,
+    "n_groups": 1,
+    "scaling": 1.0,
+    "dense_layers": 0,
+}
 # Around the experts, Llama's block (chapter 14) without a sliding window: the choices a Mixtral layer has.
-_MIXTRAL_BLOCK = {name: getattr(LLAMA_BLOCK, name) for name in ("norm", "positions", "bias", "qk_norm", "attention",
-                                                                 "sinks")} | {"window": None}  # fmt: skip
+_MIXTRAL_BLOCK = {
+    name: getattr(LLAMA_BLOCK, name) for name in ("norm", "positions", "bias", "qk_norm", "attention", "sinks")
+} | {"window": None}
 # A MixtralConfig's name for each size of the GPTConfig
-_MIXTRAL_SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
-                  "num_attention_heads": "n_heads", "max_position_embeddings": "context_len",
-                  "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_embeddings"}  # fmt: skip
+_MIXTRAL_SIZES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "max_position_embeddings": "context_len",
+    "rms_norm_eps": "norm_eps",
+    "tie_word_embeddings": "tie_embeddings",
+}
 
 
 def _llama_tensors(gpt: GPT) -> list[tuple[str, list[tuple[str, Tensor | None]]]]:
@@ -287,31 +314,44 @@ def mixtral_from_gpt(gpt: GPT) -> nn.Module:
         inner = " (convert its .gpt: a classifier's head has no Mixtral counterpart)" if hasattr(gpt, "gpt") else ""
         raise TypeError(f"mixtral_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
     if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
-        raise ValueError("mixtral_from_gpt takes a GPT without LoRA adapters (or other parametrizations): "
-                         "write them into its weights first with remove_lora(gpt), which merges them")  # fmt: skip
+        raise ValueError(
+            "mixtral_from_gpt takes a GPT without LoRA adapters (or other parametrizations): "
+            "write them into its weights first with remove_lora(gpt), which merges them"
+        )
     c = gpt.config
     if c.experts is None:
-        raise ValueError("mixtral_from_gpt needs experts (recipe='experts'): the GPT has a dense feed-forward "
-                         "network, which llama_from_gpt converts")  # fmt: skip
+        raise ValueError(
+            "mixtral_from_gpt needs experts (recipe='experts'): the GPT has a dense feed-forward "
+            "network, which llama_from_gpt converts"
+        )
     _require(c, _MIXTRAL_BLOCK, "")
     _require(c.experts, _MIXTRAL_ROUTING, "experts ")
     by_name = experts_layers(gpt)  # one a layer (dense_layers is 0)
     for name, layer in by_name.items():
         if layer.score_bias.any():
-            raise ValueError(f"{name}.score_bias, the choice bias that bias_rate={c.experts.bias_rate} trained, "
-                             "is not zero: Mixtral's router has no bias")  # fmt: skip
+            raise ValueError(
+                f"{name}.score_bias, the choice bias that bias_rate={c.experts.bias_rate} trained, "
+                "is not zero: Mixtral's router has no bias"
+            )
     layers = list(by_name.values())
     from transformers import MixtralConfig, MixtralForCausalLM
 
     cfg = MixtralConfig(
         **{theirs: getattr(c, ours) for theirs, ours in _MIXTRAL_SIZES.items()},
-        num_key_value_heads=c.n_kv_heads or c.n_heads, head_dim=c.d_model // c.n_heads,
+        num_key_value_heads=c.n_kv_heads or c.n_heads,
+        head_dim=c.d_model // c.n_heads,
         intermediate_size=layers[0].d_expert if layers else c.experts.d_expert or c.d_ff or 1,
-        num_local_experts=c.experts.n_experts, num_experts_per_tok=c.experts.top_k,
-        rope_parameters=_llama_rope_parameters(c), hidden_act="silu",
-        sliding_window=None, router_jitter_noise=0.0, bos_token_id=None, eos_token_id=None,
-        attn_implementation="sdpa", experts_implementation="eager",
-    )  # fmt: skip
+        num_local_experts=c.experts.n_experts,
+        num_experts_per_tok=c.experts.top_k,
+        rope_parameters=_llama_rope_parameters(c),
+        hidden_act="silu",
+        sliding_window=None,
+        router_jitter_noise=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="sdpa",
+        experts_implementation="eager",
+    )
     book, state = gpt.state_dict(), {}
     for ours, parts in _llama_tensors(gpt):
         sizes = [book[ours].shape[0] if rows is None else len(rows) for _, rows in parts]
@@ -320,8 +360,9 @@ def mixtral_from_gpt(gpt: GPT) -> nn.Module:
     for i, layer in enumerate(layers):  # the inverse of _layer: gate_up_proj (E, 2 h, d), down_proj (E, d, h)
         mlp = f"model.layers.{i}.mlp."
         state[mlp + "gate.weight"] = layer.gate.weight  # (E, d)
-        state[mlp + "experts.gate_up_proj"] = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
-                                                           for e in layer.experts])  # fmt: skip
+        state[mlp + "experts.gate_up_proj"] = torch.stack(
+            [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in layer.experts]
+        )
         state[mlp + "experts.down_proj"] = torch.stack([e.down_proj.weight for e in layer.experts])
     mixtral = MixtralForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
     mixtral.load_state_dict(state)
@@ -342,14 +383,20 @@ def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
     _check_type(model, "mixtral", "MixtralForCausalLM", "gpt_from_mixtral", hint=" (the whole model, with its head)")
     cfg = model.config
     if _setting(cfg, "sliding_window") is not None:
-        raise ValueError(f"Mixtral setting sliding_window={cfg.sliding_window!r} is not supported: the book "
-                         "converts a Mixtral whose every query sees every earlier key")  # fmt: skip
+        raise ValueError(
+            f"Mixtral setting sliding_window={cfg.sliding_window!r} is not supported: the book "
+            "converts a Mixtral whose every query sees every earlier key"
+        )
     try:
         dense = gpt_config_from_llama(cfg)
     except ValueError as error:  # chapter 14's checks of a Llama config, said of a Mixtral one
         raise ValueError(str(error).replace("Llama", "Mixtral")) from None
-    routing = {"n_experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok,
-               "d_expert": cfg.intermediate_size, "norm_topk": True}  # fmt: skip
+    routing = {
+        "n_experts": cfg.num_local_experts,
+        "top_k": cfg.num_experts_per_tok,
+        "d_expert": cfg.intermediate_size,
+        "norm_topk": True,
+    }
     spec = _spec(routing, training)
     layers = [experts_from_mixtral(layer.mlp, **training) for layer in model.model.layers]
     for i, layer in enumerate(layers):
@@ -357,8 +404,10 @@ def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
             raise ValueError(f"layer {i}'s Mixtral block routes as {layer.spec}, not as its config says ({spec})")
     gpt = GPT(replace(dense, recipe=replace(dense.recipe, experts=spec)))
     s = model.state_dict()
-    state = {ours: torch.cat([s[n] if rows is None else s[n][rows] for n, rows in parts])
-             for ours, parts in _llama_tensors(gpt)}  # fmt: skip
+    state = {
+        ours: torch.cat([s[n] if rows is None else s[n][rows] for n, rows in parts])
+        for ours, parts in _llama_tensors(gpt)
+    }
     for name, layer in zip(experts_layers(gpt), layers, strict=True):
         state |= {f"{name}.{key}": value for key, value in layer.state_dict().items()}
     gpt = gpt.to(s["model.embed_tokens.weight"].dtype)

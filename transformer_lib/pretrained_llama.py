@@ -99,12 +99,15 @@ def _rope(cfg) -> tuple[float, RopeScaling | None]:
     if kind in _ROPE_REFUSED:
         raise ValueError(f"Llama rope_type {kind!r} is not supported: {_ROPE_REFUSED[kind]}")
     if kind not in ("linear", "yarn", "llama3"):
-        raise ValueError(f"Llama rope_type {kind!r} is not supported: the GPT reads 'default', 'linear', "
-                         "'yarn' and 'llama3'")  # fmt: skip
+        raise ValueError(
+            f"Llama rope_type {kind!r} is not supported: the GPT reads 'default', 'linear', 'yarn' and 'llama3'"
+        )
     partial = params.get("partial_rotary_factor", _setting(cfg, "partial_rotary_factor"))
     if partial not in (None, 1, 1.0):
-        raise ValueError(f"Llama setting partial_rotary_factor={partial!r} is not supported with rope_type "
-                         f"{kind!r}: the GPT rotates every dimension of a head")  # fmt: skip
+        raise ValueError(
+            f"Llama setting partial_rotary_factor={partial!r} is not supported with rope_type "
+            f"{kind!r}: the GPT rotates every dimension of a head"
+        )
     for name in _ROPE_NEEDS[kind]:
         if params.get(name) is None:
             raise ValueError(f"Llama rope_type {kind!r} needs {name} in rope_parameters, got {params!r}")
@@ -127,10 +130,13 @@ def _rope(cfg) -> tuple[float, RopeScaling | None]:
 
             attention = mscale_of(mscale) / mscale_of(mscale_all_dim)
         options = {
-            "factor": factor, "original_context": original, "beta_fast": params.get("beta_fast") or 32.0,
-            "beta_slow": params.get("beta_slow") or 1.0, "truncate": params.get("truncate", True),
+            "factor": factor,
+            "original_context": original,
+            "beta_fast": params.get("beta_fast") or 32.0,
+            "beta_slow": params.get("beta_slow") or 1.0,
+            "truncate": params.get("truncate", True),
             "attention_factor": attention,
-        }  # fmt: skip
+        }
     try:
         return base, RopeScaling(kind, **options)
     except (TypeError, ValueError) as error:
@@ -150,13 +156,20 @@ def _llama_rope_parameters(c: GPTConfig) -> dict:
         return {"rope_type": "default", "rope_theta": base * float(r.factor) ** (d_k / (d_k - 2))}
     params = {"rope_type": r.kind, "rope_theta": base, "factor": float(r.factor)}
     if r.kind == "yarn":
-        params |= {"original_max_position_embeddings": r.original_context, "beta_fast": float(r.beta_fast),
-                   "beta_slow": float(r.beta_slow), "truncate": r.truncate}  # fmt: skip
+        params |= {
+            "original_max_position_embeddings": r.original_context,
+            "beta_fast": float(r.beta_fast),
+            "beta_slow": float(r.beta_slow),
+            "truncate": r.truncate,
+        }
         if r.attention_factor is not None:
             params["attention_factor"] = float(r.attention_factor)
     elif r.kind == "llama3":
-        params |= {"original_max_position_embeddings": r.original_context, "low_freq_factor": float(r.low_freq_factor),
-                   "high_freq_factor": float(r.high_freq_factor)}  # fmt: skip
+        params |= {
+            "original_max_position_embeddings": r.original_context,
+            "low_freq_factor": float(r.low_freq_factor),
+            "high_freq_factor": float(r.high_freq_factor),
+        }
     elif r.kind != "linear":
         raise ValueError(f"llama_from_gpt cannot write rope_scaling kind {r.kind!r} as Llama's rope_parameters")
     return params
@@ -338,8 +351,10 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
 
     c = gpt.config
     if c.experts is not None:
-        raise ValueError("llama_from_gpt needs a dense feed-forward network: the GPT has experts (a mixture "
-                         "of experts), which Llama's format cannot hold")  # fmt: skip
+        raise ValueError(
+            "llama_from_gpt needs a dense feed-forward network: the GPT has experts (a mixture "
+            "of experts), which Llama's format cannot hold"
+        )
     kept = ("norm", "ffn", "positions", "bias", "qk_norm", "attention", "sinks")
     needed = {**{k: getattr(LLAMA_BLOCK, k) for k in kept}, "window": None}
     for name, value in needed.items():

@@ -106,8 +106,15 @@ class QuantizedKVCache(KVCache):
     still masks what it does not see.
     """
 
-    def __init__(self, *, bits: int = 8, group: int = 32, residual_length: int | None = None,
-                 fixed_scale: bool = False, _checked: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bits: int = 8,
+        group: int = 32,
+        residual_length: int | None = None,
+        fixed_scale: bool = False,
+        _checked: bool = False,
+    ):
         if not _checked:  # new_quantized_cache checked the settings once for every layer
             residual_length = _check_settings(bits, group, residual_length, fixed_scale)
         super().__init__()
@@ -168,11 +175,14 @@ class QuantizedKVCache(KVCache):
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, Tensor) or t.dim() != 4 or not t.is_floating_point():
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"QuantizedKVCache: {name} must be floating point of shape (B, n_kv_heads, T, d_k), "
-                                 f"got {got}")  # fmt: skip
+                raise ValueError(
+                    f"QuantizedKVCache: {name} must be floating point of shape (B, n_kv_heads, T, d_k), got {got}"
+                )
         if k.shape != v.shape or k.dtype != v.dtype:
-            raise ValueError(f"QuantizedKVCache: k and v must have one shape and dtype, got {tuple(k.shape)} "
-                             f"{k.dtype} and {tuple(v.shape)} {v.dtype}")  # fmt: skip
+            raise ValueError(
+                f"QuantizedKVCache: k and v must have one shape and dtype, got {tuple(k.shape)} "
+                f"{k.dtype} and {tuple(v.shape)} {v.dtype}"
+            )
         if self.filled:
             old = self._k_res
             sizes = (k.shape[0], k.shape[1], k.shape[3])  # (B, n_kv_heads, d_k)
@@ -263,8 +273,9 @@ class QuantizedKVCache(KVCache):
         return f"QuantizedKVCache({settings}, {held})"
 
 
-def new_quantized_cache(model, *, bits: int = 8, group: int = 32, residual_length: int | None = None,
-                        fixed_scale: bool = False) -> DecoderCache:  # fmt: skip
+def new_quantized_cache(
+    model, *, bits: int = 8, group: int = 32, residual_length: int | None = None, fixed_scale: bool = False
+) -> DecoderCache:
     """An empty :class:`~transformer_lib.kv_cache.DecoderCache` for ``model`` whose self-attention caches
     are :class:`QuantizedKVCache` (chapter "Longer than trained"; chapter 10's cache, quantised).
 
@@ -290,16 +301,26 @@ def new_quantized_cache(model, *, bits: int = 8, group: int = 32, residual_lengt
                 f"layer {i}'s attention ({type(layer.self_attn).__name__}) keeps a {type(plain.self_attn).__name__}, "
                 "not a KVCache of keys and values: new_quantized_cache quantises multi-head attention's cache only"
             )
-        own = QuantizedKVCache(bits=bits, group=group, residual_length=residual_length, fixed_scale=fixed_scale,
-                               _checked=True)  # fmt: skip
+        own = QuantizedKVCache(
+            bits=bits, group=group, residual_length=residual_length, fixed_scale=fixed_scale, _checked=True
+        )
         layers.append(LayerCache(own, plain.cross_attn))
     return DecoderCache(layers)
 
 
 def quantized_kv_bytes(
-    n_layers: int, n_kv_heads: int, d_k: int, T: int, *, bits: int = 8, group: int = 32,
-    residual_length: int | None = None, fixed_scale: bool = False, batch: int = 1, dtype: torch.dtype = torch.float32,
-) -> int:  # fmt: skip
+    n_layers: int,
+    n_kv_heads: int,
+    d_k: int,
+    T: int,
+    *,
+    bits: int = 8,
+    group: int = 32,
+    residual_length: int | None = None,
+    fixed_scale: bool = False,
+    batch: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> int:
     """The bytes :meth:`QuantizedKVCache.nbytes` counts, summed over ``n_layers``, once ``T`` tokens have
     been appended (chapter "Longer than trained"; chapter 10's ``kv_cache_bytes`` for the full cache).
 

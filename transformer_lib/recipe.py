@@ -78,9 +78,12 @@ def _with_qk_transform(recipe: BlockRecipe, mha: MultiHeadAttention, self_attent
     rotary = recipe.positions == "rotary"
     if self_attention and (rotary or recipe.qk_norm):  # applied to q and k, before the scores and the cache
         mha.qk_transform = QKTransform(
-            mha.d_k, rotary_base=recipe.rotary_base if rotary else None, qk_norm=recipe.qk_norm, eps=recipe.norm_eps,
+            mha.d_k,
+            rotary_base=recipe.rotary_base if rotary else None,
+            qk_norm=recipe.qk_norm,
+            eps=recipe.norm_eps,
             rope_scaling=recipe.rope_scaling,
-        )  # fmt: skip
+        )
     return mha
 
 
@@ -177,8 +180,10 @@ class BlockRecipe:
         if self.rope_scaling is not None:
             self._check_rope_scaling()
         if self.experts is not None and self.ffn != "swiglu":
-            raise ValueError(f"experts are SwiGLU networks (as in Mixtral, Qwen3-MoE and DeepSeek-V3): "
-                             f"give ffn='swiglu' with experts, got ffn={self.ffn!r}")  # fmt: skip
+            raise ValueError(
+                f"experts are SwiGLU networks (as in Mixtral, Qwen3-MoE and DeepSeek-V3): "
+                f"give ffn='swiglu' with experts, got ffn={self.ffn!r}"
+            )
         for name, allowed in RECIPE_CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -217,12 +222,15 @@ class BlockRecipe:
         if self.positions != "rotary":
             raise ValueError(f"rope_scaling rescales rotary positions: positions is {self.positions!r}")
         if self.attention in ("latent", "sparse") or (self.attention in RECURRENT and not self.full_every):
-            raise ValueError(f"rope_scaling rescales multi-head attention's rotary positions: attention is "
-                             f"{self.attention!r}")  # fmt: skip
+            raise ValueError(
+                f"rope_scaling rescales multi-head attention's rotary positions: attention is {self.attention!r}"
+            )
         if kind == "dynamic":
-            raise ValueError("rope_scaling kind 'dynamic' changes the frequencies as the sequence grows, so keys "
-                             "cached at a shorter length would no longer match: use 'ntk' with the factor of the "
-                             "longest length")  # fmt: skip
+            raise ValueError(
+                "rope_scaling kind 'dynamic' changes the frequencies as the sequence grows, so keys "
+                "cached at a shorter length would no longer match: use 'ntk' with the factor of the "
+                "longest length"
+            )
 
     def to_dict(self) -> dict:
         """The choices as a plain dict (what a checkpoint stores)."""

@@ -82,8 +82,9 @@ class RopeScaling:
         if self.beta_slow >= self.beta_fast:
             raise ValueError(f"beta_slow={self.beta_slow!r} must be below beta_fast={self.beta_fast!r}")
         if self.low_freq_factor >= self.high_freq_factor:
-            raise ValueError(f"low_freq_factor={self.low_freq_factor!r} must be below "
-                             f"high_freq_factor={self.high_freq_factor!r}")  # fmt: skip
+            raise ValueError(
+                f"low_freq_factor={self.low_freq_factor!r} must be below high_freq_factor={self.high_freq_factor!r}"
+            )
         a = self.attention_factor
         if a is not None and (isinstance(a, bool) or not is_real(a) or not math.isfinite(a) or not a > 0):
             raise ValueError(f"attention_factor must be None or a finite number > 0, got {a!r}")
@@ -103,8 +104,9 @@ class RopeScaling:
             return omega / s, 1.0
         if self.kind in ("ntk", "dynamic"):
             if d < 4:
-                raise ValueError(f"{self.kind} scaling raises the base to s^(d / (d - 2)): d must be at least 4, "
-                                 f"got {d}")  # fmt: skip
+                raise ValueError(
+                    f"{self.kind} scaling raises the base to s^(d / (d - 2)): d must be at least 4, got {d}"
+                )
             if self.kind == "dynamic":
                 s = s * max(seq_len or L, L) / L - (s - 1)
             return sinusoidal_frequencies(d, base=base * s ** (d / (d - 2))), 1.0

@@ -164,8 +164,13 @@ def check_route(fn: Callable) -> None:
         require_shape(weights, (N, k), where, what="the weights", hint=hint.format("weight"))
         require_shape(chosen, (N, k), where, what="chosen", hint=hint.format("expert index"))
         require_dtype(weights, logits.dtype, where, what="the weights", hint="; keep the logits' dtype")
-        require_dtype(chosen, "integer", where, what="chosen",
-                      hint=": chosen holds the experts' indices, as topk's .indices (torch.int64)")  # fmt: skip
+        require_dtype(
+            chosen,
+            "integer",
+            where,
+            what="chosen",
+            hint=": chosen holds the experts' indices, as topk's .indices (torch.int64)",
+        )
         _require_experts(chosen, E, where)
         if not torch.isfinite(weights).all():
             raise ExerciseFailure(
@@ -298,10 +303,16 @@ def check_balancing_loss(fn: Callable) -> None:
         if isinstance(loss, float | int) and not isinstance(loss, bool):
             raise _no_gradient(where, f"your function returned {type(loss).__name__} {loss:.6g}, not a tensor")
         require_tensor(loss, where, what="the loss")
-        require_shape(loss, (), where, what="the loss value",
-                      hint=": a single number, E * sum_i f_i P_i summed over the experts")  # fmt: skip
-        require_dtype(loss, scores.dtype, where, what="the loss value",
-                      hint="; keep the scores' dtype (turn the counts into it with .to(scores.dtype))")  # fmt: skip
+        require_shape(
+            loss, (), where, what="the loss value", hint=": a single number, E * sum_i f_i P_i summed over the experts"
+        )
+        require_dtype(
+            loss,
+            scores.dtype,
+            where,
+            what="the loss value",
+            hint="; keep the scores' dtype (turn the counts into it with .to(scores.dtype))",
+        )
         require_finite(
             loss,
             where,

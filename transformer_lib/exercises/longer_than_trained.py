@@ -64,10 +64,16 @@ def _require_omega(out, d: int, where: str, nan_hint: str = "") -> Tensor:
         )
     require_tensor(out, where, what="omega")
     every_dimension = ": one frequency per pair of dimensions, 2i and 2i + 1, so d/2 of them, not one per dimension"
-    require_shape(out, (d // 2,), where, what="omega", layout="(d/2,)",
-                  hint=every_dimension if tuple(out.shape) == (d,) else "")  # fmt: skip
-    require_dtype(out, "floating", where, what="omega",
-                  hint="; frequencies are fractions: compute them in floating point (float64)")  # fmt: skip
+    require_shape(
+        out, (d // 2,), where, what="omega", layout="(d/2,)", hint=every_dimension if tuple(out.shape) == (d,) else ""
+    )
+    require_dtype(
+        out,
+        "floating",
+        where,
+        what="omega",
+        hint="; frequencies are fractions: compute them in floating point (float64)",
+    )
     require_finite(out, where, what="omega", hint=nan_hint)
     return out
 
