@@ -134,6 +134,20 @@ RULES = [
         r"checkpoint in out/cpu",
     ),
     Rule(
+        r"\.venv/bin/python -m transformer_lib train --preset cpu --max-iters 200 --out-dir out/first",
+        "cheap",
+        "the README's first run: 2 steps of a small batch instead of 200, offline",
+        TINY,
+        r"checkpoint in out/first",
+    ),
+    Rule(
+        r"\.venv/bin/python -m transformer_lib sample --ckpt out/first --prompt .ROMEO:.",
+        "cheap",
+        "samples 40 characters from the first run above",
+        "--max-new-tokens 40",
+        r"ROMEO:",
+    ),
+    Rule(
         r"\.venv/bin/python -m transformer_lib train --out-dir out/cpu --resume",
         "run",
         "continues the 2-step run above, which is finished",
@@ -173,12 +187,12 @@ RULES = [
     Rule(
         r"\.venv/bin/python -c .import transformer_lib as tl; "
         r"tl\.write_pairs\(tl\.date_pairs\(2000, formats=\[.dd\.mm\.yyyy., .yyyy\.mm\.dd., .mm/dd/yyyy.\]\), "
-        r".pairs\.jsonl.\).",
+        r".out/pairs\.jsonl.\).",
         "run",
         "writes the 2,000 pairs the next command fine-tunes on",
     ),
     Rule(
-        r"\.venv/bin/python -m transformer_lib finetune --ckpt out/bpe --data pairs\.jsonl --out-dir out/lora "
+        r"\.venv/bin/python -m transformer_lib finetune --ckpt out/bpe --data out/pairs\.jsonl --out-dir out/lora "
         r"--lora-rank 8",
         "cheap",
         "2 steps of LoRA on the BPE checkpoint and the pairs above",
@@ -187,7 +201,7 @@ RULES = [
     ),
     Rule(
         r"\.venv/bin/python -m transformer_lib finetune --ckpt transformer_lib/data/ch15/pretrained\.pt "
-        r"--data pairs\.jsonl --out-dir out/dates --lora-rank 4 --new-token-rows --lr 5e-3 --max-iters 600",
+        r"--data out/pairs\.jsonl --out-dir out/dates --lora-rank 4 --new-token-rows --lr 5e-3 --max-iters 600",
         "cheap",
         "2 steps of LoRA and the new token rows on the shipped 6,000-step base and the pairs above "
         "(tests/test_recipes_compose.py runs the whole recipe)",
@@ -226,13 +240,13 @@ RULES = [
     ),
     Rule(
         r"\.venv/bin/python -c .import transformer_lib as tl; tl\.data\.write_preferences\(tl\.data\."
-        r"preference_triples\(tl\.read_pairs\(.pairs\.jsonl.\)\), .prefs\.jsonl.\).",
+        r"preference_triples\(tl\.read_pairs\(.out/pairs\.jsonl.\)\), .out/prefs\.jsonl.\).",
         "run",
         "writes the preference pairs the dpo command tunes on, from the pairs above",
     ),
     Rule(
         r"\.venv/bin/python -m transformer_lib dpo --ckpt transformer_lib/data/ch15/pretrained\.pt "
-        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data prefs\.jsonl --lora-rank 4 --out-dir out/dpo",
+        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data out/prefs\.jsonl --lora-rank 4 --out-dir out/dpo",
         "cheap",
         "2 steps of DPO from the shipped dates model (tests/test_cli_tune.py: resume, refusals)",
         TINY,
@@ -240,7 +254,7 @@ RULES = [
     ),
     Rule(
         r"\.venv/bin/python -m transformer_lib grpo --ckpt transformer_lib/data/ch15/pretrained\.pt "
-        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data pairs\.jsonl --lora-rank 4 --temperature 0\.3 "
+        r"--adapter transformer_lib/data/ch16/dates_lora\.pt --data out/pairs\.jsonl --lora-rank 4 --temperature 0\.3 "
         r"--out-dir out/grpo",
         "cheap",
         "2 steps of GRPO from the shipped dates model, 4 prompts of 8 answers",
@@ -256,7 +270,7 @@ RULES = [
         r"told apart",
     ),
     Rule(
-        r"\.venv/bin/python -m transformer_lib export --ckpt out/bpe --out-dir hf/bpe",
+        r"\.venv/bin/python -m transformer_lib export --ckpt out/bpe --out-dir out/hf/bpe",
         "run",
         "writes the 2-step BPE run above in Hugging Face's format (transformers, offline)",
         expect=r"AutoModelForCausalLM\.from_pretrained",
