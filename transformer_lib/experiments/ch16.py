@@ -23,8 +23,10 @@ seed it is fine-tuned on chapter 15's dates as chapter 15's sweep does: every we
 trained, per-channel int8 and NF4 (the attention and feed-forward matrices: the quantiser's
 default), each on the same items:
 
-- the held-out text (the last 10 % of Tiny Shakespeare): loss, perplexity, bits per byte;
-- the two multiple-choice tasks of :mod:`transformer_lib.data.mc_tasks`, 200 items each;
+- the held-out text (Tiny Shakespeare from :data:`transformer_lib.data.mc_tasks.HELD_OUT_START`,
+  91 % of its characters, on: no shipped model trained on it): loss, perplexity, bits per byte;
+- the two multiple-choice tasks of :mod:`transformer_lib.data.mc_tasks`, 200 items each, from
+  the same held-out text;
 - exact match on chapter 15's 200 held-out dates, greedy, and pass@1 and pass@8 from 16
   answers sampled at temperature 0.3 for the first 100 of them.
 """
@@ -47,6 +49,8 @@ __all__ = ["EXPERIMENT"]
 
 SEEDS = [0, 1, 2]
 LM_EVAL_ITEMS = 40
+#: where the held-out text starts (a fraction of the characters): after every shipped model's training split
+START = tl.data.mc_tasks.HELD_OUT_START
 #: the shipped models lm-eval scores: chapter 15's BPE base and chapter 12's character model
 SHIPPED = {"bpe": tl.PRETRAINED_PATH, "char": Path(tl.__file__).parent / "data" / "ch12" / "shakespeare_ckpt.pt"}
 SETTINGS = {
@@ -58,6 +62,7 @@ SETTINGS = {
     "temperature": 0.3,
     "methods": ["full", "lora"],
     "quantised": ["int8", "nf4"],
+    "held_out_start": START,
 }
 
 
@@ -103,9 +108,9 @@ def cards(seeds: list[int], steps: int | None = None) -> dict:
     model, tokenizer = ch15.base()
     model.eval()
     text = ch15.text()
-    held = tl.data.held_out_text(text)
-    tasks = {"speaker": tl.data.speaker_choice_task(text, SETTINGS["mc_items"]),
-             "cloze": tl.data.cloze_task(text, SETTINGS["mc_items"])}  # fmt: skip
+    held = tl.data.held_out_text(text, START)
+    tasks = {"speaker": tl.data.speaker_choice_task(text, SETTINGS["mc_items"], start_fraction=START),
+             "cloze": tl.data.cloze_task(text, SETTINGS["mc_items"], start_fraction=START)}  # fmt: skip
     train_pairs, test_pairs = ch15.date_splits()
     part = {"settings": SETTINGS, "base": cards_of(model, tokenizer, held, tasks, test_pairs), "runs": []}
     for method in SETTINGS["methods"]:
@@ -128,8 +133,8 @@ def lm_eval_scores(seeds: list[int], steps: int | None = None) -> dict:
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     text = ch15.text()
-    tasks = {"book_speaker": tl.data.speaker_choice_task(text, LM_EVAL_ITEMS),
-             "book_cloze": tl.data.cloze_task(text, LM_EVAL_ITEMS)}  # fmt: skip
+    tasks = {"book_speaker": tl.data.speaker_choice_task(text, LM_EVAL_ITEMS, start_fraction=START),
+             "book_cloze": tl.data.cloze_task(text, LM_EVAL_ITEMS, start_fraction=START)}  # fmt: skip
     part = {"items": LM_EVAL_ITEMS, "lm_eval_version": lm_eval.__version__, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name, items in tasks.items():
