@@ -292,9 +292,9 @@ def reproduce_ch16(record: dict) -> None:
     rounding: the fine-tune forgets, its text costs more than 2 bits per byte above the base's."""
     model, tokenizer = ch15.base()
     text = ch15.text()
-    tasks = {"speaker": tl.data.speaker_choice_task(text, ch16.SETTINGS["mc_items"]),
-             "cloze": tl.data.cloze_task(text, ch16.SETTINGS["mc_items"])}  # fmt: skip
-    held = tl.data.held_out_text(text)
+    tasks = {"speaker": tl.data.speaker_choice_task(text, ch16.SETTINGS["mc_items"], start_fraction=ch16.START),
+             "cloze": tl.data.cloze_task(text, ch16.SETTINGS["mc_items"], start_fraction=ch16.START)}  # fmt: skip
+    held = tl.data.held_out_text(text, ch16.START)
     _, test_pairs = ch15.date_splits()
     fresh = ch16.measured(model.eval(), tokenizer, held, tasks, test_pairs)
     old = record["cards"]["base"]["float32"]
