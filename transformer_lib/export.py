@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .hf_settings import ANY, check_settings
 from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
 from .positional import half_split_rows
@@ -70,6 +71,34 @@ _PEFT_LLAMA = {"self_attn.out_proj.weight": "self_attn.o_proj", "ff.gate_proj.we
 _QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Llama's three, fused in the book's in_proj
 
 
+# What GPT-2's format writes of each setting (hf_settings): ANY, or the one value it computes. Without
+# biases it writes zero ones; the rotary base is not read with learned positions.
+GPT2_SETTINGS = {
+    "n_kv_heads": None,
+    "window": None,
+    "norm": "layernorm",
+    "norm_eps": ANY,
+    "ffn": "mlp",
+    "activation": ANY,
+    "d_ff": ANY,
+    "positions": "learned",
+    "rotary_base": ANY,
+    "attention": "multi_head",
+    "qk_norm": False,
+    "bias": ANY,
+    "tie_embeddings": ANY,
+    "kv_latent": None,
+    "q_latent": None,
+    "rope_dim": None,
+    "sparse_k": None,
+    "sinks": False,
+    "keep_first": 0,
+    "full_every": 0,
+    "experts": None,
+    "rope_scaling": None,
+}
+
+
 def _is_llama(gpt: GPT) -> bool:
     return gpt.config.positions == "rotary"
 
@@ -88,16 +117,13 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    if not isinstance(gpt, GPT):
+        inner = " (convert its .gpt: a classifier's head has no GPT-2 counterpart)" if hasattr(gpt, "gpt") else ""
+        raise TypeError(f"gpt2_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
     c = gpt.config
-    needed = {"norm": "layernorm", "ffn": "mlp", "positions": "learned", "qk_norm": False, "window": None,
-              "attention": "multi_head", "sinks": False}  # fmt: skip
-    for name, value in needed.items():
-        if getattr(c, name) != value:
-            raise ValueError(f"GPT-2's format needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")
+    check_settings(c, GPT2_SETTINGS, "GPT-2's format")
     if c.activation not in _GPT2_ACTIVATIONS:
         raise ValueError(f"GPT-2's format has no activation {c.activation!r} (it has {sorted(_GPT2_ACTIVATIONS)})")
-    if (c.n_kv_heads or c.n_heads) != c.n_heads:
-        raise ValueError(f"GPT-2's format has no grouped-query attention: the GPT has n_kv_heads={c.n_kv_heads}")
     book = gpt.state_dict()
     d_ff = book["decoder.layers.0.ff.net.0.weight"].shape[0] if c.n_layers else 4 * c.d_model
     cfg = GPT2Config(
@@ -126,16 +152,31 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
 
 def hf_model(gpt: GPT) -> nn.Module:
     """The ``transformers`` model that computes what ``gpt`` computes (chapters 10, 14 and "Experts"):
-    a ``MixtralForCausalLM`` for a GPT with experts (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
-    a ``LlamaForCausalLM`` for rotary positions (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`),
-    else a ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`). A block none can hold is refused by name."""
+    a ``GPT2LMHeadModel`` for GPT-2's block (:func:`gpt2_from_gpt`), a ``LlamaForCausalLM`` for
+    Llama's (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`), a ``MixtralForCausalLM`` for
+    Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`).
+    Each format checks every setting of the GPT (:mod:`~transformer_lib.hf_settings`); a GPT that no
+    format computes is refused with a ``ValueError`` that gives each format's first refusal, by name."""
+    if not isinstance(gpt, GPT):
+        inner = (
+            " (convert its .gpt: a classifier's head has no Hugging Face counterpart)" if hasattr(gpt, "gpt") else ""
+        )
+        raise TypeError(f"hf_model takes a GPT, got a {type(gpt).__name__}{inner}")
     if lora_weights(gpt):
         raise ValueError(
             "the GPT has LoRA adapters: merge them (remove_lora(model)) or save them with save_peft_adapter"
         )
-    if gpt.config.experts is not None:
-        return mixtral_from_gpt(gpt)
-    return llama_from_gpt(gpt) if _is_llama(gpt) else gpt2_from_gpt(gpt)
+    refusals = []
+    for convert in _FORMATS:
+        try:
+            return convert(gpt)
+        except ValueError as refusal:
+            refusals.append(str(refusal))
+    raise ValueError("no Hugging Face format computes this GPT: " + "; ".join(refusals))
+
+
+# The formats hf_model tries, in order; each refuses, by name, a GPT it cannot compute.
+_FORMATS = (gpt2_from_gpt, llama_from_gpt, mixtral_from_gpt)
 
 
 def _byte_names() -> list[str]:

@@ -238,6 +238,11 @@ def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
     missing or unexpected tensors and wrong shapes raise ``ValueError`` naming the problem.
     """
     if isinstance(source, torch.nn.Module) and hasattr(getattr(source, "config", None), "model_type"):  # transformers
+        if type(source).__name__ not in ("GPT2LMHeadModel", "GPT2Model"):
+            raise TypeError(
+                f"gpt_from_hf takes a transformers GPT2LMHeadModel or GPT2Model, got {type(source).__name__} "
+                f"(model_type {source.config.model_type!r})"
+            )
         config, state = source.config.to_dict(), source.state_dict()
         origin = type(source).__name__
     elif isinstance(source, Mapping):

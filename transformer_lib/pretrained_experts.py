@@ -48,17 +48,18 @@ import torch
 from torch import Tensor, nn
 
 from .experts import Experts, ExpertsSpec, experts_layers
+from .hf_settings import ANY, check_settings
 from .models import GPT
 from .positional import half_split_rows
 from .pretrained_llama import (
     _LLAMA_NORMS,
     _LLAMA_QKV,
+    LLAMA_SETTINGS,
     _layer_names,
     _llama_rope_parameters,
     _setting,
     gpt_config_from_llama,
 )
-from .recipe import LLAMA_BLOCK
 
 __all__ = [
     "experts_from_deepseek_v3",
@@ -248,10 +249,8 @@ _MIXTRAL_ROUTING = {
     "scaling": 1.0,
     "dense_layers": 0,
 }
-# Around the experts, Llama's block (chapter 14) without a sliding window: the choices a Mixtral layer has.
-_MIXTRAL_BLOCK = {
-    name: getattr(LLAMA_BLOCK, name) for name in ("norm", "positions", "bias", "qk_norm", "attention", "sinks")
-} | {"window": None}
+# Around the experts, what Llama's format writes of each setting (hf_settings): a Mixtral layer's choices.
+MIXTRAL_SETTINGS = LLAMA_SETTINGS | {"experts": ANY}
 # A MixtralConfig's name for each size of the GPTConfig
 _MIXTRAL_SIZES = {
     "vocab_size": "vocab_size",
@@ -324,7 +323,7 @@ def mixtral_from_gpt(gpt: GPT) -> nn.Module:
             "mixtral_from_gpt needs experts (recipe='experts'): the GPT has a dense feed-forward "
             "network, which llama_from_gpt converts"
         )
-    _require(c, _MIXTRAL_BLOCK, "")
+    check_settings(c, MIXTRAL_SETTINGS, "Mixtral's format")
     _require(c.experts, _MIXTRAL_ROUTING, "experts ")
     by_name = experts_layers(gpt)  # one a layer (dense_layers is 0)
     for name, layer in by_name.items():

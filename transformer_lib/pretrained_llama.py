@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import is_int
+from .hf_settings import ANY, SETTINGS, check_settings
 from .models import GPT, GPTConfig
 from .parts import find_parts, part_weights
 from .positional import half_split_rows
@@ -226,6 +227,11 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
     )
 
 
+# What Llama's format writes of each setting (hf_settings): ANY, or Llama's block's value. A SwiGLU
+# network reads no activation; a rotary rescaling is written as rope_parameters.
+_LLAMA_ANY = ("n_kv_heads", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "rope_scaling")
+LLAMA_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_LLAMA_ANY, ANY)
+
 # Llama's name (after "model.layers.i.") of each matrix of a layer, by the role and kind the book's part
 # gives it (transformer_lib.parts); the fused "qkv" is Llama's three, and the norms come in layer order.
 _LLAMA_MATRICES = {
@@ -314,6 +320,11 @@ def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT
     angles in float64 too). Settings the GPT cannot follow raise a ``ValueError`` naming them.
     """
     if isinstance(source, nn.Module):
+        if type(source).__name__ != "LlamaForCausalLM":
+            raise TypeError(
+                f"gpt_from_llama takes a transformers LlamaForCausalLM (the whole model, with its head) or "
+                f"its state dict, got {type(source).__name__}"
+            )
         config = source.config if config is None else config
         source = source.state_dict()
     if config is None:
@@ -355,11 +366,7 @@ def llama_from_gpt(gpt: GPT) -> nn.Module:
             "llama_from_gpt needs a dense feed-forward network: the GPT has experts (a mixture "
             "of experts), which Llama's format cannot hold"
         )
-    kept = ("norm", "ffn", "positions", "bias", "qk_norm", "attention", "sinks")
-    needed = {**{k: getattr(LLAMA_BLOCK, k) for k in kept}, "window": None}
-    for name, value in needed.items():
-        if getattr(c, name) != value:
-            raise ValueError(f"llama_from_gpt needs {name}={value!r}, the GPT has {name}={getattr(c, name)!r}")
+    check_settings(c, LLAMA_SETTINGS, "llama_from_gpt")
     d_k = c.d_model // c.n_heads
     layer0 = gpt.decoder.layers[0].ff if c.n_layers else None
     cfg = LlamaConfig(
