@@ -76,7 +76,7 @@ def interrupt(*args, **kwargs):
 
 # (command, the function that meets the Ctrl-C as MODULE.NAME in transformer_lib.cli, the exact line on stderr)
 CTRL_C_CASES = {
-    "sample while generating": (["sample", "--ckpt", "{out}"], "sample.generate_text", "interrupted (Ctrl-C)"),
+    "sample while generating": (["sample", "--ckpt", "{out}"], "sample.generate_tokens", "interrupted (Ctrl-C)"),
     "train while reading its text": (
         ["train", *TINY, "--out-dir", "{out}2", "--data", "{text}"],
         "train.load_corpus",

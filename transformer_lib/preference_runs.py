@@ -219,6 +219,11 @@ class GRPOBatches(_Batches):
                  "rewards": rewards.reshape(-1)}  # fmt: skip
         return {k: v.to(self.device) for k, v in batch.items()}
 
+    def eval_line(self, step: int, losses: dict[str, float]) -> str:
+        """The line a verbose run prints after an evaluation: the mean reward of each split (the
+        evaluation's "loss" is ``1 -`` it, so that lower is better as for every loss)."""
+        return f"step {step}: train reward {1 - losses['train']:.4f}, val reward {1 - losses['val']:.4f}"
+
     def loss(self, model: nn.Module, batch: dict) -> Tensor:
         rewards = batch["rewards"]
         if not model.training:

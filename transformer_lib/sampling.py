@@ -4,13 +4,14 @@ generating text from a prompt; nucleus (top-p) sampling is added in chapter 10."
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_float_tensor, check_int, check_temperature, is_real
 
-__all__ = ["check_top_p", "generate_text", "sample_next", "top_k_filter", "top_p_filter"]
+__all__ = ["check_top_p", "generate_text", "generate_tokens", "sample_next", "top_k_filter", "top_p_filter"]
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -137,3 +138,49 @@ def generate_text(
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     model.train(was_training)
     return tokenizer.decode(out[0])
+
+
+@torch.inference_mode()
+def generate_tokens(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    stop_id: int | None = None,
+) -> Iterator[int]:
+    """The tokens a :class:`~transformer_lib.models.GPT` appends to the prompt ``idx (1, T)``, one
+    at a time as each is drawn, up to ``max_new_tokens`` of them, or up to and including
+    ``stop_id`` (a fine-tuned model's end token) when it is drawn (chapter 9).
+
+    The same tokens as :meth:`GPT.generate` with the same settings and generator: the prompt is
+    run once with a cache, each new token alone after it, and past ``context_len`` the cropped
+    window uncached. Stopping early saves the steps that :meth:`GPT.generate` would take after
+    the end token; a caller interrupted between two tokens keeps the ones already yielded.
+    """
+    if idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1:
+        raise ValueError(f"idx must be one prompt of at least one token, shape (1, T), got {tuple(idx.shape)}")
+    check_int(max_new_tokens, "max_new_tokens", minimum=0)
+    check_temperature(temperature)
+    if top_k is not None:
+        check_int(top_k, "top_k")
+    if top_p is not None:
+        check_top_p(top_p)
+    L = model.config.context_len
+    cache = model.new_cache()
+    for step in range(max_new_tokens):
+        if step == 0:
+            logits, _ = model(idx[:, -L:], cache=cache)  # the prompt, once: (1, T, vocab_size)
+        elif idx.shape[1] <= L:
+            logits, _ = model(idx[:, -1:], cache=cache)  # the newest token after the cache: (1, 1, vocab_size)
+        else:
+            logits, _ = model(idx[:, -L:])  # past context_len: the cropped window, uncached
+        nxt = _sample(logits[:, -1, :], temperature, top_k, generator, top_p)  # (1, 1)
+        idx = torch.cat([idx, nxt], dim=1)
+        token = int(nxt)
+        yield token
+        if token == stop_id:
+            return

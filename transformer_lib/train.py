@@ -235,7 +235,8 @@ class _Run:
                 )
             self.history.step_loss.extend(losses)
 
-    def evaluate(self, bar) -> None:
+    def evaluate(self, write) -> None:
+        """Score the model on both splits; ``write`` shows the line it prints (verbose runs)."""
         losses = estimate_loss(self.model, self.get_batch, self.config.eval_iters, self.dtype)
         h = self.history
         h.eval_step.append(self.step)
@@ -243,7 +244,11 @@ class _Run:
         h.val_loss.append(losses["val"])
         self.eval_pending = False
         if self.config.verbose and self.rank == 0:
-            bar.write(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            line = getattr(self.get_batch, "eval_line", None)  # batches whose score is not a loss say it their way
+            if callable(line):
+                write(line(self.step, losses))
+            else:
+                write(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
 
     def train_step(self, step_model: nn.Module) -> Tensor:
         """One optimizer step on one training batch; returns the batch's inputs."""
@@ -296,26 +301,38 @@ class _Run:
 
 
 def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
-    """The steps; a Ctrl-C (``flag``) is honoured between two steps, so a checkpoint holds whole steps."""
+    """The steps; a Ctrl-C (``flag``) is honoured between two steps, so a checkpoint holds whole steps.
+
+    The progress bar counts training steps only: an evaluation due before the first step (the
+    starting model's, which can take as long as many steps) runs before the bar is made, under
+    its own line, and the bar's clock is paused during every later evaluation, so its rate and
+    time left are the steps'."""
     from tqdm import tqdm  # the progress bar, imported when a run starts, not with the package
 
     config, step_model, peak = run.config, run.step_model(), run.peak_flops()
     rng = capture_rng(run.get_batch)  # the random states as of the last completed step or evaluation
-    bar = tqdm(
-        total=config.max_iters, initial=run.step, desc="training", disable=not (config.progress and run.rank == 0)
-    )
-    timer = (time.perf_counter(), run.step)
+    shown = config.progress and run.rank == 0
+    bar = None
     run.model.train()
     try:
         while not flag.requested:
             due = config.eval_interval > 0 and (run.step % config.eval_interval == 0 or run.step == config.max_iters)
             if run.eval_pending and due:
+                if bar is None and shown:
+                    rows = config.eval_iters * config.batch_size
+                    print(f"evaluating the starting model on {rows} training and {rows} validation rows...",
+                          flush=True)  # fmt: skip
                 run.busy = True
-                run.evaluate(bar)
+                run.evaluate(bar.write if bar is not None else print)
                 rng, run.busy = capture_rng(run.get_batch), False
                 if run.step > 0:
                     run.read_losses()
                     run.save(rng)
+                if bar is not None:
+                    bar.unpause()  # the evaluation's time counts in neither the rate nor the time left
+                timer = (time.perf_counter(), run.step)
+            if bar is None:
+                bar = tqdm(total=config.max_iters, initial=run.step, desc="training", disable=not shown)
                 timer = (time.perf_counter(), run.step)
             if run.step >= until:
                 break
@@ -334,10 +351,13 @@ def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
             run.read_losses()
             run.save(rng)
         if run.file.writer and run.file.saved is not None:
-            bar.write(f"interrupted; the checkpoint in {run.file.path} holds step {run.file.saved[0]}")
+            (bar.write if bar is not None else print)(
+                f"interrupted; the checkpoint in {run.file.path} holds step {run.file.saved[0]}"
+            )
         raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     run.read_losses()
     run.save(rng)
 

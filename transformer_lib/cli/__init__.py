@@ -38,6 +38,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import torch
+
 from ..run import TOKENIZER_NAME as TOKENIZER_NAME
 
 # Names that tests, scripts and chapter 9's list of library names read as transformer_lib.cli.NAME
@@ -160,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _unknown(argv[0])
     name = argv[0] if argv[0] in COMMANDS else DEFAULT_COMMAND
     command = COMMANDS[name]
+    threads = torch.get_num_threads()  # --threads (default 1) holds for this command only
     try:
         return command.run(argv[1:] if argv[:1] == [name] else argv)
     except KeyboardInterrupt:  # a Ctrl-C outside the training loop (which saves and says how to resume)
@@ -173,3 +176,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(e).split()) or type(e).__name__
         print(f"error: {message} (run with --debug for the traceback)", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)

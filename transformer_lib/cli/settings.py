@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import torch
 from ..checkpoint import CHECKPOINT_NAME
 from ..experts import FLAT_TYPES as EXPERTS_FLAT_TYPES
 from ..experts import SCORES
-from ..models import GPTConfig
+from ..models import GPT, GPTConfig
 from ..recipe import RECIPE_CHOICES, BlockRecipe
 from ..rope_scaling import FLAT_SPEC as ROPE_FLAT
 from ..rope_scaling import ROPE_KINDS
@@ -34,19 +36,58 @@ EXPERTS_CHOICES = {"experts_score": list(SCORES), "rope_scaling": [k for k in RO
 _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
 
+THREADS_HELP = "PyTorch threads; 1 is fastest on a busy laptop (default: 1)"
+
+
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr and exit status 2 (argparse
-    prints the usage too), like every other error of the command; an unknown flag is answered
-    with the nearest known one."""
+    """An argument parser whose usage errors are one line on stderr, ``PROG: error: ...``, and exit
+    status 2 (argparse prints the usage too), like every other error of the command; an unknown
+    flag is answered with the nearest known one.
+
+    What every command gets from it: ``--threads N`` (default 1), which :meth:`parse_args` hands to
+    ``torch.set_num_threads``; a flag spelt with underscores (``--learning_rate``, as Hugging
+    Face's scripts write them) read as the known flag with dashes; no abbreviated flag
+    (``--max-iter`` is an unknown flag, not ``--max-iters``); and ``refused``, flags that would mean
+    something else here, each refused with its sentence before anything is parsed.
+    """
+
+    def __init__(self, *args, refused: dict[str, str] | None = None, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+        self.refused = dict(refused or {})  # flag -> why it is refused here
+        self.add_argument("--threads", type=int, default=1, metavar="N", help=THREADS_HELP)
 
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):
+        args = self.dashed(sys.argv[1:] if args is None else list(args))
+        for a in args:
+            if a == "--":
+                break
+            if a.split("=")[0] in self.refused:
+                self.error(f"{a.split('=')[0]} {self.refused[a.split('=')[0]]}")
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             self.error(self._unrecognized(extra))
+        if parsed.threads < 1:
+            self.error(f"--threads must be a positive int, got {parsed.threads}")
+        torch.set_num_threads(parsed.threads)
         return parsed
+
+    def dashed(self, argv: list[str]) -> list[str]:
+        """``argv`` with each ``--a_b`` (or ``--a_b=v``) that is a known or refused flag once its
+        underscores are dashes written ``--a-b``; arguments after ``--`` are left as they are."""
+        known = {o for action in self._actions for o in action.option_strings} | set(self.refused)
+        out = []
+        for i, a in enumerate(argv):
+            if a == "--":
+                return out + argv[i:]
+            name, eq, value = a.partition("=")
+            if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
+                a = name.replace("_", "-") + eq + value
+            out.append(a)
+        return out
 
     def _unrecognized(self, extra: list[str]) -> str:
         """What to say of arguments no flag takes: the first unknown flag and the nearest known one."""
@@ -66,6 +107,11 @@ ALIASES = {
     "batch_size": ("--per-device-train-batch-size",),
     "out_dir": ("--output-dir",),
     "lora_rank": ("--lora-r",),
+    "log_interval": ("--logging-steps",),
+    "eval_interval": ("--eval-steps",),
+    "grad_clip": ("--max-grad-norm",),
+    "beta1": ("--adam-beta1",),
+    "beta2": ("--adam-beta2",),
 }
 
 
@@ -123,17 +169,19 @@ def add_setting_flags(
             else:
                 values = {k: getattr(config, f.name) for k, (_, config) in PRESETS.items()}
                 shown = None if None in values.values() else _preset_defaults(values)
-            _add_flag(group, f.name, f.type, _with_default(f.metadata["help"], shown), choices)
+            refused = getattr(parser, "refused", {})
+            _add_flag(group, f.name, f.type, _with_default(f.metadata["help"], shown), choices, refused)
 
 
-def _add_flag(group, name: str, type_: str, help_: str, choices=None) -> None:
-    """``--name`` (and its :data:`ALIASES`) for a dataclass field of type ``type_`` (as written):
-    ``--name/--no-name`` for a bool."""
+def _add_flag(group, name: str, type_: str, help_: str, choices=None, refused=()) -> None:
+    """``--name`` (and its :data:`ALIASES`, but those in ``refused``) for a dataclass field of type
+    ``type_`` (as written): ``--name/--no-name`` for a bool."""
     kind = type_.split("|")[0].strip()
     if kind == "bool":
         group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_)
     else:
-        group.add_argument(*flags_of(name), dest=name, type=_TYPES[kind], default=None, choices=choices, help=help_)
+        names = [f for f in flags_of(name) if f not in refused]
+        group.add_argument(*names, dest=name, type=_TYPES[kind], default=None, choices=choices, help=help_)
 
 
 def model_settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, TrainConfig]:
@@ -160,6 +208,28 @@ def model_settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, Trai
     shape.update(given_shape)
     check_fields(GPTConfig(vocab_size=1, **shape), _SHAPE_RULES)
     return preset, shape, _train_config(args, config, ckpt, file)  # out_dir: --out-dir, default "out"
+
+
+def check_model_shape(shape: dict, given: dict) -> None:
+    """Build the model of ``shape`` (the settings by name) without memory, on the meta device, so that
+    a shape the model refuses is refused before any folder is made; a setting the user never gave
+    that the given ones made impossible is refused by those flags (``given``: the flags as given,
+    None where not)."""
+    try:
+        with torch.device("meta"):
+            GPT(GPTConfig(vocab_size=2, **shape))
+    except ValueError as e:
+        if str(e).startswith("rope_dim must be even") and given.get("rope_dim") is None:
+            d_model, n_heads = shape["d_model"], shape["n_heads"]
+            raise ValueError(
+                f"--attention latent with --positions rotary keeps a rotary part of each head, by default the even "
+                f"part of half a head, and --d-model {d_model} with --n-heads {n_heads} makes heads "
+                f"{d_model // n_heads} wide, so that part is {2 * (d_model // n_heads // 4)}: raise --d-model to at "
+                f"least {4 * n_heads}, lower --n-heads to at most {max(1, d_model // 4)}, or give an even --rope-dim"
+            ) from None
+        raise
+    except (NotImplementedError, RuntimeError):  # a part that cannot be made on the meta device: built later
+        pass
 
 
 def _train_config(args, config: TrainConfig, ckpt: dict | None, file: Path) -> TrainConfig:
@@ -241,3 +311,22 @@ def parse_run_flags(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Nam
     if args.resume and not run.checkpoint.is_file():
         parser.error(f"--resume: no checkpoint at {run.checkpoint}")
     return args, run
+
+
+@contextmanager
+def owned_run_folder(folder: RunFolder):
+    """``with owned_run_folder(folder):`` as ``folder.own()``, and a run refused or failed before it
+    wrote anything leaves no folder behind: the folders this call made (``--out-dir`` and any
+    missing parents) are removed again when they are still empty."""
+    made, path = [], folder.path.absolute()
+    while not path.exists() and path != path.parent:
+        made.append(path)
+        path = path.parent
+    try:
+        with folder.own():
+            yield
+    except BaseException:
+        for path in made:  # the deepest first
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        raise

@@ -31,8 +31,10 @@ from .settings import (
     BPE_VOCAB_DEFAULT,
     Parser,
     add_setting_flags,
+    check_model_shape,
     check_seed,
     model_settings,
+    owned_run_folder,
     parse_run_flags,
     pretrain_record,
 )
@@ -63,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         default=None,
         metavar="PATH",
-        help="a UTF-8 text file to train on (default: Tiny Shakespeare from $TINY_SHAKESPEARE, "
-        "the cache or one download; offline, the Python standard library's source)",
+        help="a UTF-8 text file to train on (default: Tiny Shakespeare, the copy shipped with the package, "
+        "transformer_lib/data/tinyshakespeare.txt; $TINY_SHAKESPEARE names another copy; without the shipped "
+        "one, the cache or one download; when none can be had, the Python standard library's source)",
     )
     parser.add_argument(
         "--val-fraction", type=float, default=None, help="last fraction of the text kept for validation (default: 0.1)"
@@ -150,9 +153,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     if args.device is not None:
         pick_device(args.device)  # a device this machine cannot use is refused before the folder is made
     if not args.resume:
-        model_settings(args, None, folder.checkpoint)  # a bad setting is refused before the folder is made
+        _, shape, _ = model_settings(args, None, folder.checkpoint)  # a bad setting is refused before the folder
+        check_model_shape(shape, vars(args))  # ... and so is a shape the model cannot take
     # the run owns its folder from before its first read to its end; under torchrun rank 0 writes
-    with folder.own() if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+    with owned_run_folder(folder) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
         return _train_in_folder(args, folder)
 
 

@@ -33,7 +33,15 @@ from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
 from .finetune import _base_model
-from .settings import Parser, add_setting_flags, check_lora_flags, check_seed, parse_run_flags, training_flags
+from .settings import (
+    Parser,
+    add_setting_flags,
+    check_lora_flags,
+    check_seed,
+    owned_run_folder,
+    parse_run_flags,
+    training_flags,
+)
 
 __all__ = ["TUNE_DEFAULTS", "dpo_main", "grpo_main"]
 
@@ -52,22 +60,52 @@ OBJECTIVES = {
     },
     "grpo": {
         "reward": (str, "exact", f"the reward, one of {sorted(REWARDS)}"),
-        "group_size": (int, 8, "answers sampled to each prompt"),
+        "group_size": (int, 8, "answers sampled to each prompt (TRL's num_generations)"),
         "temperature": (float, 1.0, "the sampling temperature (the log-probabilities use it too)"),
-        "max_new_tokens": (int, 16, "the longest answer, in tokens"),
+        "max_new_tokens": (int, 16, "the longest answer, in tokens (TRL's max_completion_length)"),
         "beta": (float, 0.04, "the weight of the KL penalty to the reference (0: none)"),
         "loss_type": (str, "grpo", f"how the token losses are averaged, one of {GRPO_LOSS_TYPES}"),
-        "scale": (str, "group", f"what the centred rewards are divided by, one of {ADVANTAGE_SCALES}"),
-        "clip": (float, 0.2, "the ratio's clip range"),
+        "scale": (
+            str,
+            "group",
+            "what the centred rewards are divided by: their group's std, the batch's, or "
+            "none (TRL's scale_rewards, the same choices)",
+        ),
+        "clip": (float, 0.2, "the ratio's clip range (TRL's epsilon)"),
     },
 }
 _CHOICES = {"reward": sorted(REWARDS), "loss_type": list(GRPO_LOSS_TYPES), "scale": list(ADVANTAGE_SCALES)}
+#: The names TRL's GRPOTrainer gives the same GRPO settings, accepted as the same flags.
+TRL_NAMES = {
+    "group_size": ("--num-generations",),
+    "max_new_tokens": ("--max-completion-length",),
+    "clip": ("--epsilon",),
+    "scale": ("--scale-rewards",),
+}
+#: Flags of TRL that mean something else here, refused with why (``grpo`` only).
+GRPO_REFUSED = {
+    "--per-device-train-batch-size": "counts answers in TRL's GRPOTrainer, but this command's --batch-size counts "
+    "prompts (each sampled --group-size times): give --batch-size PROMPTS",
+}
+DESCRIPTIONS = {
+    "dpo": "Tune a GPT on preferences (chapter 17, DPO): each line of --data is a prompt with a chosen and a "
+    "rejected answer, and the model learns to rank the chosen one higher than a frozen reference does (the start "
+    "itself; with --lora-rank, the start with the adapters off). The start is --ckpt, with --adapter merged in. "
+    "Typical time on a laptop: about a minute for the default 200 steps of the book's small model with LoRA.",
+    "grpo": "Tune a GPT on rewards of its own answers (chapter 17, GRPO): for each prompt of --data the model "
+    "samples --group-size answers, --reward scores each against the line's response, and the answers better "
+    "than their group's mean are made more likely; the KL penalty --beta keeps it near the reference. The "
+    "console prints the mean reward of each split. TRL's names are accepted (--num-generations, "
+    "--max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on a laptop: a few minutes for "
+    "the default 100 steps of the book's small model with LoRA.",
+}
 
 
 def build_parser(kind: str) -> Parser:
     """The parser of ``python -m transformer_lib dpo`` or ``grpo`` (chapter 17)."""
     data = '{"prompt", "chosen", "rejected"}' if kind == "dpo" else '{"prompt", "response"} (the target)'
-    parser = Parser(prog=f"python -m transformer_lib {kind}", description=__doc__.split("\n\n")[2])
+    refused = GRPO_REFUSED if kind == "grpo" else {}
+    parser = Parser(prog=f"python -m transformer_lib {kind}", description=DESCRIPTIONS[kind], refused=refused)
     parser.add_argument("--ckpt", default=None, help="the start: a BPE GPT checkpoint or run folder (required; "
                         "with --resume: the run's own)")  # fmt: skip
     parser.add_argument("--adapter", default=None, help="an adapter file on --ckpt, merged into the start")
@@ -83,13 +121,15 @@ def build_parser(kind: str) -> Parser:
     parser.add_argument("--lora-alpha", type=float, default=None, help="(default: 2 x --lora-rank)")
     group = parser.add_argument_group(f"the {kind.upper()} objective (fixed on --resume)")
     for name, (type_, default, help_) in OBJECTIVES[kind].items():
+        names = (_flag(name), *(TRL_NAMES.get(name, ()) if kind == "grpo" else ()))
         if type_ is bool:
-            group.add_argument(_flag(name), action="store_true", default=None, help=help_)
+            group.add_argument(*names, dest=name, action="store_true", default=None, help=help_)
         else:
-            group.add_argument(_flag(name), type=type_, default=None, choices=_CHOICES.get(name),
+            group.add_argument(*names, dest=name, type=type_, default=None, choices=_CHOICES.get(name),
                                help=f"{help_} (default: {default})")  # fmt: skip
     rates = TUNE_DEFAULTS[kind]["lr"]
-    shown = {**TUNE_DEFAULTS[kind], "lr": f"{rates['lora']:g} with --lora-rank, {rates['full']:g} without"}
+    shown = {**TUNE_DEFAULTS[kind], "lr": f"{rates['lora']:g} with --lora-rank, {rates['full']:g} without",
+             "min_lr": "a tenth of --lr"}  # fmt: skip
     add_setting_flags(parser, shape=False, defaults=shown)
     return parser
 
@@ -117,7 +157,7 @@ def _main(kind: str, argv) -> int:
     for path, what in ((args.ckpt, "no start checkpoint"), (args.data, "no data file"), (args.adapter, "no adapter")):
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{what} at {path}")
-    with folder.own():
+    with owned_run_folder(folder):
         return _tune_in_folder(kind, args, folder)
 
 
@@ -238,8 +278,9 @@ def _tune_in_folder(kind: str, args, folder: RunFolder) -> int:
     except KeyboardInterrupt:
         print(f"Interrupted. Continue with: python -m transformer_lib {kind} --resume --out-dir {args.out_dir}")
         return 130
-    if history.val_loss:
-        what = "val loss" if kind == "dpo" else "val 1 - mean reward"
-        print(f"final {what} {history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
+    if history.val_loss and kind == "dpo":
+        print(f"final val loss {history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
+    elif history.val_loss:  # GRPO's evaluation "loss" is 1 - the mean reward
+        print(f"final val reward {1 - history.val_loss[-1]:.4f} after {history.eval_step[-1]} steps")
     print(f"checkpoint in {file}")
     return 0
