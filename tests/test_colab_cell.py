@@ -1,27 +1,30 @@
 """The hidden first cell of every chapter, run as Google Colab runs it and as everywhere else does.
 
-In Colab (``google.colab`` imported, as Colab's kernel does at start) the cell must install the
-book's library with pip, after which ``import transformer_lib`` works. The test runs the cell's
+In Colab (``google.colab`` imported, as Colab's kernel does at start) the cell must install what the
+chapters import, each at the book's lower bound or newer, keep Colab's PyTorch, and install the book's
+library with pip, after which ``import transformer_lib`` works. The test runs the cell's
 own text, read from a chapter notebook, in a fresh Python with a stand-in ``google.colab``
 module; the one change is the repository's address, which points at a clone of this checkout (a ``git+file``
 address, so pip clones it with git exactly as it would clone the published repository). The cell
 runs in a throwaway virtual environment that sees the book's environment's packages (PyTorch,
-NumPy, ...) as Colab's preinstalled ones, so pip installs only the library, into the throwaway
-environment. Anywhere else the cell must do nothing: it starts no process and installs nothing."""
+NumPy, transformers, ...) as Colab's preinstalled ones, so pip installs only the library, into the
+throwaway environment. Anywhere else the cell must do nothing: it starts no process and installs nothing."""
 
+import ast
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from colab_cell import MARKER, REPO_URL  # noqa: E402
+from colab_cell import CHAPTER_NEEDS, MARKER, REPO_URL, SOURCE, requirements  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +36,21 @@ def _first_cell(chapter: str) -> str:
 
 @pytest.fixture(scope="module")
 def cell() -> str:
-    source = _first_cell("01_why_attention.ipynb")
-    assert source.startswith(MARKER), "chapter 1 does not open with the Colab cell (scripts/colab_cell.py)"
-    assert source.count(f"git+{REPO_URL}") == 1
-    return source
+    assert SOURCE.startswith(MARKER) and SOURCE.count(f"git+{REPO_URL}") == 1
+    return SOURCE
+
+
+@pytest.mark.parametrize("chapter", sorted(p.name for p in (ROOT / "chapters").glob("*.ipynb")))
+def test_every_chapter_opens_with_the_current_cell(chapter):
+    assert _first_cell(chapter) == SOURCE, f"{chapter}: run python scripts/colab_cell.py"
+
+
+def test_the_cell_asks_for_each_lower_bound():
+    pins = dict(
+        line.split("==") for line in (ROOT / "scripts" / "lower_bounds.txt").read_text().split() if "==" in line
+    )
+    assert requirements() == [f"{name}>={pins[name]}" for name in CHAPTER_NEEDS]
+    assert "torch" not in CHAPTER_NEEDS
 
 
 def _run_cell(
@@ -63,9 +77,21 @@ def test_outside_colab_the_cell_does_nothing(cell, tmp_path):
     done = _run_cell(cell, tmp_path, colab=False, record=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "calls: []", done.stdout
-    # and with the marker present, the same recorder sees the pip command: the check above can fail
+    # and with the marker present, the same recorder sees the pip commands: the check above can fail
     done = _run_cell(cell, tmp_path, colab=True, record=True)
     assert "pip" in done.stdout and REPO_URL in done.stdout, done.stdout + done.stderr
+
+
+def test_in_colab_the_cell_keeps_torch_and_asks_for_the_lower_bounds(cell, tmp_path):
+    done = _run_cell(cell, tmp_path, colab=True, record=True)
+    assert done.returncode == 0, done.stderr
+    needs, library = ast.literal_eval(done.stdout.removeprefix("calls: "))
+    needs, library = needs[0], library[0]
+    # PyTorch pinned at the release already there, so pip neither upgrades nor replaces it
+    assert f"torch=={version('torch')}" in needs
+    assert set(requirements()) <= set(needs)
+    assert not {"-U", "--upgrade", "--force-reinstall", "--no-deps"} & set(needs)
+    assert "--no-deps" in library and library[-1] == f"transformer_lib @ git+{REPO_URL}"
 
 
 def test_in_colab_the_cell_installs_the_library(cell, tmp_path):
@@ -91,6 +117,8 @@ def test_in_colab_the_cell_installs_the_library(cell, tmp_path):
     done = _run_cell(source, tmp_path, colab=True, record=False, python=python)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (site / "transformer_lib" / "__init__.py").exists(), sorted(p.name for p in site.iterdir())
+    # what was already there at a new enough release is left alone: PyTorch above all
+    assert not {"torch", "transformers", "numpy"} & {p.name for p in site.iterdir()}
     check = textwrap.dedent(
         """
         import transformer_lib as tl, torch
