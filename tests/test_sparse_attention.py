@@ -360,3 +360,107 @@ def test_bad_settings_and_calls_are_refused_by_name():
         layer(x, x, x, is_causal=True, cache=KVCache())
     with pytest.raises(ValueError, match="shape"):
         layer.indexer.scores(x, q_input=torch.randn(1, 4, 32))
+
+
+# ---- the gathered path: only the selected keys read -----------------------------------------------
+
+
+def _gathered_and_masked(layer, x, **args):
+    """The layer's output and weights both ways: the selected keys gathered, and every score masked."""
+    with torch.no_grad():
+        return [layer(x, x, x, is_causal=True, need_weights=True, gathered=g, **args) for g in (True, False)]
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("seed", range(3))
+def test_the_gathered_path_equals_the_masked_one(settings, seed):
+    settings = dict(settings)
+    window = settings.pop("window", None)
+    torch.manual_seed(seed)
+    T, top_k = int(torch.randint(1, 13, ())), int(torch.randint(1, 8, ()))  # early queries see fewer than k keys
+    sparse, _ = _layers(top_k, seed=seed, **settings)
+    x = torch.randn(2, T, 32, dtype=D64)
+    pad = torch.ones(2, 1, 1, T, dtype=torch.bool)
+    pad[1, ..., : T // 3] = False  # padding: some queries see no key at all
+    per_head = torch.rand(2, 4, T, T, generator=torch.Generator().manual_seed(seed)) > 0.3  # a mask per head
+    for mask in (None, pad, per_head):
+        (out, weights), (want, want_weights) = _gathered_and_masked(sparse, x, mask=mask, window=window)
+        torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
+        torch.testing.assert_close(weights, want_weights, atol=1e-12, rtol=0)
+        with torch.no_grad():
+            fused = sparse(x, x, x, is_causal=True, mask=mask, window=window)[0]
+            sparse.gathered = True  # the attribute, as the call's option
+            plain = sparse(x, x, x, is_causal=True, mask=mask, window=window)[0]
+            sparse.gathered = False
+        torch.testing.assert_close(plain, fused, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_gathered_cached_decoding_equals_the_uncached_forward(settings):
+    settings = dict(settings)
+    window = settings.pop("window", None)
+    sparse, _ = _layers(3, **settings)
+    sparse.gathered = True
+    x = torch.randn(2, 12, 32, dtype=D64)
+    with torch.no_grad():
+        want = sparse(x, x, x, is_causal=True, window=window, gathered=False)[0]
+        cache, outs, at = sparse.new_cache(window), [], 0
+        for n in (2, 1, 1, 5, 3):  # a prompt shorter than k, then tokens one and a few at a time
+            part = x[:, at : at + n]
+            outs.append(sparse(part, part, part, is_causal=True, window=window, cache=cache)[0])
+            at += n
+    torch.testing.assert_close(torch.cat(outs, dim=1), want, atol=1e-12, rtol=0)
+
+
+def test_the_gathered_path_reads_only_the_selected_keys():
+    sparse, _ = _layers(3, n_kv_heads=2)
+    torch.manual_seed(1)
+    q = torch.randn(2, 4, 9, 8, dtype=D64)
+    k, v = torch.randn(2, 2, 2, 9, 8, dtype=D64)
+    chosen = select_keys(torch.randn(2, 9, 9, dtype=D64), 3)  # (B, T_q, T_k): three keys per query
+    visible = causal_mask(9, 9)
+    poisoned = [t.clone() for t in (k, v)]
+    for t in poisoned:  # every key and value no query selected: NaN
+        t.masked_fill_(~chosen.any(1)[:, None, :, None], float("nan"))
+    heads, weights = sparse._attend_gathered(q, *poisoned, visible, chosen, 0.0, True)
+    want, want_weights = sparse._attend_by_hand(q, k, v, visible & chosen[:, None], 0.0)
+    assert heads.isfinite().all()  # nothing outside the selection was read
+    torch.testing.assert_close(heads, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(weights, want_weights, atol=1e-12, rtol=0)
+
+
+def test_a_cache_for_another_batch_is_refused_and_left_as_it_was():
+    sparse, _ = _layers(3)
+    x = torch.randn(3, 8, 32, dtype=D64)
+    with torch.no_grad():
+        want = sparse(x, x, x, is_causal=True)[0]
+        cache = sparse.new_cache()
+        head, tail = x[:, :5], x[:, 5:]
+        first = sparse(head, head, head, is_causal=True, cache=cache)[0]
+        held = (cache.position, cache.length, cache.index_keys.clone())
+        for other in (x[:2, 5:6], torch.randn(4, 1, 32, dtype=D64)):  # fewer and more sequences
+            with pytest.raises(ValueError, match=r"SparseCache holds .*\(3, 5, 8\).*different batch"):
+                sparse(other, other, other, is_causal=True, cache=cache)
+            assert (cache.position, cache.length) == held[:2] and torch.equal(cache.index_keys, held[2])
+        rest = sparse(tail, tail, tail, is_causal=True, cache=cache)[0]  # the cache still works
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), want, atol=1e-12, rtol=0)
+
+
+def test_another_deepseek_layer_is_refused_naming_both_classes():
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
+
+    config = DeepseekV3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, num_hidden_layers=1, vocab_size=50,
+    )  # fmt: skip
+    attention = v3.DeepseekV3Attention(config, layer_idx=0)
+    with pytest.raises(TypeError, match="must be a transformers DeepseekV32Indexer, got DeepseekV3Attention"):
+        indexer_from_deepseek(attention)
+
+
+def test_bad_gathered_is_refused_by_name():
+    layer = SparseAttention(32, 4, top_k=2)
+    x = torch.randn(1, 5, 32)
+    with pytest.raises(TypeError, match="gathered"):
+        layer(x, x, x, is_causal=True, gathered="yes")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_base, check_float_tensors, check_int, check_layer_dtype, check_window, is_real
+from ._checks import check_base, check_bool, check_float_tensors, check_int, check_layer_dtype, check_window, is_real
 from .attention import check_mask, masked_softmax, scaled_dot_product_attention
 from .kv_cache import KVCache
 from .masks import sliding_window_mask
@@ -21,6 +21,19 @@ from .multihead import MultiHeadAttention, merge_heads
 from .positional import apply_rotary, half_split_rows
 
 __all__ = ["AddAuxiliaryLoss", "Indexer", "SparseAttention", "SparseCache", "indexer_from_deepseek", "select_keys"]
+
+
+def _top_k(scores: Tensor, top_k: int) -> Tensor:
+    """bool ``(..., T_q, T_k)``: True at exactly ``min(top_k, T_k)`` keys per row, the highest
+    ``scores`` (a NaN ranks last), of equal scores the earliest key."""
+    n = min(top_k, scores.shape[-1])
+    scores = torch.nan_to_num(scores, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    kth = scores.topk(n, dim=-1).values[..., -1:]  # (..., T_q, 1): the n-th highest score
+    above, tied = scores > kth, scores == kth
+    missing = n - above.sum(-1, keepdim=True)  # how many of the tied keys make up the n
+    # a threshold, not a sort: linear in T_k. Equal scores (relu makes exact zeros common) go to the
+    # earliest key, so a row gives the same keys whatever its length, with a cache or without
+    return above | (tied & (tied.cumsum(-1) <= missing))
 
 
 def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
@@ -33,11 +46,22 @@ def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tenso
     if mask is not None:
         check_mask(mask, scores.shape)
         scores = scores.masked_fill(~mask, float("-inf"))
-    # a stable sort, not topk: equal scores (relu makes exact zeros common) go to the earliest key, so a
-    # row gives the same keys whatever its length, with a cache or without
-    best = scores.sort(dim=-1, descending=True, stable=True).indices[..., :top_k]  # (B, T_q, k)
-    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, best, True)
+    chosen = _top_k(scores, top_k)
     return chosen if mask is None else chosen & mask  # a masked key ranked only for want of others
+
+
+def _positions(chosen: Tensor, n: int) -> Tensor:
+    """``chosen (..., T_q, T_k)``, bool with ``n`` True in every row -> their key positions
+    ``(..., T_q, n)``, ascending (``nonzero`` lists each row's in order)."""
+    return chosen.nonzero()[:, -1].view(*chosen.shape[:-1], n)
+
+
+def _any_head(visible: Tensor | None) -> Tensor | None:
+    """A mask broadcastable to ``(B, h, T_q, T_k)`` -> the keys some head may see, broadcastable to
+    ``(B, T_q, T_k)`` (no pass over the heads when the mask has none)."""
+    if visible is None or visible.dim() < 3:
+        return visible
+    return visible.any(-3) if visible.shape[-3] > 1 else visible.squeeze(-3)
 
 
 class Indexer(nn.Module):
@@ -203,6 +227,12 @@ class SparseAttention(MultiHeadAttention):
     reads a detached ``x``), so the model's own gradients are unchanged. It reaches backward
     through :class:`AddAuxiliaryLoss` with weight ``index_loss_weight``; ``self.index_loss`` keeps
     its last value (a detached tensor).
+
+    ``gathered`` (attribute, default False; or ``forward(..., gathered=)``): how the heads read the
+    selected keys. False: every score of the heads is computed and the unselected ones masked, which
+    saves no compute. True: the selected keys and values are gathered (``torch.gather``) and each
+    query's heads score only those ``top_k``, ``T_q * top_k`` scores in place of ``T_q * T_k``. Both
+    compute the same function; the indexer scores every earlier key either way.
     """
 
     def __init__(
@@ -223,6 +253,7 @@ class SparseAttention(MultiHeadAttention):
         self.top_k, self.index_loss_weight, self._rope_dim = top_k, float(index_loss_weight), rope_dim
         self.indexer = Indexer(d_model, index_heads, index_dim, rope_dim=rope_dim or 0, rotary_base=rotary_base)
         self.index_loss: Tensor | None = None
+        self.gathered = False
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, index_loss_weight={self.index_loss_weight}"
@@ -254,7 +285,9 @@ class SparseAttention(MultiHeadAttention):
     def _select(self, x: Tensor, mask: Tensor | None, window: int | None, cache: SparseCache | None):
         """The projections (appended to ``cache``), the visible keys and the attended ones:
         ``q (B, h, T_q, d_k)``, ``k, v (B, h_kv, T_k, d_k)``, ``visible`` (None or broadcastable to
-        ``(B, h, T_q, T_k)``), ``scores (B, T_q, T_k)`` and ``attended`` (the visible keys selected)."""
+        ``(B, h, T_q, T_k)``), ``scores (B, T_q, T_k)`` and ``chosen (B, T_q, T_k)``: the keys ranked
+        highest among the visible ones, ``min(top_k, T_k)`` per query (invisible ones where too few are
+        visible: the attention leaves those out)."""
         start = 0 if cache is None else cache.position
         indexer = self._ready_indexer()
         with torch.set_grad_enabled(self._learns()):  # the indexer's graph only for its loss
@@ -263,39 +296,78 @@ class SparseAttention(MultiHeadAttention):
                 index_keys = cache.append_index(index_keys)  # (B, T_k, index_dim)
             scores = indexer.scores(x.detach(), start=start, keys=index_keys)  # (B, T_q, T_k)
         q, k, v = self._project_cached(x, x, x, cache)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
-        B, h, T_q, _ = q.shape
-        T_k = k.shape[2]
+        T_q, T_k = q.shape[2], k.shape[2]
         visible = self._causal(mask, T_q, T_k, window, True, x.device)  # None: every key
-        per_query = None if visible is None else visible.broadcast_to((B, h, T_q, T_k)).any(1)
-        chosen = select_keys(scores.detach(), self.top_k, per_query)[:, None]  # (B, 1, T_q, T_k)
-        return q, k, v, visible, scores, chosen if visible is None else visible & chosen
+        per_query = _any_head(visible)  # None, or broadcastable to (B, T_q, T_k)
+        ranked = scores.detach() if per_query is None else scores.detach().masked_fill(~per_query, -math.inf)
+        chosen = _top_k(ranked, self.top_k)  # (B, T_q, T_k): min(top_k, T_k) keys, invisible ones for want of others
+        return q, k, v, visible, scores, chosen
 
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = False, window: int | None = None, cache: SparseCache | None = None, _checked: bool = False,
-        _trusted: bool = False,
+        is_causal: bool = False, window: int | None = None, cache: SparseCache | None = None,
+        gathered: bool | None = None, _checked: bool = False, _trusted: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
         """``query (B, T, d_model)``, the same tensor as ``key`` and ``value``, with ``is_causal=True``
         -> ``(output (B, T, d_model), weights (B, h, T, T_k) or None)``, as
         :meth:`MultiHeadAttention.forward` (``mask``, ``window``, ``cache``: a :class:`SparseCache`),
-        but each query attends only to the keys the indexer selects; the weights are zero elsewhere."""
+        but each query attends only to the keys the indexer selects; the weights are zero elsewhere.
+        ``gathered``: read only the selected keys (default ``self.gathered``; the same function)."""
+        gathered = self.gathered if gathered is None else gathered
+        check_bool(gathered, "gathered")
         self._check_sparse(query, key, value, is_causal, cache)
         if not _trusted:
             self._check_inputs(query, key, value, is_causal, window, cache, _checked)
             T_k = query.shape[1] + (0 if cache is None else cache.length)
             check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], T_k)))
-        q, k, v, visible, scores, attended = self._select(query, mask, window, cache)
+        q, k, v, visible, scores, chosen = self._select(query, mask, window, cache)
         p = self.dropout if self.training else 0.0
-        if need_weights:
-            heads, weights = self._attend_by_hand(q, k, v, attended, p)  # (B, h, T, d_k), (B, h, T, T_k)
-        else:
-            heads, weights = self._attend_fused_masked(q, k, v, attended, p), None
+        if gathered:
+            heads, weights = self._attend_gathered(q, k, v, visible, chosen, p, need_weights)
+        else:  # every score computed, the keys not selected masked
+            attended = chosen[:, None] if visible is None else visible & chosen[:, None]  # (B, 1 or h, T_q, T_k)
+            if need_weights:
+                heads, weights = self._attend_by_hand(q, k, v, attended, p)  # (B, h, T, d_k), (B, h, T, T_k)
+            else:
+                heads, weights = self._attend_fused_masked(q, k, v, attended, p), None
         out = self.out_proj(merge_heads(heads))  # (B, T, d_model)
         if self._learns():
             loss = self._imitation_loss(q, k, visible, scores)
             self.index_loss = loss.detach()
             out = AddAuxiliaryLoss.apply(out, loss, self.index_loss_weight)
         return out, weights
+
+    def _attend_gathered(
+        self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, chosen: Tensor, p: float, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over the selected keys alone: ``q (B, h, T_q, d_k)``, ``k, v (B, h_kv, T_k, d_k)``,
+        ``chosen (B, T_q, T_k)`` (``n`` keys per query) -> ``(B, h, T_q, d_k)`` and, with
+        ``need_weights``, the weights scattered back to ``(B, h, T_q, T_k)``. Each query's ``n`` keys
+        and values are gathered, so the heads compute ``T_q * n`` scores, not ``T_q * T_k``."""
+        B, h, T_q, d = q.shape
+        h_kv, T_k = k.shape[1], k.shape[2]
+        n = min(self.top_k, T_k)
+        at = _positions(chosen, n)  # (B, T_q, n): the selected keys' positions
+        rows = at[:, None, :, :, None].expand(B, h_kv, T_q, n, d)
+        k_sel = k[:, :, None].expand(B, h_kv, T_q, T_k, d).gather(3, rows)  # (B, h_kv, T_q, n, d_k)
+        v_sel = v[:, :, None].expand(B, h_kv, T_q, T_k, d).gather(3, rows)  # (B, h_kv, T_q, n, d_k)
+        group = h // h_kv  # query head i reads K/V head i // group
+        q = q.view(B, h_kv, group, T_q, d)
+        scores = torch.einsum("bgrtd,bgtnd->bgrtn", q, k_sel) * d**-0.5  # (B, h_kv, group, T_q, n)
+        keep = None  # a selected key the masks hide (a query with fewer than n visible keys)
+        if visible is not None:
+            visible = visible.reshape((1,) * (4 - visible.dim()) + visible.shape)  # (B or 1, h or 1, T_q, T_k)
+            visible = visible.expand(B, -1, T_q, T_k)
+            keep = visible.gather(-1, at[:, None].expand(B, visible.shape[1], T_q, n))  # (B, h or 1, T_q, n)
+            keep = keep.expand(B, h, T_q, n).reshape(B, h_kv, group, T_q, n)
+        weights = masked_softmax(scores, keep)
+        if p > 0:
+            weights = F.dropout(weights, p)
+        heads = torch.einsum("bgrtn,bgtnd->bgrtd", weights, v_sel).reshape(B, h, T_q, d)  # (B, h, T_q, d_k)
+        if not need_weights:
+            return heads, None
+        dense = weights.new_zeros(B, h, T_q, T_k)
+        return heads, dense.scatter_(-1, at[:, None].expand(B, h, T_q, n), weights.reshape(B, h, T_q, n))
 
     def _imitation_loss(self, q: Tensor, k: Tensor, visible: Tensor | None, scores: Tensor) -> Tensor:
         """``KL(p || softmax(scores))`` averaged over the queries, ``p`` the dense attention of
@@ -316,8 +388,9 @@ class SparseAttention(MultiHeadAttention):
         """The weights ``(B, h, T_q, T_k)`` of :meth:`forward` before dropout, zero at the keys not
         selected, for chapter 12's inspection tools (no cache)."""
         self._check_sparse(query, key, value, is_causal, None)
-        q, k, v, _, _, attended = self._select(query, mask, window, None)
+        q, k, v, visible, _, chosen = self._select(query, mask, window, None)
         k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
+        attended = chosen[:, None] if visible is None else visible & chosen[:, None]
         return scaled_dot_product_attention(q, k, v, mask=attended)[1]
 
     @torch.no_grad()
