@@ -16,12 +16,18 @@ from transformer_lib import cli
 from transformer_lib.export import GPT2_SETTINGS, gpt2_from_gpt
 from transformer_lib.hf_settings import SETTINGS, check_settings, missing_settings
 from transformer_lib.pretrained_experts import MIXTRAL_SETTINGS
+from transformer_lib.pretrained_latent import DEEPSEEK_V3_SETTINGS, deepseek_v3_from_gpt
 from transformer_lib.pretrained_llama import LLAMA_SETTINGS
 
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-5
-TABLES = {"GPT-2": GPT2_SETTINGS, "Llama": LLAMA_SETTINGS, "Mixtral": MIXTRAL_SETTINGS}
+TABLES = {
+    "GPT-2": GPT2_SETTINGS,
+    "Llama": LLAMA_SETTINGS,
+    "Mixtral": MIXTRAL_SETTINGS,
+    "DeepSeek-V3": DEEPSEEK_V3_SETTINGS,
+}
 
 
 def changed_settings(config: tl.GPTConfig) -> set[str]:
@@ -55,14 +61,35 @@ def test_every_recipe_is_exported_with_equal_logits_or_refused_by_name(name, tmp
     assert difference < ATOL, f"{name}: {type(loaded).__name__} differs from the GPT by {difference}"
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "experts", "rope-yarn"])
-def test_the_exported_logits_depend_on_the_weights(name, tmp_path):
-    """The comparison above can fail: the same model with one changed weight differs."""
-    gpt = make(RECIPES[name], dtype=torch.float32).eval()
+# Recipes a format writes: the book's named ones, and chapter 18's latent attention with the eps
+# that DeepSeek-V3's latent norms keep (1e-6), with a full query projection and with a query latent
+EXPORTED = {name: RECIPES[name] for name in ("gpt2", "llama", "experts", "rope-yarn")} | {
+    "latent-eps-1e-6": {"recipe": "latent", "norm_eps": 1e-6},
+    "latent-query-latent-eps-1e-6": {
+        "recipe": "latent",
+        "kv_latent": 8,
+        "q_latent": 12,
+        "rope_dim": 2,
+        "norm_eps": 1e-6,
+        "tie_embeddings": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(EXPORTED))
+def test_a_written_recipe_computes_the_gpts_logits_and_depends_on_its_weights(name, tmp_path):
+    """Equal logits after save_pretrained and from_pretrained; the same model with one changed weight differs."""
+    gpt = make(EXPORTED[name], dtype=torch.float32).eval()
     loaded = written_and_read(tl.hf_model(gpt), tmp_path)
     with torch.no_grad():
+        assert (loaded(ids()).logits - gpt(ids())[0]).abs().max().item() < ATOL
         gpt.decoder.norm.weight[0] += 1.0
         assert (loaded(ids()).logits - gpt(ids())[0]).abs().max().item() > 1e-3
+
+
+def test_latent_attention_with_another_eps_is_refused_naming_deepseeks_latent_norms():
+    with pytest.raises(ValueError, match="needs norm_eps=1e-06, the GPT has norm_eps=1e-05: DeepSeek-V3 normalises"):
+        deepseek_v3_from_gpt(make(RECIPES["latent"], dtype=torch.float32))
 
 
 @pytest.mark.parametrize("family", list(TABLES))
@@ -84,7 +111,7 @@ def test_a_table_that_leaves_a_setting_out_is_an_error():
         ({"sinks": True}, "sinks"),
         ({"recipe": "sparse", "sparse_k": 4}, "attention"),
         ({"attention": "sparse", "sparse_k": 4}, "attention"),
-        ({"recipe": "latent"}, "attention"),
+        ({"recipe": "latent", "bias": True, "norm_eps": 1e-6}, "bias"),
         ({"recipe": "gated_delta"}, "attention"),
         ({"window": 4, "keep_first": 2}, "window"),
         ({"recipe": "llama", "window": 4}, "window"),
@@ -126,6 +153,7 @@ def test_converters_refuse_another_class_naming_both():
         (tl.gpt_from_hf, llama, "takes a transformers GPT2LMHeadModel or GPT2Model, got LlamaForCausalLM"),
         (tl.llama_from_gpt, gpt2, "llama_from_gpt takes a GPT, got a GPT2LMHeadModel"),
         (tl.mixtral_from_gpt, llama, "mixtral_from_gpt takes a GPT, got a LlamaForCausalLM"),
+        (deepseek_v3_from_gpt, llama, "deepseek_v3_from_gpt takes a GPT, got a LlamaForCausalLM"),
     ]
     for convert, given, message in cases:
         with pytest.raises(TypeError, match=message):

@@ -13,7 +13,11 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
   positions, no biases) a ``LlamaForCausalLM`` (chapter 14's
   :func:`~transformer_lib.pretrained_llama.llama_from_gpt`); one with experts routed as Mixtral
   routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
-  chapter "Experts"). Any other block is refused by the setting that has no counterpart.
+  chapter "Experts"); one with latent attention (and ``norm_eps=1e-6``) a dense
+  ``DeepseekV3ForCausalLM`` (:func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`,
+  chapter 18). Each format names every setting of the GPT (:mod:`~transformer_lib.hf_settings`);
+  any other block is refused by the setting that has no counterpart, never written as a model
+  that computes something else.
 - **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter 13) becomes a
   ``tokenizers`` BPE over GPT-2's byte alphabet, split by the same pattern, with
   ``<|endoftext|>`` as its end token; the character tokenizer becomes a BPE with no merges over
@@ -46,6 +50,7 @@ from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
 from .positional import half_split_rows
 from .pretrained_experts import mixtral_from_gpt
+from .pretrained_latent import deepseek_v3_from_gpt
 from .pretrained_llama import llama_from_gpt
 from .run import load_run
 from .token_rows import remove_token_rows, token_rows
@@ -154,7 +159,9 @@ def hf_model(gpt: GPT) -> nn.Module:
     """The ``transformers`` model that computes what ``gpt`` computes (chapters 10, 14 and "Experts"):
     a ``GPT2LMHeadModel`` for GPT-2's block (:func:`gpt2_from_gpt`), a ``LlamaForCausalLM`` for
     Llama's (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`), a ``MixtralForCausalLM`` for
-    Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`).
+    Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
+    a dense ``DeepseekV3ForCausalLM`` for Llama's with latent attention (chapter 18,
+    :func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`).
     Each format checks every setting of the GPT (:mod:`~transformer_lib.hf_settings`); a GPT that no
     format computes is refused with a ``ValueError`` that gives each format's first refusal, by name."""
     if not isinstance(gpt, GPT):
@@ -176,7 +183,7 @@ def hf_model(gpt: GPT) -> nn.Module:
 
 
 # The formats hf_model tries, in order; each refuses, by name, a GPT it cannot compute.
-_FORMATS = (gpt2_from_gpt, llama_from_gpt, mixtral_from_gpt)
+_FORMATS = (gpt2_from_gpt, llama_from_gpt, mixtral_from_gpt, deepseek_v3_from_gpt)
 
 
 def _byte_names() -> list[str]:

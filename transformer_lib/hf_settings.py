@@ -36,10 +36,11 @@ def missing_settings(table: dict) -> list[str]:
     return [name for name in SETTINGS if name not in table]
 
 
-def check_settings(config, table: dict, who: str) -> None:
+def check_settings(config, table: dict, who: str, why: dict[str, str] | None = None) -> None:
     """Refuse, with a ``ValueError`` naming it, the first setting of ``config`` (a ``GPTConfig``)
-    that ``table`` fixes to another value; ``who`` starts the message ("GPT-2's format needs ...").
-    ``n_kv_heads`` equal to ``n_heads`` reads as None (one key/value head per query head)."""
+    that ``table`` fixes to another value; ``who`` starts the message ("GPT-2's format needs ..."),
+    and ``why`` may give a setting's reason. ``n_kv_heads`` equal to ``n_heads`` reads as None (one
+    key/value head per query head)."""
     unnamed = missing_settings(table)
     if unnamed:
         raise RuntimeError(f"{who}: the table of settings does not say whether it can write {unnamed}")
@@ -48,4 +49,5 @@ def check_settings(config, table: dict, who: str) -> None:
         if name == "n_kv_heads" and value == config.n_heads:
             value = None
         if wanted is not ANY and value != wanted:
-            raise ValueError(f"{who} needs {name}={wanted!r}, the GPT has {name}={value!r}")
+            reason = f": {why[name]}" if why and name in why else ""
+            raise ValueError(f"{who} needs {name}={wanted!r}, the GPT has {name}={value!r}{reason}")
