@@ -103,13 +103,18 @@ def test_sample_of_a_fine_tuned_model_stops_at_the_end_token(base, pairs, tmp_pa
     _, tok, _ = tl.load_checkpoint(out)
     said, after = tok.encode("WORD"), tok.encode(" and more")
 
-    def generate(self, idx, max_new_tokens, *args, **kwargs):  # the model writes its end token, then goes on
-        new = (said + [tok.eos_id] + after * max_new_tokens)[:max_new_tokens]
-        return torch.cat([idx, torch.tensor([new], dtype=idx.dtype)], dim=1)
+    wanted, steps = said + [tok.eos_id] + after * 100, []
 
-    monkeypatch.setattr(tl.GPT, "generate", generate)
-    code, printed = sample(capsys, "--ckpt", str(out))
+    def forward(self, idx, *args, **kwargs):  # the model writes its end token, then would go on
+        logits = torch.full((*idx.shape, self.config.vocab_size), -1e4)
+        logits[:, -1, wanted[len(steps)]] = 0.0
+        steps.append(idx.shape[1])
+        return logits, None
+
+    monkeypatch.setattr(tl.GPT, "forward", forward)
+    code, printed = sample(capsys, "--ckpt", str(out), "--max-new-tokens", "100")
     assert code == 0 and printed.out == "WORD\n"
+    assert len(steps) == len(said) + 1  # no step after the end token
 
 
 def test_lora_trains_only_the_adapters_and_sample_adapter_gives_the_same_answer(base, pairs, tmp_path, capsys):
