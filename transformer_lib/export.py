@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .data.instructions import PROMPT_END
 from .hf_settings import ANY, check_settings
 from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
@@ -52,10 +53,18 @@ from .positional import half_split_rows
 from .pretrained_experts import mixtral_from_gpt
 from .pretrained_latent import deepseek_v3_from_gpt
 from .pretrained_llama import llama_from_gpt
-from .run import load_run
+from .run import load_run, read_record
 from .token_rows import remove_token_rows, token_rows
 
-__all__ = ["export_hf", "gpt2_from_gpt", "hf_model", "hf_tokenizer", "load_peft_adapter", "save_peft_adapter"]
+__all__ = [
+    "export_hf",
+    "gpt2_from_gpt",
+    "hf_model",
+    "hf_tokenizer",
+    "instruction_chat_template",
+    "load_peft_adapter",
+    "save_peft_adapter",
+]
 
 # The book's activation -> GPT-2's name for it (the reverse of pretrained.py's table)
 _GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
@@ -198,10 +207,31 @@ def _byte_names() -> list[str]:
     return [names[b] for b in range(256)]
 
 
-def hf_tokenizer(tokenizer, context_len: int | None = None):
+def instruction_chat_template() -> str:
+    """The Jinja chat template of a run fine-tuned on instructions (chapter 15), for ``transformers``'
+    ``apply_chat_template``: a user's message is written as the book writes a prompt, followed by
+    :data:`~transformer_lib.data.instructions.PROMPT_END`, and an assistant's as a response,
+    followed by the end token, so ``[{"role": "user", "content": q}]`` gives ``q + PROMPT_END``
+    (with or without ``add_generation_prompt``: the cue always ends a prompt) and a conversation the
+    book's ``prompt, PROMPT_END, response, <|endoftext|>`` rows. Another role (``system``) is refused:
+    the book's instructions have none."""
+    cue = json.dumps(PROMPT_END)  # a Jinja string literal: the same escapes as JSON's
+    return (
+        "{%- for message in messages -%}"
+        "{%- if message['role'] == 'user' -%}{{ message['content'] }}{{ " + cue + " }}"
+        "{%- elif message['role'] == 'assistant' -%}{{ message['content'] }}{{ eos_token }}"
+        "{%- else -%}{{ raise_exception('an instruction run knows the roles user and assistant, not ' "
+        "~ message['role']) }}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    )
+
+
+def hf_tokenizer(tokenizer, context_len: int | None = None, chat_template: str | None = None):
     """The book's tokenizer (chapter 8's characters or chapter 13's byte-level BPE) as a
     ``transformers`` ``PreTrainedTokenizerFast`` that gives the same ids for the same text and the
-    same text back; its ``eos_token`` is the tokenizer's end token (None if it has none).
+    same text back; its ``eos_token`` is the tokenizer's end token (None if it has none), its
+    ``chat_template`` the one given (an instruction run's: :func:`instruction_chat_template`).
 
     A BPE whose two merges make the same bytes (two ids, one string) cannot be written in the
     ``tokenizers`` format and is refused. The book refuses text that spells a special token; the
@@ -233,6 +263,8 @@ def hf_tokenizer(tokenizer, context_len: int | None = None):
     tok.add_special_tokens(list(specials))
     named = {"eos_token": tokenizer.eos_id, "bos_token": tokenizer.bos_id, "pad_token": tokenizer.pad_id}
     tokens = {k: tok.id_to_token(i) for k, i in named.items() if i is not None}
+    if chat_template is not None:
+        tokens["chat_template"] = chat_template
     return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
                                    model_max_length=context_len or int(1e30), **tokens)  # fmt: skip
 
@@ -311,7 +343,8 @@ def export_hf(run: str | os.PathLike, folder: str | os.PathLike, *, merge_adapte
     written = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         hf.save_pretrained(written)
-        hf_tokenizer(tokenizer, model.config.context_len).save_pretrained(written)
+        chat = instruction_chat_template() if read_record(run).kind != "pretrain" else None  # chapter 15's prompts
+        hf_tokenizer(tokenizer, model.config.context_len, chat).save_pretrained(written)
         settings = json.loads((written / "tokenizer_config.json").read_text(encoding="utf-8"))
         settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every version of transformers knows
         (written / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
