@@ -1,7 +1,7 @@
 """Every recipe of the book through ``hf_model``: written with ``save_pretrained`` and read back by
 ``AutoModelForCausalLM`` it computes the GPT's logits (float32, 1e-5), or it is refused with a
 ``ValueError`` that names a setting the recipe changes. No recipe is converted into a model that
-computes something else. Each converter names every setting of the config (hf_settings), and the
+computes something else. Each converter names every setting of the config (check_settings), and the
 converters refuse a layer or model of another class with a ``TypeError`` naming both classes."""
 
 import dataclasses
@@ -14,10 +14,9 @@ from tests.test_cli import offline_one_thread  # noqa: F401 (autouse: offline, o
 from tests.test_recipes_compose import RECIPES, TOKENIZER, batches, ids, make, settings
 from transformer_lib import cli
 from transformer_lib.export import GPT2_SETTINGS, gpt2_from_gpt
-from transformer_lib.hf_settings import SETTINGS, check_settings, missing_settings
 from transformer_lib.pretrained_experts import MIXTRAL_SETTINGS
 from transformer_lib.pretrained_latent import DEEPSEEK_V3_SETTINGS, deepseek_v3_from_gpt
-from transformer_lib.pretrained_llama import LLAMA_SETTINGS
+from transformer_lib.pretrained_llama import LLAMA_SETTINGS, SETTINGS, check_settings, missing_settings
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,7 +15,7 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
   routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
   chapter "Experts"); one with latent attention (and ``norm_eps=1e-6``) a dense
   ``DeepseekV3ForCausalLM`` (:func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`,
-  chapter 18). Each format names every setting of the GPT (:mod:`~transformer_lib.hf_settings`);
+  chapter 18). Each format names every setting of the GPT (``pretrained_llama.check_settings``);
   any other block is refused by the setting that has no counterpart, never written as a model
   that computes something else.
 - **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter 13) becomes a
@@ -46,13 +46,12 @@ import torch
 from torch import Tensor, nn
 
 from .data.instructions import PROMPT_END
-from .hf_settings import ANY, check_settings
 from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
 from .positional import half_split_rows
 from .pretrained_experts import mixtral_from_gpt
 from .pretrained_latent import deepseek_v3_from_gpt
-from .pretrained_llama import llama_from_gpt
+from .pretrained_llama import ANY, check_settings, llama_from_gpt
 from .run import load_run, read_record
 from .token_rows import remove_token_rows, token_rows
 
@@ -85,7 +84,7 @@ _PEFT_LLAMA = {"self_attn.out_proj.weight": "self_attn.o_proj", "ff.gate_proj.we
 _QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Llama's three, fused in the book's in_proj
 
 
-# What GPT-2's format writes of each setting (hf_settings): ANY, or the one value it computes. Without
+# What GPT-2's format writes of each setting (check_settings): ANY, or the one value it computes. Without
 # biases it writes zero ones; the rotary base is not read with learned positions.
 GPT2_SETTINGS = {
     "n_kv_heads": None,
@@ -171,7 +170,7 @@ def hf_model(gpt: GPT) -> nn.Module:
     Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
     a dense ``DeepseekV3ForCausalLM`` for Llama's with latent attention (chapter 18,
     :func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`).
-    Each format checks every setting of the GPT (:mod:`~transformer_lib.hf_settings`); a GPT that no
+    Each format checks every setting of the GPT (``pretrained_llama.check_settings``); a GPT that no
     format computes is refused with a ``ValueError`` that gives each format's first refusal, by name."""
     if not isinstance(gpt, GPT):
         inner = (

@@ -48,16 +48,17 @@ import torch
 from torch import Tensor, nn
 
 from .experts import Experts, ExpertsSpec, experts_layers
-from .hf_settings import ANY, check_settings
 from .models import GPT
 from .positional import half_split_rows
 from .pretrained_llama import (
     _LLAMA_NORMS,
     _LLAMA_QKV,
+    ANY,
     LLAMA_SETTINGS,
     _layer_names,
     _llama_rope_parameters,
     _setting,
+    check_settings,
     gpt_config_from_llama,
 )
 
@@ -249,7 +250,7 @@ _MIXTRAL_ROUTING = {
     "scaling": 1.0,
     "dense_layers": 0,
 }
-# Around the experts, what Llama's format writes of each setting (hf_settings): a Mixtral layer's choices.
+# Around the experts, what Llama's format writes of each setting (check_settings): a Mixtral layer's choices.
 MIXTRAL_SETTINGS = LLAMA_SETTINGS | {"experts": ANY}
 # A MixtralConfig's name for each size of the GPTConfig
 _MIXTRAL_SIZES = {

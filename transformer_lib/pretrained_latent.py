@@ -21,7 +21,7 @@ network (``first_k_dense_replace = num_hidden_layers``: its ``DeepseekV3MLP`` is
 
 This is :func:`~transformer_lib.latent_attention.latent_from_deepseek` (``interleaved=True``) read
 backwards, for a whole model. A setting DeepSeek-V3's format cannot write is refused by name
-(:mod:`~transformer_lib.hf_settings`): biases (DeepSeek's ``attention_bias`` has no counterpart
+(``pretrained_llama.check_settings``): biases (DeepSeek's ``attention_bias`` has no counterpart
 in the feed-forward network and the norms), experts (the book's experts GPT uses multi-head
 attention), a window, sinks. ``transformers`` is imported only when called.
 """
@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from .hf_settings import ANY, SETTINGS, check_settings
 from .latent_attention import LatentAttention
 from .models import GPT
 from .parts import find_parts
-from .pretrained_llama import _LLAMA_MATRICES, _LLAMA_NORMS, _layer_names
+from .pretrained_llama import _LLAMA_MATRICES, _LLAMA_NORMS, ANY, SETTINGS, _layer_names, check_settings
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["deepseek_v3_from_gpt"]

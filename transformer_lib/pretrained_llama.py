@@ -30,19 +30,58 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import is_int
-from .hf_settings import ANY, SETTINGS, check_settings
 from .models import GPT, GPTConfig
 from .parts import find_parts, part_weights
 from .positional import half_split_rows
-from .recipe import LLAMA_BLOCK
+from .recipe import LLAMA_BLOCK, BlockRecipe
 from .rope_scaling import RopeScaling
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
+
+
+# Which of a GPT's settings each Hugging Face format writes (chapters 10, 14, 18 and "Experts"): a
+# converter names every setting in a table, ANY where its format writes whatever value the GPT has,
+# else the one value its format computes; check_settings refuses the first other value by name. A table
+# that leaves a setting out is an error, so a new choice of the recipe is refused by every format
+# until its converter says what to do with it.
+class _Any:
+    """The marker of a setting a format writes whatever its value."""
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()
+# Every setting a table names: the config's two attention sizes, then the recipe's fields.
+SETTINGS = ("n_kv_heads", "window", *(f.name for f in fields(BlockRecipe)))
+
+
+def missing_settings(table: dict) -> list[str]:
+    """The settings of :data:`SETTINGS` that ``table`` does not name (none, for a complete table)."""
+    return [name for name in SETTINGS if name not in table]
+
+
+def check_settings(config, table: dict, who: str, why: dict[str, str] | None = None) -> None:
+    """Refuse, with a ``ValueError`` naming it, the first setting of ``config`` (a ``GPTConfig``)
+    that ``table`` fixes to another value; ``who`` starts the message ("GPT-2's format needs ..."),
+    and ``why`` may give a setting's reason. ``n_kv_heads`` equal to ``n_heads`` reads as None (one
+    key/value head per query head)."""
+    unnamed = missing_settings(table)
+    if unnamed:
+        raise RuntimeError(f"{who}: the table of settings does not say whether it can write {unnamed}")
+    for name in SETTINGS:
+        wanted, value = table[name], getattr(config, name)
+        if name == "n_kv_heads" and value == config.n_heads:
+            value = None
+        if wanted is not ANY and value != wanted:
+            reason = f": {why[name]}" if why and name in why else ""
+            raise ValueError(f"{who} needs {name}={wanted!r}, the GPT has {name}={value!r}{reason}")
 
 
 def _setting(cfg, name: str, default=None):
@@ -227,7 +266,7 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
     )
 
 
-# What Llama's format writes of each setting (hf_settings): ANY, or Llama's block's value. A SwiGLU
+# What Llama's format writes of each setting (check_settings): ANY, or Llama's block's value. A SwiGLU
 # network reads no activation; a rotary rescaling is written as rope_parameters.
 _LLAMA_ANY = ("n_kv_heads", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "rope_scaling")
 LLAMA_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_LLAMA_ANY, ANY)
