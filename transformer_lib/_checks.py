@@ -29,6 +29,19 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def plain_number(value):
+    """``value`` as Python's own ``int`` or ``float`` when it is a NumPy number (``np.int64(2)``,
+    ``np.float32(0.1)``), else unchanged (a bool, a string, None: left for a check to refuse).
+
+    A setting that a checkpoint or a JSON file stores must hold Python's numbers: PyTorch's
+    ``weights_only`` loading and ``json.dumps`` refuse NumPy's."""
+    if is_int(value) and type(value) is not int:
+        return int(value)
+    if is_real(value) and type(value) is not float and not is_int(value):
+        return float(value)
+    return value
+
+
 def check_int(value, name: str, minimum: int = 1) -> None:
     """``value`` must be an int (not a bool) and at least ``minimum``."""
     if not is_int(value):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_temperature, check_window
+from ._checks import check_bool, check_int, check_temperature, check_window, plain_number
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .experts import FLAT_SPEC as EXPERTS_FLAT
@@ -83,8 +83,9 @@ class GPTConfig:
         recipe=None,
         **choices,
     ):
-        self.vocab_size, self.context_len, self.n_layers, self.n_heads = vocab_size, context_len, n_layers, n_heads
-        self.d_model, self.dropout, self.n_kv_heads, self.window = d_model, dropout, n_kv_heads, window
+        shape = (vocab_size, context_len, n_layers, n_heads, d_model, dropout, n_kv_heads, window)
+        for name, value in zip(_SHAPE, shape, strict=True):
+            setattr(self, name, plain_number(value))  # NumPy's numbers kept as Python's, as a checkpoint loads them
         self.recipe = as_recipe(recipe, **choices)
         for name in ("vocab_size", "context_len"):
             check_int(getattr(self, name), name)

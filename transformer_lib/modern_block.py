@@ -20,6 +20,8 @@ no model: :mod:`transformer_lib.recipe` hands these parts to the layers.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,8 +35,8 @@ __all__ = ["QKTransform", "RMSNorm", "SwiGLU", "attention_logit_max", "rotate_he
 
 
 def _check_eps(eps: object) -> None:
-    if not is_real(eps) or not eps > 0:
-        raise ValueError(f"eps must be a number > 0 (it keeps the division finite), got {eps!r}")
+    if not is_real(eps) or not (eps > 0 and math.isfinite(eps)):  # inf divides every x to 0
+        raise ValueError(f"eps must be a number > 0 (it keeps the division finite) and not inf, got {eps!r}")
 
 
 class RMSNorm(nn.Module):

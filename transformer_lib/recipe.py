@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from torch import nn
 
-from ._checks import check_base, check_bool, check_int
+from ._checks import check_base, check_bool, check_int, plain_number
 from .blocks import FeedForward
 from .delta_net import GatedDeltaNet
 from .experts import FLAT_SPEC as _EXPERTS_FLAT
@@ -175,6 +175,8 @@ class BlockRecipe:
     rope_scaling: RopeScaling | None = None
 
     def __post_init__(self):
+        for f in fields(self):  # NumPy's numbers kept as Python's, as a checkpoint loads them
+            object.__setattr__(self, f.name, plain_number(getattr(self, f.name)))
         for spec in _SPECS:  # a checkpoint's dict, or a spec
             object.__setattr__(self, spec.key, spec.from_value(getattr(self, spec.key)))
         if self.rope_scaling is not None:

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._checks import is_int, is_real, plain_number
+
 __all__ = [
     "DTYPES",
     "atomic_write",
@@ -234,9 +236,9 @@ class InterruptFlag:
 
 
 def _number(value, kind: type) -> bool:
-    if isinstance(value, bool):
-        return False  # True and False are ints to Python, never a size or a rate here
-    return isinstance(value, int) if kind is int else isinstance(value, (int, float)) and math.isfinite(value)
+    """Python's or NumPy's whole number (``kind`` int) or finite real (float); never a bool, which
+    Python counts as an int but is never a size or a rate here."""
+    return is_int(value) if kind is int else is_real(value) and math.isfinite(value)
 
 
 _RULES = {
@@ -252,7 +254,8 @@ def check_fields(obj, rules: dict[str, tuple[type, str]]) -> None:
     ``rules`` maps a field name to ``(int or float, "positive" | "count" | "probability")``; a
     field whose value is None is left alone (None means "the default" where a field allows it).
     A bool or a string where a number belongs is a ``TypeError``; a number out of range a
-    ``ValueError``. Both name the class, the field and the value.
+    ``ValueError``. Both name the class, the field and the value. A NumPy number is accepted and
+    stored as Python's (a checkpoint's ``weights_only`` loading and JSON take no NumPy scalar).
     """
     for name, (kind, rule) in rules.items():
         value = getattr(obj, name)
@@ -264,3 +267,5 @@ def check_fields(obj, rules: dict[str, tuple[type, str]]) -> None:
         test, text = _RULES[rule]
         if not test(value):
             raise ValueError(f"{where} must be {text}, got {value!r}")
+        if plain_number(value) is not value:
+            object.__setattr__(obj, name, plain_number(value))  # object's: a frozen dataclass too
