@@ -241,6 +241,8 @@ class GatedDeltaNet(nn.Module):
         _check_call(mask, is_causal, window)
         self._check_inputs(query, key, value, None)
         _check_mode(self.mode)
+        if query.shape[1] == 0:  # no token: no weights, as forward gives
+            return query.new_zeros(query.shape[0], self.n_heads, 0, 0)
         q, k, _, beta, g, _ = self._inputs(query, None)
         return self._weights(q, k, beta, g)
 

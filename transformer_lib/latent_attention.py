@@ -294,7 +294,10 @@ class LatentAttention(nn.Module):
         """The weights ``(B, h, T_q, T_k)`` of ``forward(query, key, value, need_weights=True, ...)``
         before dropout, without a cache (for the inspection tools of chapter 12)."""
         self._check_inputs(query, key, value, is_causal, window, None, False)
-        check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], query.shape[1])))
+        B, T, _ = query.shape
+        check_mask(mask, torch.Size((B, self.n_heads, T, T)))
+        if T == 0:  # no token: no weights, as forward gives
+            return query.new_zeros(B, self.n_heads, 0, 0)
         return self._run(query, mask, is_causal, window, None, self.folded, True, 0.0)[1]
 
     def _check_inputs(self, query, key, value, is_causal, window, cache, window_checked) -> None:
