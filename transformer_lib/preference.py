@@ -223,6 +223,14 @@ def reference_logprobs(model: nn.Module, ids: Tensor, n_prompt, lengths, *, aver
 # GRPO ----------------------------------------------------------------------------------------------
 
 
+def _group_sizes(rewards) -> list[int] | None:
+    """The size of each group of ``rewards`` when it is a sequence of sized groups, else None."""
+    try:
+        return [len(group) for group in rewards]
+    except TypeError:
+        return None
+
+
 def group_advantages(rewards, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
     """Each answer's advantage from ``rewards (G, n)``, ``n`` answers to each of ``G`` prompts
     (chapter 17): its reward minus its group's mean, divided by
@@ -236,6 +244,13 @@ def group_advantages(rewards, *, scale: str = "group", eps: float = 1e-4) -> Ten
     try:
         r = rewards if isinstance(rewards, Tensor) else torch.as_tensor(rewards, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):  # groups of other sizes, or something not a number
+        sizes = _group_sizes(rewards)
+        if sizes is not None and len(set(sizes)) > 1:
+            i = next(i for i, size in enumerate(sizes) if size != sizes[0])
+            raise ValueError(
+                f"rewards must be numbers in G groups of one size n, got groups of sizes {sizes[0]} (group 0) "
+                f"and {sizes[i]} (group {i}): score every answer of a group"
+            ) from None
         shown = repr(rewards)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise ValueError(f"rewards must be numbers in G groups of one size n, got {shown}") from None
