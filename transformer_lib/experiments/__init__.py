@@ -43,8 +43,9 @@ def experiment(chapter: str) -> Experiment:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m transformer_lib.experiments CHAPTER [--parts ...] [--seeds ...] [--steps N]
-    [--dry-run] [--out FILE]`` (chapter 12). A bad request is one line on stderr and exit status 2,
-    before any training."""
+    [--dry-run] [--out FILE [--force]]`` (chapter 12). A bad request is one line on stderr and exit
+    status 2, before any training; so is an ``--out`` file that is not a record of the chapter
+    (``--force`` replaces it)."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -61,16 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="training steps: a smoke run (needs --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="run and print, write nothing")
     parser.add_argument("--out", default=None, help="the record to update (default: the chapter's shipped one)")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a file at --out that is not a record of this chapter"
+    )
     args = parser.parse_args(argv)
     try:
         chosen = experiment(args.chapter)
         from .recorder import check_out, check_request
 
         check_request(chosen, args.parts, args.seeds, args.steps, args.dry_run)
-        check_out(chosen, args.out)
+        check_out(chosen, args.out, args.force)
     except ValueError as e:
         parser.error(str(e))
-    run_experiment(chosen, args.parts, args.seeds, args.steps, args.dry_run, args.out)
+    run_experiment(chosen, args.parts, args.seeds, args.steps, args.dry_run, args.out, args.force)
     if args.dry_run:
         print("a dry run: nothing written")
     return 0

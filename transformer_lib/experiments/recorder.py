@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .._checks import is_int
 from ..utils import atomic_write
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Experiment",
     "Part",
     "check_out",
+    "is_record",
     "merge",
     "record_path",
     "recorded",
@@ -167,7 +169,7 @@ def check_request(experiment: Experiment, parts=None, seeds=None, steps=None, dr
             f"{experiment.chapter} has no part {', '.join(map(repr, unknown)) or '(none given)'}; "
             f"its parts are {', '.join(experiment.parts)}"
         )
-    if seeds is not None and (not seeds or any(not isinstance(s, int) or s < 0 for s in seeds)):
+    if seeds is not None and (not seeds or any(not is_int(s) or s < 0 for s in seeds)):
         raise ValueError(f"seeds must be whole numbers from 0, got {seeds}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be at least 1, got {steps}")
@@ -176,33 +178,71 @@ def check_request(experiment: Experiment, parts=None, seeds=None, steps=None, dr
     return parts
 
 
-def check_out(experiment: Experiment, out: str | Path | None) -> None:
+def _stamped(old: dict) -> bool:
+    """Does ``old`` carry the stamp this recorder writes: ``versions`` with exactly the fields of
+    :func:`versions`, or the older stamp (``torch``, a string, and ``threads``, an int)?"""
+    stamp = old.get("versions")
+    if isinstance(stamp, dict):
+        return set(stamp) == set(versions()) and isinstance(stamp["threads"], int)
+    return isinstance(old.get("torch"), str) and type(old.get("threads")) is int
+
+
+def _record_keys(experiment: Experiment) -> set[str]:
+    """The entries a record of ``experiment`` may hold besides its stamp: its parts' names,
+    ``settings`` and the entries of its shipped record."""
+    keys = {*experiment.parts, "settings"}
+    try:
+        shipped = json.loads(experiment.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        shipped = {}
+    return keys | (set(shipped) - {"versions", "torch", "threads"} if isinstance(shipped, dict) else set())
+
+
+def is_record(experiment: Experiment, old) -> bool:
+    """Is ``old`` (a parsed JSON file) a record of ``experiment`` that this recorder wrote: a dict
+    with the recorder's stamp (:func:`_stamped`) and at least one other entry, each one that a
+    record of ``experiment`` holds? A file of the user's with a ``settings`` entry is not one."""
+    if not isinstance(old, dict) or not _stamped(old):
+        return False
+    entries = set(old) - {"versions", "torch", "threads"}
+    return bool(entries) and entries <= _record_keys(experiment)
+
+
+def check_out(experiment: Experiment, out: str | Path | None, force: bool = False) -> bool:
     """Before any training: a file already at ``out`` (None: the shipped record) must be a record of
-    ``experiment``, which is merged into and rewritten, never another file of the user's (chapter 12)."""
+    ``experiment`` (:func:`is_record`), which is merged into and rewritten, never another file of
+    the user's, unless ``force``, which replaces it (chapter 12). Returns whether there is a
+    record to merge into; raises ``ValueError`` naming the file otherwise."""
     out = experiment.path if out is None else Path(out)
     if not out.exists():
-        return
+        return False
     try:
         old = json.loads(out.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         old = None
-    # a record carries the recorder's stamp ("versions"; the oldest, "torch" and "threads") and
-    # one of the experiment's parts: a file of the user's with a "settings" key is not one
-    stamped = isinstance(old, dict) and ("versions" in old or {"torch", "threads"} <= set(old))
-    if not stamped or not set(old) & {*experiment.parts, "settings"}:
-        raise ValueError(f"{out} holds something other than a record of {experiment.chapter}: choose another --out")
+    if is_record(experiment, old):
+        return True
+    if force:
+        return False
+    raise ValueError(
+        f"{out} holds something other than a record of {experiment.chapter}: choose another --out "
+        "(or --force to replace it)"
+    )
 
 
-def run_experiment(experiment: Experiment, parts=None, seeds=None, steps=None, dry_run=False, out=None) -> dict:
+def run_experiment(
+    experiment: Experiment, parts=None, seeds=None, steps=None, dry_run=False, out=None, force: bool = False
+) -> dict:
     """Run ``parts`` (default: all) of ``experiment`` for ``seeds`` (default: each part's own),
     merge them into the record at ``out`` (default: the shipped one) and write it, unless
-    ``dry_run``; returns the merged record (chapter 12).
+    ``dry_run``; returns the merged record (chapter 12). A file at ``out`` that is not a record of
+    ``experiment`` is refused before any training (:func:`check_out`), or replaced with ``force``.
 
     Everything is checked before any training (:func:`check_request`); ``steps`` (a smoke run)
     needs ``dry_run``. The runs use one thread, as the records were made."""
     parts = check_request(experiment, parts, seeds, steps, dry_run)
     out = Path(out) if out is not None else experiment.path
-    check_out(experiment, out)
+    merge_into = check_out(experiment, out, force)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
@@ -213,7 +253,7 @@ def run_experiment(experiment: Experiment, parts=None, seeds=None, steps=None, d
     finally:
         torch.set_num_threads(threads)
     # read the record only now: other parts may have been written meanwhile by another process
-    old = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    old = json.loads(out.read_text(encoding="utf-8")) if merge_into and out.exists() else {}
     for legacy in ("torch", "threads"):  # the stamp before "versions"
         old.pop(legacy, None)
     record = merge({"versions": versions(), **old}, {"versions": versions(), **fresh})
