@@ -210,6 +210,13 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "routing in its spec.",
     ),
     (
+        "pretrained_latent",
+        ["transformer_lib.pretrained_latent"],
+        "18",
+        "A GPT with latent attention written as a dense DeepSeek-V3 model (`transformers`' "
+        "`DeepseekV3ForCausalLM`), every setting it cannot hold refused by name.",
+    ),
+    (
         "rope_scaling",
         ["transformer_lib.rope_scaling"],
         "21",
