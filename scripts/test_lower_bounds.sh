@@ -13,6 +13,10 @@ PYTHON=${PYTHON:-python3}
 VENV=$(realpath -m "${LOWER_VENV:-.venv-lower}")
 PINS=scripts/lower_bounds.txt
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  # PyTorch's pin from an index of CPU builds (https://download.pytorch.org/whl/cpu, as scripts/setup.sh)
+  "$VENV/bin/python" -m pip install --quiet "$(grep '^torch==' "$PINS")" --index-url "$TORCH_INDEX_URL"
+fi
 packages=$(grep -oE '^[A-Za-z0-9_.-]+==' "$PINS" | tr -d '=')
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pip install --quiet --constraint "$PINS" $packages nbclient
