@@ -128,7 +128,7 @@ def test_summed_and_normalised_scores_pick_differently_and_ties_go_first(monkeyp
     import transformer_lib.evaluate as ev
 
     scores = {("a", "bbbbbbbb"): [-2.0, -8.0], ("c", "d"): [-1.0, -1.0]}
-    monkeypatch.setattr(ev, "choice_loglikelihoods", lambda m, t, ctx, conts: scores[tuple(c[1:] for c in conts)])
+    monkeypatch.setattr(ev, "_item_loglikelihoods", lambda m, t, items, d: [scores[it.choices] for it in items])
     # the short choice wins on the sum, the long one per character (-1 per character against -2)
     s = score_multiple_choice(None, None, [MCItem("x", ("a", "bbbbbbbb"), 1), MCItem("x", ("c", "d"), 0)])
     assert s["correct"] == [0, 1] and s["correct_norm"] == [1, 1]  # a tie goes to the first choice
@@ -381,3 +381,44 @@ def test_more_choices_than_the_text_can_offer_are_refused_by_name():
         speaker_choice_task(TEXT, 5, n_choices=speakers)
     with pytest.raises(ValueError, match="too few words for n_choices=100000"):
         cloze_task(TEXT, 5, n_choices=100_000)
+
+
+# Batching ----------------------------------------------------------------------------------------
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, 12), min_size=2, max_size=7))
+def test_choices_scored_in_batches_equal_those_scored_one_at_a_time(bpe_model, seed, lengths):
+    """A random float64 model whose context (12 tokens) crops some rows: every item's choices, of other
+    lengths, scored together equal each choice scored alone in a batch of one."""
+    import transformer_lib.evaluate as ev
+
+    _, tokenizer = bpe_model
+    torch.manual_seed(seed)
+    config = tl.GPTConfig(vocab_size=tokenizer.vocab_size, context_len=12, n_layers=2, n_heads=2, d_model=16)
+    model = tl.GPT(config).double().eval()
+    rng = np.random.default_rng(seed)
+    words = held_out_text(TEXT).split()
+    items = [MCItem(" ".join(rng.choice(words, 3 + n)), tuple(f"{w}{'!' * i}" for i, w in
+                    enumerate(rng.choice(words, 3, replace=False))), 0) for n in lengths]  # fmt: skip
+    batched = ev._item_loglikelihoods(model, tokenizer, items, " ")
+    alone = [[ev._loglikelihoods(model, [ev._choice_request(tokenizer, it.context, " " + c, 12)])[0]
+              for c in it.choices] for it in items]  # fmt: skip
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-10)
+    for it, row in zip(items, batched, strict=True):  # the public call, an item at a time
+        np.testing.assert_allclose(choice_loglikelihoods(model, tokenizer, it.context, [" " + c for c in it.choices]),
+                                   row, rtol=0, atol=1e-10)  # fmt: skip
+
+
+def test_answers_sampled_in_batches_are_one_at_a_times_near_temperature_0(bpe_model):
+    """Prompts of other lengths, batched by length with their samples: at a temperature near 0
+    every answer is the greedy one, as when each sample is drawn alone."""
+    model, tokenizer = bpe_model
+    pairs = tl.date_pairs(6, seed=3)
+    prompts = [p for p, _ in pairs]
+    got = sample_answers(model, tokenizer, prompts, 3, temperature=1e-6, max_new_tokens=8, seed=0)
+    for prompt, row in zip(prompts, got, strict=True):
+        for seed in range(3):  # each sample alone, from its own generator
+            assert sample_answers(model, tokenizer, [prompt], 1, temperature=1e-6, max_new_tokens=8, seed=seed)[0] == [
+                row[seed]]  # fmt: skip
+    assert len({len(tl.data.instructions.encode_pair(tokenizer, p, "", end=False)[0]) for p in prompts}) > 1

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ._checks import check_int, is_real
 from .data.instructions import encode_pair
@@ -168,16 +169,23 @@ def sample_answers(
 ) -> list[list[str]]:  # fmt: skip
     """``n`` answers of a fine-tuned ``model`` to each prompt (chapter 16), sampled at
     ``temperature`` from the prompt in its fine-tuning layout (``prompt + PROMPT_END``), each cut
-    at the end token; the generator is seeded with ``seed``, so the answers are repeatable."""
+    at the end token. The prompts of one length in ids are run as one batch of ``n`` rows each, in
+    the order of their first prompt, from one generator seeded with ``seed``: the answers are
+    repeatable, and at a temperature near 0 they are the greedy ones, whatever the batching."""
     check_int(n, "n")
     eos = tokenizer.eos_id
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for prompt in prompts:
-        ids, n_prompt = encode_pair(tokenizer, prompt, "", end=False)
-        idx = torch.tensor([ids[:n_prompt]] * n, dtype=torch.long)
+    encoded = [encode_pair(tokenizer, prompt, "", end=False) for prompt in prompts]
+    by_length: dict[int, list[int]] = {}
+    for i, (_, n_prompt) in enumerate(encoded):
+        by_length.setdefault(n_prompt, []).append(i)
+    out: list = [None] * len(prompts)
+    for n_prompt, group in by_length.items():
+        idx = torch.tensor([encoded[i][0][:n_prompt] for i in group for _ in range(n)], dtype=torch.long)  # (B, T)
         new = model.generate(idx, max_new_tokens, temperature=temperature, generator=g)[:, n_prompt:].tolist()
-        out.append([tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in new])
+        for j, i in enumerate(group):
+            rows = new[j * n : (j + 1) * n]
+            out[i] = [tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in rows]
     return out
 
 
@@ -195,36 +203,66 @@ def _encode_choice(tokenizer, context: str, continuation: str) -> tuple[list[int
     return head, whole[len(head) :]
 
 
+def _choice_request(tokenizer, context: str, continuation: str, T: int) -> tuple[list[int], int]:
+    """The ids of one ``loglikelihood`` request, cropped on the left to ``T + 1``, and how many of
+    the last ones are the continuation's; a continuation with no ids, or more than ``T``, refused."""
+    head, tail = _encode_choice(tokenizer, context, continuation)
+    if not tail:
+        raise ValueError(f"the continuation {continuation!r} adds no token to the context {context[-30:]!r}")
+    if len(tail) > T:
+        raise ValueError(f"the continuation {continuation[:30]!r} has {len(tail)} tokens, more than context_len={T}")
+    return (head + tail)[-(T + 1) :], len(tail)
+
+
 @torch.no_grad()
+def _loglikelihoods(model: nn.Module, requests: Sequence[tuple[list[int], int]], batch_size: int = 64) -> list[float]:
+    """The summed log-probability (float64) of the last ``n`` ids of each ``(ids, n)`` request, given
+    the ids before them. Requests are run longest first, ``batch_size`` rows at a time, each row
+    right-padded to its batch's longest (a causal model's earlier positions never read the padding)."""
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
+    out = [0.0] * len(requests)
+    was = model.training
+    model.eval()
+    for first in range(0, len(order), batch_size):
+        batch = order[first : first + batch_size]
+        width = max(len(requests[i][0]) for i in batch) - 1
+        rows = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T)
+        for row, i in enumerate(batch):
+            ids = requests[i][0]
+            rows[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+        logits, _ = model(rows)  # (B, T, vocab_size)
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        for row, i in enumerate(batch):
+            ids, n = requests[i]
+            start = len(ids) - 1 - n  # the position that predicts the continuation's first id
+            target = torch.tensor(ids[-n:])[:, None]  # (n, 1)
+            out[i] = float(logp[row, start : start + n].gather(-1, target).sum())
+    model.train(was)
+    return out
+
+
 def choice_loglikelihoods(model: nn.Module, tokenizer, context: str, continuations: Sequence[str]) -> list[float]:
     """The summed log-probability of each continuation's ids after ``context`` (chapter 16), in
     float64, as ``lm-eval``'s ``loglikelihood`` requests compute it: the pair is cut into ids by
     :func:`_encode_choice` and the last ``context_len + 1`` ids are kept (the context cropped on
-    the left). No continuation at all, one string in place of a list, or a continuation with no
-    ids of its own is refused."""
+    the left). The continuations are scored in one batch. No continuation at all, one string in
+    place of a list, or a continuation with no ids of its own is refused."""
     if isinstance(continuations, str) or not continuations:
         raise ValueError(f"continuations must be a list of one or more strings, got {continuations!r}")
     T = model.config.context_len
-    rows, spans = [], []
-    for cont in continuations:
-        head, tail = _encode_choice(tokenizer, context, cont)
-        if not tail:
-            raise ValueError(f"the continuation {cont!r} adds no token to the context {context[-30:]!r}")
-        if len(tail) > T:
-            raise ValueError(f"the continuation {cont[:30]!r} has {len(tail)} tokens, more than context_len={T}")
-        ids = (head + tail)[-(T + 1) :]
-        rows.append(ids[:-1])
-        spans.append((len(ids) - 1 - len(tail), ids[-len(tail) :]))
-    was = model.training
-    model.eval()
-    # one batch: the rows right-padded to one length (a causal model's earlier positions never read
-    # the padding), each row's continuation read at its own positions
-    width = max(len(r) for r in rows)
-    logits, _ = model(torch.tensor([r + [0] * (width - len(r)) for r in rows]))
-    model.train(was)
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    return [float(logp[i, start : start + len(target)].gather(-1, torch.tensor(target)[:, None]).sum())
-            for i, (start, target) in enumerate(spans)]  # fmt: skip
+    return _loglikelihoods(model, [_choice_request(tokenizer, context, c, T) for c in continuations])
+
+
+def _item_loglikelihoods(model: nn.Module, tokenizer, items: Sequence[MCItem], delimiter: str) -> list[list[float]]:
+    """:func:`choice_loglikelihoods` of every item's choices (each after ``delimiter``), the choices
+    of all items run together in batches of rows rather than an item at a time."""
+    T = model.config.context_len
+    requests = [_choice_request(tokenizer, it.context, delimiter + c, T) for it in items for c in it.choices]
+    flat, out = _loglikelihoods(model, requests), []
+    for it in items:
+        out.append(flat[: len(it.choices)])
+        flat = flat[len(it.choices) :]
+    return out
 
 
 def score_multiple_choice(model: nn.Module, tokenizer, items: Sequence[MCItem], delimiter: str = " ") -> dict:
@@ -235,8 +273,8 @@ def score_multiple_choice(model: nn.Module, tokenizer, items: Sequence[MCItem], 
     if not items:
         raise ValueError("items is empty: give at least one MCItem")
     lls, right, right_norm = [], [], []
-    for item in items:
-        ll = np.array(choice_loglikelihoods(model, tokenizer, item.context, [delimiter + c for c in item.choices]))
+    for item, scores in zip(items, _item_loglikelihoods(model, tokenizer, items, delimiter), strict=True):
+        ll = np.array(scores)
         lengths = np.array([float(len(c)) for c in item.choices])
         lls.append(ll.tolist())
         right.append(int(np.argmax(ll) == item.answer))
@@ -304,7 +342,14 @@ def report_card(
       ``pass@1`` and ``pass@k``, each a mean over the prompts of :func:`pass_at_k`.
 
     Per-item scores are kept under ``"items"`` so that two cards of the same items can be
-    compared item by item (:func:`format_cards`)."""
+    compared item by item (:func:`format_cards`). A LoRA model's weights (and new token rows) are
+    computed once for the whole card, not at every forward."""
+    with torch.no_grad(), parametrize.cached():
+        return _card(model, tokenizer, text, tasks, pairs, samples, temperature, k, max_new_tokens, seed)
+
+
+def _card(model, tokenizer, text, tasks, pairs, samples, temperature, k, max_new_tokens, seed) -> dict:
+    """:func:`report_card`'s body, under one cache of the parametrized weights."""
     if samples and not pairs:
         raise ValueError(f"samples={samples} needs pairs to sample answers to: give pairs, or samples=0")
     card: dict = {"params": sum(p.numel() for p in model.parameters()), "items": {}}
