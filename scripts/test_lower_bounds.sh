@@ -52,8 +52,11 @@ for nb in "${notebooks[@]}"; do
     exit 1
   fi
 done
-"$VENV/bin/python" -m pytest -p no:cacheprovider -q -x -m "not slow" tests/test_pretrained.py \
+# the fast tests that import transformers, peft, tiktoken, rustbpe or tokenizers
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q -x -rs -m "not slow" tests/test_pretrained.py \
   tests/test_pretrained_llama.py tests/test_lora.py tests/test_bpe.py tests/test_export.py \
   tests/test_export_experts.py tests/test_experts_parity.py tests/test_latent_attention.py \
   tests/test_linear_attention.py tests/test_sparse_attention.py tests/test_sinks.py \
-  tests/test_rope_scaling_parity.py tests/test_token_rows.py tests/test_lower_bounds.py
+  tests/test_rope_scaling.py tests/test_rope_scaling_parity.py tests/test_token_rows.py \
+  tests/test_exercises_experts.py tests/test_exercises_longer_than_trained.py tests/test_broken_weights.py \
+  tests/test_bad_input_part4.py tests/test_cli_finetune.py tests/test_lower_bounds.py
