@@ -91,13 +91,13 @@ DESCRIPTIONS = {
     "dpo": "Tune a GPT on preferences (chapter 17, DPO): each line of --data is a prompt with a chosen and a "
     "rejected answer, and the model learns to rank the chosen one higher than a frozen reference does (the start "
     "itself; with --lora-rank, the start with the adapters off). The start is --ckpt, with --adapter merged in. "
-    "Typical time on a laptop: about a minute for the default 200 steps of the book's small model with LoRA.",
+    "Typical time on a laptop: a few minutes for the default 200 steps from the book's shipped model with LoRA.",
     "grpo": "Tune a GPT on rewards of its own answers (chapter 17, GRPO): for each prompt of --data the model "
     "samples --group-size answers, --reward scores each against the line's response, and the answers better "
     "than their group's mean are made more likely; the KL penalty --beta keeps it near the reference. The "
     "console prints the mean reward of each split. TRL's names are accepted (--num-generations, "
     "--max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on a laptop: a few minutes for "
-    "the default 100 steps of the book's small model with LoRA.",
+    "the default 100 steps from the book's shipped model with LoRA.",
 }
 
 
