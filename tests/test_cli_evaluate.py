@@ -74,7 +74,10 @@ def evaluate(capsys, *args) -> tuple[int, str, str]:
 def table(out: str) -> list[list[str]]:
     """The Markdown table's rows, split into cells."""
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("|")]
-    return [r for r in rows if r[0] != "---"]
+    rows = [r for r in rows if r[0] != "---"]
+    # the second column says which way each row is better: checked here, then left out
+    assert rows[0][1] == "better" and all(r[1] in ("higher", "lower") for r in rows[1:]), rows
+    return [r[:1] + r[2:] for r in rows]
 
 
 def row(out: str, label: str) -> list[str]:
@@ -128,7 +131,8 @@ def test_two_runs_side_by_side_on_the_same_items(runs, capsys):
     for label in ("speaker acc", "cloze acc_norm", "exact match", "pass@1 (T=0.3, n=3)", "pass@2 (T=0.3, n=3)"):
         cells = row(out, label)
         assert cells[4] in ("yes", "no") and cells[3].startswith(("+", "-")) and "[" in cells[3]
-    assert row(out, "bits per byte")[4] == ""  # a difference without a paired interval
+    bpb = row(out, "bits per byte")  # a bootstrap over the text's windows, paired: one tokenizer
+    assert bpb[4] in ("yes", "no") and bpb[3].endswith("] paired")
     assert "lora: " in out and "bpe: " in out and 'told apart "yes"' in out
     # a LoRA run is its base with its adapter: the same card, told apart nowhere
     code, out, err = evaluate(capsys, "--ckpt", runs / "bpe", "--adapter", runs / "lora" / "adapter.pt",

@@ -347,6 +347,10 @@ def test_sampled_answers_are_repeatable_and_pass_at_1_is_their_share_right(bpe_m
     hits = [sum(x == r for x in row) for row, (_, r) in zip(a, pairs, strict=True)]
     assert card["exact"]["pass@1"] == pytest.approx(sum(hits) / (4 * 6))
     assert card["exact"]["pass@2"] >= card["exact"]["pass@1"]
+    for key in ("pass@1", "pass@2"):  # a bootstrap over the prompts, around the score
+        low, high = card["exact"][key + "_interval"]
+        assert low <= card["exact"][key] <= high
+    assert " [" in next(line for line in format_cards({"a": card}).splitlines() if line.startswith("| pass@2"))
     assert len(card["items"]["exact_match"]) == 6
 
 
@@ -356,13 +360,17 @@ def test_a_card_compares_two_models_item_by_item(bpe_model, char_model):
     cards = {n: report_card(*m, text=text, tasks=tasks) for n, m in (("bpe", bpe_model), ("char", char_model))}
     table = format_cards(cards)
     lines = table.splitlines()
-    assert lines[0].startswith("|  | bpe | char | difference | told apart |")
+    assert lines[0].startswith("|  | better | bpe | char | difference | told apart |")
     acc = next(line for line in lines if line.startswith("| speaker acc |"))
     d = paired_difference(cards["bpe"]["items"]["speaker acc"], cards["char"]["items"]["speaker acc"])
     assert f"{d['difference']:+.3f}" in acc and acc.endswith("yes |" if d["apart"] else "no |")
     per_token = next(line for line in lines if line.startswith("| loss (nats/token) |"))
-    assert "(per token of other tokenizers)" in per_token  # compare bits per byte instead
-    assert next(line for line in lines if line.startswith("| bits per byte |")).count("|") == 6
+    assert "none: a token of one tokenizer is not one of the other" in per_token  # compare bits per byte instead
+    bpb = next(line for line in lines if line.startswith("| bits per byte | lower |"))
+    assert " unpaired | " in bpb and bpb.endswith(("yes |", "no |"))  # two tokenizers: other windows, one text
+    diff = cards["bpe"]["text"]["bits_per_byte"] - cards["char"]["text"]["bits_per_byte"]
+    assert f"{diff:+.3f} [" in bpb
+    assert all(" | higher | " in line for line in lines if line.startswith("| speaker"))
     same = format_cards({"a": cards["bpe"], "b": cards["bpe"]})
     assert "+0.000 [+0.000, +0.000] | no |" in same
     assert json.loads(json.dumps(cards["bpe"], default=list))["speaker"]["n"] == 30
@@ -389,20 +397,20 @@ def test_more_choices_than_the_text_can_offer_are_refused_by_name():
 @settings(max_examples=8, deadline=None)
 @given(st.integers(0, 2**16), st.lists(st.integers(1, 12), min_size=2, max_size=7))
 def test_choices_scored_in_batches_equal_those_scored_one_at_a_time(bpe_model, seed, lengths):
-    """A random float64 model whose context (12 tokens) crops some rows: every item's choices, of other
+    """A random float64 model whose context (24 tokens) crops some rows: every item's choices, of other
     lengths, scored together equal each choice scored alone in a batch of one."""
     import transformer_lib.evaluate as ev
 
     _, tokenizer = bpe_model
     torch.manual_seed(seed)
-    config = tl.GPTConfig(vocab_size=tokenizer.vocab_size, context_len=12, n_layers=2, n_heads=2, d_model=16)
+    config = tl.GPTConfig(vocab_size=tokenizer.vocab_size, context_len=24, n_layers=2, n_heads=2, d_model=16)
     model = tl.GPT(config).double().eval()
     rng = np.random.default_rng(seed)
     words = held_out_text(TEXT).split()
     items = [MCItem(" ".join(rng.choice(words, 3 + n)), tuple(f"{w}{'!' * i}" for i, w in
                     enumerate(rng.choice(words, 3, replace=False))), 0) for n in lengths]  # fmt: skip
     batched = ev._item_loglikelihoods(model, tokenizer, items, " ")
-    alone = [[ev._loglikelihoods(model, [ev._choice_request(tokenizer, it.context, " " + c, 12)])[0]
+    alone = [[ev._loglikelihoods(model, [ev._choice_request(tokenizer, it.context, " " + c, 24)])[0]
               for c in it.choices] for it in items]  # fmt: skip
     np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-10)
     for it, row in zip(items, batched, strict=True):  # the public call, an item at a time
@@ -422,3 +430,18 @@ def test_answers_sampled_in_batches_are_one_at_a_times_near_temperature_0(bpe_mo
             assert sample_answers(model, tokenizer, [prompt], 1, temperature=1e-6, max_new_tokens=8, seed=seed)[0] == [
                 row[seed]]  # fmt: skip
     assert len({len(tl.data.instructions.encode_pair(tokenizer, p, "", end=False)[0]) for p in prompts}) > 1
+
+
+def test_the_text_rows_of_one_tokenizer_get_a_paired_interval_from_the_windows(bpe_model):
+    model, tokenizer = bpe_model
+    text = held_out_text(TEXT)[:3000]
+    card = report_card(model, tokenizer, text=text)
+    noisy = json.loads(json.dumps(card))
+    rng = np.random.default_rng(0)
+    for w in noisy["text"]["windows"]:
+        w[0] += float(rng.normal(0.5, 0.1))  # every window a bit worse
+    lines = format_cards({"a": card, "b": noisy}).splitlines()
+    bpb = next(line for line in lines if line.startswith("| bits per byte |"))
+    assert " paired | yes |" in bpb and "| -0." in bpb
+    same = format_cards({"a": card, "b": card}).splitlines()
+    assert all(line.endswith("paired | no |") for line in same if line.startswith(("| loss", "| perplexity", "| bits")))

@@ -325,7 +325,8 @@ def _text_units(model: nn.Module, tokenizer, text: str) -> dict:
     nats, counts, nbytes = (np.array(c, dtype=np.float64) for c in zip(*r["windows"], strict=True))
     units = loss_units(r["nats_per_token"], r["bytes"] / r["tokens"])
     _, low, high = bootstrap_interval(nats / math.log(2), nbytes)
-    return {**units, "bits_per_byte_interval": (low, high), "tokens": r["tokens"], "bytes": r["bytes"]}
+    return {**units, "bits_per_byte_interval": (low, high), "tokens": r["tokens"], "bytes": r["bytes"],
+            "windows": [list(w) for w in r["windows"]]}  # fmt: skip
 
 
 def report_card(
@@ -383,6 +384,8 @@ def _card(model, tokenizer, text, tasks, pairs, samples, temperature, k, max_new
             for kk in sorted({1, k}):
                 per = [pass_at_k(samples, c, kk) for c in hits]
                 part[f"pass@{kk}"] = sum(per) / len(per)
+                # over the prompts, drawn with replacement (one prompt: no spread to draw from)
+                part[f"pass@{kk}_interval"] = bootstrap_interval(per, seed=seed)[1:] if len(per) > 1 else (0.0, 1.0)
                 card["items"][f"pass@{kk}"] = per
             part.update(samples=samples, temperature=temperature)
         card["exact"] = part
@@ -407,21 +410,52 @@ def _rows(card: dict) -> list[tuple[str, str, float, tuple | None]]:
         e = card["exact"]
         rows.append(("exact match", "exact_match", e["exact_match"], e["exact_match_interval"]))
         for key in sorted(k for k in e if k.startswith("pass@")):
-            rows.append((f"{key} (T={e['temperature']:g}, n={e['samples']})", key, e[key], None))
+            if not key.endswith("_interval"):
+                rows.append(
+                    (f"{key} (T={e['temperature']:g}, n={e['samples']})", key, e[key], e.get(key + "_interval"))
+                )
     return rows
+
+
+_LOWER_IS_BETTER = ("loss (nats/token)", "perplexity", "bits per byte")
+_FROM_WINDOWS = {  # a row of the text's numbers from its windows' (nats, tokens, bytes) sums
+    "loss (nats/token)": lambda nats, tokens, nbytes: nats / tokens,
+    "perplexity": lambda nats, tokens, nbytes: np.exp(nats / tokens),
+    "bits per byte": lambda nats, tokens, nbytes: nats / math.log(2) / nbytes,
+}
+
+
+def _window_difference(
+    label: str, a: list, b: list, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float, str]:
+    """``(difference, low, high, how)`` of a text row between two cards, from their windows: a
+    paired bootstrap where both cut the text into the same windows (the same bytes in each), else
+    the two drawn independently (two tokenizers: the windows differ, the text is the same)."""
+    f = _FROM_WINDOWS[label]
+    wa, wb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)  # (windows, 3)
+    rng = np.random.default_rng(seed)
+    paired = wa.shape == wb.shape and np.array_equal(wa[:, 1:], wb[:, 1:])
+    pick_a = rng.integers(0, len(wa), size=(resamples, len(wa)))
+    pick_b = pick_a if paired else rng.integers(0, len(wb), size=(resamples, len(wb)))
+    draws = f(*wa[pick_a].sum(1).T) - f(*wb[pick_b].sum(1).T)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(f(*wa.sum(0)) - f(*wb.sum(0))), float(low), float(high), "paired" if paired else "unpaired"
 
 
 def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
     """The cards (name -> :func:`report_card`) as one Markdown table, a column each (chapter 16). With
     two cards a last column gives the first minus the second, with its paired 95 % interval where
-    both scored the same items, and "yes" where that interval leaves out 0 (told apart); a loss or
-    perplexity per token of two different tokenizers gets no difference (compare bits per byte)."""
+    both scored the same items, and "yes" where that interval leaves out 0 (told apart). The text's
+    rows get a bootstrap over its windows, paired where both cut it into the same windows (else
+    unpaired: bits per byte compares two tokenizers); a loss or perplexity per token of two
+    different tokenizers gets no difference, with the reason. The "better" column says which way
+    each row improves."""
     if not cards:
         raise ValueError("give at least one card")
     names = list(cards)
     tables = {name: {r[0]: r for r in _rows(card)} for name, card in cards.items()}
     order = list(dict.fromkeys(r for t in tables.values() for r in t))
-    head = ["", *names] + (["difference", "told apart"] if len(names) == 2 else [])
+    head = ["", "better", *names] + (["difference", "told apart"] if len(names) == 2 else [])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
 
     def cell(row):
@@ -431,7 +465,7 @@ def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
 
     for label in order:
         got = [tables[n].get(label) for n in names]
-        line = [label] + [cell(r) if r else "" for r in got]
+        line = [label, "lower" if label in _LOWER_IS_BETTER else "higher"] + [cell(r) if r else "" for r in got]
         if len(names) == 2 and all(got):
             key = got[0][1]
             a, b = (cards[n]["items"].get(key) for n in names)
@@ -440,8 +474,12 @@ def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
                 line += [f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]",
                          "yes" if d["apart"] else "no"]  # fmt: skip
             elif label in _PER_TOKEN and cards[names[0]].get("tokenizer") != cards[names[1]].get("tokenizer"):
-                line += ["(per token of other tokenizers)", ""]
+                line += ["none: a token of one tokenizer is not one of the other (compare bits per byte)", ""]
+            elif label in _FROM_WINDOWS and all("windows" in cards[n].get("text", {}) for n in names):
+                diff, low, high, how = _window_difference(label, *(cards[n]["text"]["windows"] for n in names))
+                line += [f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] {how}",
+                         "yes" if low > 0 or high < 0 else "no"]  # fmt: skip
             else:
-                line += [f"{got[0][2] - got[1][2]:+.{digits}f}", ""]
+                line += [f"{got[0][2] - got[1][2]:+.{digits}f} (no interval: the cards hold no per-item scores)", ""]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)

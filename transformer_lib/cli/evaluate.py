@@ -54,7 +54,8 @@ DATE_FORMATS = ("dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy")  # chapter 15's (the R
 DATES_SEED = 16  # --dates: not 0, the seed of chapter 15's (and the README's) training pairs
 SHIPPED_START = 0.9  # the shipped text's held-out part starts here (a run's default validation split)
 NOTE = ("Each score is the mean over its items, with a 95 % interval in brackets (Wilson's for a share of items, a "
-        "bootstrap over windows of text for bits per byte).")  # fmt: skip
+        "bootstrap over windows of text for bits per byte, over prompts for pass@k); \"better\" says which way each "
+        "row improves.")  # fmt: skip
 TOLD_APART = ('difference: the first column minus the second, on the same items, with its paired 95 % interval; '
               'told apart "yes" where that interval leaves out 0. A "no" says that these items cannot tell the two '
               "apart, not that they are equal.")  # fmt: skip
