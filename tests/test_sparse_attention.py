@@ -422,7 +422,8 @@ def test_the_gathered_path_reads_only_the_selected_keys():
     poisoned = [t.clone() for t in (k, v)]
     for t in poisoned:  # every key and value no query selected: NaN
         t.masked_fill_(~chosen.any(1)[:, None, :, None], float("nan"))
-    heads, weights = sparse._attend_gathered(q, *poisoned, visible, chosen, 0.0, True)
+    at = chosen.nonzero()[:, -1].view(2, 9, 3)  # (B, T_q, n): the positions
+    heads, weights = sparse._attend_gathered(q, *poisoned, visible, at, 0.0, True)
     want, want_weights = sparse._attend_by_hand(q, k, v, visible & chosen[:, None], 0.0)
     assert heads.isfinite().all()  # nothing outside the selection was read
     torch.testing.assert_close(heads, want, atol=1e-12, rtol=0)

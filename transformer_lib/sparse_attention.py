@@ -24,16 +24,25 @@ __all__ = ["AddAuxiliaryLoss", "Indexer", "SparseAttention", "SparseCache", "ind
 
 
 def _top_k(scores: Tensor, top_k: int) -> Tensor:
-    """bool ``(..., T_q, T_k)``: True at exactly ``min(top_k, T_k)`` keys per row, the highest
-    ``scores`` (a NaN ranks last), of equal scores the earliest key."""
+    """The positions ``(..., T_q, n)`` of the ``n = min(top_k, T_k)`` highest ``scores (..., T_q, T_k)``
+    in each row; of equal scores the earliest key, so a row gives the same keys whatever its length,
+    with a cache or without."""
     n = min(top_k, scores.shape[-1])
-    scores = torch.nan_to_num(scores, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-    kth = scores.topk(n, dim=-1).values[..., -1:]  # (..., T_q, 1): the n-th highest score
-    above, tied = scores > kth, scores == kth
-    missing = n - above.sum(-1, keepdim=True)  # how many of the tied keys make up the n
-    # a threshold, not a sort: linear in T_k. Equal scores (relu makes exact zeros common) go to the
-    # earliest key, so a row gives the same keys whatever its length, with a cache or without
-    return above | (tied & (tied.cumsum(-1) <= missing))
+    best, at = scores.topk(n, dim=-1)  # (..., T_q, n); equal scores in no promised order
+    kth = best[..., -1:]
+    tied = (scores == kth).sum(-1) > (best == kth).sum(-1)  # (..., T_q): an equal score left out
+    if tied.any():  # such rows (relu makes exact zeros common) take the earliest of the equal keys
+        rows = torch.nan_to_num(scores[tied], nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # (R, T_k)
+        kth = rows.topk(n, dim=-1).values[:, -1:]
+        above, equal = rows > kth, rows == kth
+        chosen = above | (equal & (equal.cumsum(-1) <= n - above.sum(-1, keepdim=True)))  # n per row
+        at[tied] = chosen.nonzero()[:, -1].view(-1, n)  # nonzero lists each row's keys in order
+    return at
+
+
+def _chosen(at: Tensor, T_k: int) -> Tensor:
+    """Positions ``(..., T_q, n)`` -> bool ``(..., T_q, T_k)``, True at them."""
+    return torch.zeros((*at.shape[:-1], T_k), dtype=torch.bool, device=at.device).scatter_(-1, at, True)
 
 
 def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
@@ -46,14 +55,8 @@ def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tenso
     if mask is not None:
         check_mask(mask, scores.shape)
         scores = scores.masked_fill(~mask, float("-inf"))
-    chosen = _top_k(scores, top_k)
+    chosen = _chosen(_top_k(scores, top_k), scores.shape[-1])
     return chosen if mask is None else chosen & mask  # a masked key ranked only for want of others
-
-
-def _positions(chosen: Tensor, n: int) -> Tensor:
-    """``chosen (..., T_q, T_k)``, bool with ``n`` True in every row -> their key positions
-    ``(..., T_q, n)``, ascending (``nonzero`` lists each row's in order)."""
-    return chosen.nonzero()[:, -1].view(*chosen.shape[:-1], n)
 
 
 def _any_head(visible: Tensor | None) -> Tensor | None:
@@ -285,9 +288,9 @@ class SparseAttention(MultiHeadAttention):
     def _select(self, x: Tensor, mask: Tensor | None, window: int | None, cache: SparseCache | None):
         """The projections (appended to ``cache``), the visible keys and the attended ones:
         ``q (B, h, T_q, d_k)``, ``k, v (B, h_kv, T_k, d_k)``, ``visible`` (None or broadcastable to
-        ``(B, h, T_q, T_k)``), ``scores (B, T_q, T_k)`` and ``chosen (B, T_q, T_k)``: the keys ranked
-        highest among the visible ones, ``min(top_k, T_k)`` per query (invisible ones where too few are
-        visible: the attention leaves those out)."""
+        ``(B, h, T_q, T_k)``), ``scores (B, T_q, T_k)`` and ``at (B, T_q, n)``: the positions of the keys
+        ranked highest among the visible ones, ``n = min(top_k, T_k)`` per query (invisible ones where
+        too few are visible: the attention leaves those out)."""
         start = 0 if cache is None else cache.position
         indexer = self._ready_indexer()
         with torch.set_grad_enabled(self._learns()):  # the indexer's graph only for its loss
@@ -299,9 +302,8 @@ class SparseAttention(MultiHeadAttention):
         T_q, T_k = q.shape[2], k.shape[2]
         visible = self._causal(mask, T_q, T_k, window, True, x.device)  # None: every key
         per_query = _any_head(visible)  # None, or broadcastable to (B, T_q, T_k)
-        ranked = scores.detach() if per_query is None else scores.detach().masked_fill(~per_query, -math.inf)
-        chosen = _top_k(ranked, self.top_k)  # (B, T_q, T_k): min(top_k, T_k) keys, invisible ones for want of others
-        return q, k, v, visible, scores, chosen
+        ranked = scores.detach() if per_query is None else torch.where(per_query, scores.detach(), -math.inf)
+        return q, k, v, visible, scores, _top_k(ranked, self.top_k)  # at: (B, T_q, min(top_k, T_k))
 
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
@@ -320,12 +322,13 @@ class SparseAttention(MultiHeadAttention):
             self._check_inputs(query, key, value, is_causal, window, cache, _checked)
             T_k = query.shape[1] + (0 if cache is None else cache.length)
             check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], T_k)))
-        q, k, v, visible, scores, chosen = self._select(query, mask, window, cache)
+        q, k, v, visible, scores, at = self._select(query, mask, window, cache)
         p = self.dropout if self.training else 0.0
         if gathered:
-            heads, weights = self._attend_gathered(q, k, v, visible, chosen, p, need_weights)
+            heads, weights = self._attend_gathered(q, k, v, visible, at, p, need_weights)
         else:  # every score computed, the keys not selected masked
-            attended = chosen[:, None] if visible is None else visible & chosen[:, None]  # (B, 1 or h, T_q, T_k)
+            chosen = _chosen(at, k.shape[2])[:, None]  # (B, 1, T_q, T_k)
+            attended = chosen if visible is None else visible & chosen  # (B, 1 or h, T_q, T_k)
             if need_weights:
                 heads, weights = self._attend_by_hand(q, k, v, attended, p)  # (B, h, T, d_k), (B, h, T, T_k)
             else:
@@ -338,36 +341,35 @@ class SparseAttention(MultiHeadAttention):
         return out, weights
 
     def _attend_gathered(
-        self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, chosen: Tensor, p: float, need_weights: bool
+        self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, at: Tensor, p: float, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Attention over the selected keys alone: ``q (B, h, T_q, d_k)``, ``k, v (B, h_kv, T_k, d_k)``,
-        ``chosen (B, T_q, T_k)`` (``n`` keys per query) -> ``(B, h, T_q, d_k)`` and, with
-        ``need_weights``, the weights scattered back to ``(B, h, T_q, T_k)``. Each query's ``n`` keys
-        and values are gathered, so the heads compute ``T_q * n`` scores, not ``T_q * T_k``."""
+        ``at (B, T_q, n)`` (the selected positions) -> ``(B, h, T_q, d_k)`` and, with ``need_weights``,
+        the weights scattered back to ``(B, h, T_q, T_k)``. Each query's ``n`` key and value rows are
+        gathered, so the heads compute ``T_q * n`` scores, not ``T_q * T_k``."""
         B, h, T_q, d = q.shape
-        h_kv, T_k = k.shape[1], k.shape[2]
-        n = min(self.top_k, T_k)
-        at = _positions(chosen, n)  # (B, T_q, n): the selected keys' positions
-        rows = at[:, None, :, :, None].expand(B, h_kv, T_q, n, d)
-        k_sel = k[:, :, None].expand(B, h_kv, T_q, T_k, d).gather(3, rows)  # (B, h_kv, T_q, n, d_k)
-        v_sel = v[:, :, None].expand(B, h_kv, T_q, T_k, d).gather(3, rows)  # (B, h_kv, T_q, n, d_k)
+        h_kv, T_k, n = k.shape[1], k.shape[2], at.shape[-1]
         group = h // h_kv  # query head i reads K/V head i // group
-        q = q.view(B, h_kv, group, T_q, d)
-        scores = torch.einsum("bgrtd,bgtnd->bgrtn", q, k_sel) * d**-0.5  # (B, h_kv, group, T_q, n)
+        rows = (at + T_k * torch.arange(B, device=at.device)[:, None, None]).flatten()  # (B T_q n,)
+        k_sel, v_sel = (  # a token's row holds all its K/V heads: one gather per selected key
+            t.transpose(1, 2).reshape(B * T_k, h_kv * d).index_select(0, rows).view(B, T_q, n, h_kv, d) for t in (k, v)
+        )  # (B, T_q, n, h_kv, d_k) each
+        q = q.transpose(1, 2).reshape(B, T_q, h_kv, group, d)  # (B, T_q, h_kv, group, d_k)
+        scores = q @ k_sel.permute(0, 1, 3, 4, 2) * d**-0.5  # (B, T_q, h_kv, group, n)
         keep = None  # a selected key the masks hide (a query with fewer than n visible keys)
         if visible is not None:
             visible = visible.reshape((1,) * (4 - visible.dim()) + visible.shape)  # (B or 1, h or 1, T_q, T_k)
             visible = visible.expand(B, -1, T_q, T_k)
             keep = visible.gather(-1, at[:, None].expand(B, visible.shape[1], T_q, n))  # (B, h or 1, T_q, n)
-            keep = keep.expand(B, h, T_q, n).reshape(B, h_kv, group, T_q, n)
+            keep = keep.expand(B, h, T_q, n).transpose(1, 2).reshape(B, T_q, h_kv, group, n)
         weights = masked_softmax(scores, keep)
         if p > 0:
             weights = F.dropout(weights, p)
-        heads = torch.einsum("bgrtn,bgtnd->bgrtd", weights, v_sel).reshape(B, h, T_q, d)  # (B, h, T_q, d_k)
+        heads = (weights @ v_sel.transpose(2, 3)).view(B, T_q, h, d).transpose(1, 2)  # (B, h, T_q, d_k)
         if not need_weights:
             return heads, None
-        dense = weights.new_zeros(B, h, T_q, T_k)
-        return heads, dense.scatter_(-1, at[:, None].expand(B, h, T_q, n), weights.reshape(B, h, T_q, n))
+        spread = weights.new_zeros(B, h, T_q, T_k)
+        return heads, spread.scatter_(-1, at[:, None].expand(B, h, T_q, n), weights.view(B, T_q, h, n).transpose(1, 2))
 
     def _imitation_loss(self, q: Tensor, k: Tensor, visible: Tensor | None, scores: Tensor) -> Tensor:
         """``KL(p || softmax(scores))`` averaged over the queries, ``p`` the dense attention of
@@ -388,9 +390,10 @@ class SparseAttention(MultiHeadAttention):
         """The weights ``(B, h, T_q, T_k)`` of :meth:`forward` before dropout, zero at the keys not
         selected, for chapter 12's inspection tools (no cache)."""
         self._check_sparse(query, key, value, is_causal, None)
-        q, k, v, visible, _, chosen = self._select(query, mask, window, None)
+        q, k, v, visible, _, at = self._select(query, mask, window, None)
         k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
-        attended = chosen[:, None] if visible is None else visible & chosen[:, None]
+        chosen = _chosen(at, k.shape[2])[:, None]  # (B, 1, T_q, T_k)
+        attended = chosen if visible is None else visible & chosen
         return scaled_dot_product_attention(q, k, v, mask=attended)[1]
 
     @torch.no_grad()
