@@ -87,6 +87,11 @@ RULES = [
     ),
     Rule(r"bash scripts/build_book\.sh", "skip", "builds the whole book (minutes): .ci/run runs it"),
     Rule(r"bash scripts/browser_test\.sh", "skip", "needs the built book: .ci/run runs it after the build"),
+    Rule(
+        r"bash scripts/test_lower_bounds\.sh",
+        "skip",
+        "installs the lower bounds in a second environment (minutes): .ci/run runs it",
+    ),
     Rule(r"bash scripts/test_other_kernels\.sh", "skip", "every notebook a second time (minutes): .ci/run runs it"),
     Rule(r"bash \.ci/run", "skip", "all of CI (the test command, the book, the browser, the PDF): it is what CI runs"),
     Rule(r"bash scripts/build_pdf\.sh", "skip", "TeX and the whole PDF (minutes): .ci/run runs it"),
