@@ -99,9 +99,27 @@ def test_a_choices_log_likelihood_is_the_sum_over_its_tokens_after_the_context(b
     logp = torch.log_softmax(logits[0].double(), -1)
     want = sum(logp[k - 1, ids[k]].item() for k in range(n, len(ids)))
     assert choice_loglikelihoods(model, tokenizer, context, [choice])[0] == pytest.approx(want, abs=1e-10)
-    for none in ([], (), choice):  # no choice, or one string where a list is meant
-        with pytest.raises(ValueError, match="continuations must be a list of one or more strings"):
-            choice_loglikelihoods(model, tokenizer, context, none)
+
+
+# (what is called, given the BPE model and its tokenizer; what the ValueError says)
+BAD_INPUT = {
+    "no choices": (lambda m, t: choice_loglikelihoods(m, t, "ROMEO:", []), r"one or more strings, got \[\]"),
+    "no choices, a tuple": (lambda m, t: choice_loglikelihoods(m, t, "ROMEO:", ()), r"one or more strings, got \(\)"),
+    "one string as the choices": (
+        lambda m, t: choice_loglikelihoods(m, t, "ROMEO:", " soft"),  # not the choices " ", "s", "o", ...
+        "continuations must be a list of one or more strings, got ' soft'",
+    ),
+    "a choice of no tokens": (lambda m, t: choice_loglikelihoods(m, t, "ROMEO:", [""]), "adds no token"),
+    "no items": (lambda m, t: score_multiple_choice(m, t, []), "items is empty: give at least one MCItem"),
+    "a text too short": (lambda m, t: report_card(m, t, text="ROMEO:"), "too short for an interval over windows"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_refused_by_name(bpe_model, case):
+    call, match = BAD_INPUT[case]
+    with pytest.raises(ValueError, match=match):
+        call(*bpe_model)
 
 
 def test_a_long_context_is_cropped_on_the_left_as_lm_eval_crops_it(bpe_model):

@@ -82,7 +82,7 @@ def _first_line(text: str, max_chars: int) -> str:
 
 
 def speaker_choice_task(
-    text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = 0.9, max_chars: int = 40,
+    text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = HELD_OUT_START, max_chars: int = 40,
     context_chars: int = 60, seed: int = 0,
 ) -> list:  # fmt: skip
     """``n_items`` items "who speaks next?" from the held-out speeches (chapter 16): the context is
@@ -116,7 +116,7 @@ def speaker_choice_task(
 
 
 def cloze_task(
-    text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = 0.9, seed: int = 0
+    text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = HELD_OUT_START, seed: int = 0
 ) -> list:
     """``n_items`` cloze items from the held-out lines (chapter 16): the context is the line before
     and the line with its last word missing; the choices are that word and ``n_choices - 1`` words
