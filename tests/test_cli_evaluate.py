@@ -18,12 +18,15 @@ from tests.test_cli import offline_one_thread  # noqa: F401 (autouse: offline, o
 from transformer_lib import cli
 from transformer_lib import evaluate as tl_evaluate
 from transformer_lib.cli import evaluate as ev
+from transformer_lib.data.mc_tasks import HELD_OUT_START, held_out_text
 from transformer_lib.evaluate import format_cards
 
 SHAPE = "--n-layers 1 --n-heads 2 --d-model 16 --context-len 64 --batch-size 4 --eval-iters 1".split()
 QUICK = "--device cpu --no-progress --max-iters 2 --eval-interval 2".split()
 BPE = ["--tokenizer", "bpe", "--vocab-size", "300"]
 FEW = ["--items", "10"]  # each task's items; --dates 10 where exact match is scored
+SHIPPED_TEXT = tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
+CHAR_CKPT = tl.data.SHIPPED_PATH.parent / "ch12" / "shakespeare_ckpt.pt"
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +187,40 @@ def test_json_round_trips_and_is_never_overwritten_unasked(runs, capsys, tmp_pat
     assert code == 0 and json.loads(path.read_text())["cards"]["bpe"]["cloze"]["n"] == 10
 
 
+@pytest.mark.parametrize("flag", ["--limit", "--items"])
+def test_limit_is_lm_evals_name_of_items(runs, capsys, flag):
+    code, out, err = evaluate(capsys, "--ckpt", runs / "bpe", "--tasks", "cloze", flag, "7", "--json", "-")
+    assert code == 0, err
+    card = json.loads(out)["cards"]["bpe"]
+    assert card["cloze"]["n"] == 7 and len(card["items"]["cloze acc"]) == 7
+
+
+@pytest.mark.parametrize("flag", ["--output_path", "--output-path"])
+def test_output_path_writes_the_card_and_replaces_only_a_card_it_wrote(runs, capsys, tmp_path, flag):
+    path = tmp_path / "card.json"
+    few = ["--ckpt", runs / "bpe", "--tasks", "cloze", *FEW]
+    code, out, err = evaluate(capsys, *few, flag, path)
+    assert code == 0, err
+    doc = json.loads(path.read_text())
+    assert doc["written_by"] == ev.STAMP and doc["cards"]["bpe"]["cloze"]["n"] == 10
+    assert format_cards(doc["cards"]) in out and f"wrote the cards to {path}" in out
+    code, _, err = evaluate(capsys, *few[:-1], "12", flag, path)  # its own card: replaced, unasked
+    assert code == 0, err
+    assert json.loads(path.read_text())["cards"]["bpe"]["cloze"]["n"] == 12
+    for other in ('{"cards": {}}', "not JSON", "[1, 2]"):  # any other file: refused, left as it was
+        path.write_text(other)
+        code, out, err = evaluate(capsys, *few, flag, path)
+        assert code == 2 and err.count("\n") == 1 and "is not a report card of this command: give --force" in err
+        assert path.read_text() == other and out == ""
+    code, _, err = evaluate(capsys, *few, flag, path, "--force")
+    assert code == 0, err
+    assert json.loads(path.read_text())["written_by"] == ev.STAMP
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["card.json"]  # no temporary file is left
+    code, _, err = evaluate(capsys, *few, flag, tmp_path)  # a folder: the card is written in it
+    assert code == 0, err
+    assert json.loads((tmp_path / ev.CARD_NAME).read_text())["cards"]["bpe"]["cloze"]["n"] == 10
+
+
 def test_the_quantised_copy_beside_the_run(runs, capsys):
     code, out, err = evaluate(capsys, "--ckpt", runs / "lora", *FEW, "--dates", "10", "--quantize", "int8")
     assert code == 0, err
@@ -199,12 +236,33 @@ def test_the_quantised_copy_beside_the_run(runs, capsys):
 def test_the_default_text_says_when_the_runs_text_is_gone(runs):
     run = ev._load(str(runs / "bpe"), None)
     run.pretraining = tl.RunRecord(data=str(runs / "gone.txt"), val_fraction=0.1)
-    text, label = ev._text(None, [run], 0.9)
+    text, label = ev._text(None, [run], ev._held_out_start([run]))
+    # the shipped text from HELD_OUT_START (91 %) on: the last 9 % of its characters
     assert (
         label
-        == f"the last 10% of the shipped Tiny Shakespeare ({runs / 'gone.txt'}, which bpe trained on, is not there)"
+        == f"the last 9% of the shipped Tiny Shakespeare ({runs / 'gone.txt'}, which bpe trained on, is not there)"
     )
-    assert text == tl.data.mc_tasks.held_out_text(tl.data.SHIPPED_PATH.read_text(encoding="utf-8"))
+    assert text == held_out_text(SHIPPED_TEXT)
+
+
+@pytest.mark.parametrize("path", [tl.PRETRAINED_PATH, CHAR_CKPT], ids=["bpe", "char"])
+def test_a_shipped_model_is_scored_on_the_text_no_shipped_model_trained_on(path):
+    # the shipped checkpoints name no text file: their text and tasks are the shipped text from
+    # HELD_OUT_START on, after chapter 15's BPE model's training split (which ends past 90 %)
+    run = ev._load(str(path), None)
+    start = ev._held_out_start([run])
+    assert start == HELD_OUT_START
+    text, label = ev._text(None, [run], start)
+    assert text == held_out_text(SHIPPED_TEXT) and label == "the last 9% of the shipped Tiny Shakespeare"
+    items = ev._items(["speaker", "cloze"], 20, start)
+    assert items["speaker"] == tl.data.speaker_choice_task(SHIPPED_TEXT, 20, start_fraction=HELD_OUT_START)
+    assert all(it.context.strip() in text for task in items.values() for it in task)
+
+
+def test_a_run_that_kept_less_of_the_shipped_text_moves_the_start_later(runs):
+    run = ev._load(str(runs / "char"), None)  # trained on the shipped text, 5 % kept for validation
+    assert ev._held_out_start([run]) == pytest.approx(0.95)
+    assert ev._held_out_start([ev._load(str(tl.PRETRAINED_PATH), None), run]) == pytest.approx(0.95)
 
 
 # (arguments, with {runs} and {tmp} filled in; what the one line on stderr says)
@@ -247,6 +305,23 @@ REFUSED = {
     "no text file": (["--ckpt", "{runs}/bpe", "--text", "{tmp}/t.txt"], "--text: no file at"),
     "pairs and dates": (["--ckpt", "{runs}/lora", "--pairs", "{runs}/pairs.jsonl", "--dates", "3"], "not allowed with"),
     "a GPU": (["--ckpt", "{runs}/bpe", "--device", "cuda"], "cuda"),
+    # lm-eval's names: those that mean the same here, given a bad value
+    "a share as --limit": (["--ckpt", "{runs}/bpe", "--limit", "0.5"], "--limit must be a whole number of items >= 1"),
+    "no items by --limit": (["--ckpt", "{runs}/bpe", "--limit", "0"], "--limit must be a whole number of items >= 1"),
+    "too many by --limit": (["--ckpt", "{runs}/bpe", "--limit", "5000"], "--limit 5000: the held-out text has"),
+    "--limit and --items": (["--ckpt", "{runs}/bpe", "--limit", "5", "--items", "5"], "not allowed with"),
+    "output_path in no folder": (["--ckpt", "{runs}/bpe", "--output_path", "{tmp}/no/c.json"], "there is no folder"),
+    "output_path, no such folder": (["--ckpt", "{runs}/bpe", "--output-path", "{tmp}/no/"], "there is no folder"),
+    "json and output_path": (["--ckpt", "{runs}/bpe", "--json", "-", "--output_path", "{tmp}/c.json"], "not allowed"),
+    "unknown task, lm-eval's": (["--ckpt", "{runs}/bpe", "--tasks", "hellaswag"], "the choices: speaker, cloze"),
+    # lm-eval's flags that mean something else here: the flag to use instead
+    "--model": (["--ckpt", "{runs}/bpe", "--model", "hf"], "the book scores its own runs: give the run's folder"),
+    "--model_args": (["--model_args", "pretrained={runs}/bpe"], "give it with --ckpt"),
+    "--num_fewshot": (["--ckpt", "{runs}/bpe", "--num_fewshot", "5"], "the book's tasks are zero-shot"),
+    "--batch_size": (["--ckpt", "{runs}/bpe", "--batch_size=8"], "batches each item's choices"),
+    "--gen_kwargs": (["--ckpt", "{runs}/lora", "--gen_kwargs", "temperature=0.5"], "give --temperature"),
+    "--log_samples": (["--ckpt", "{runs}/bpe", "--log_samples"], "always holds them"),
+    "--include_path": (["--ckpt", "{runs}/bpe", "--include_path", "{tmp}"], "write_lm_eval_task"),
 }
 
 
@@ -268,3 +343,8 @@ def test_no_traceback_from_the_real_command_and_help_lists_it(capsys):
         cli.main(["evaluate", "--help"])
     shown = capsys.readouterr().out
     assert exit_info.value.code == 0 and "--compare" in shown and "(default: None)" not in shown
+    # the shared parser's: --threads, underscore spellings; and lm-eval's names, kept and refused
+    flat = " ".join(shown.split())
+    assert "--threads N" in shown and "--limit N" in shown and "--output-path PATH" in shown
+    assert "may be spelt with underscores (--output_path" in flat and "no flag is abbreviated" in flat
+    assert all(f"--{flag[2:].replace('-', '_')}" in flat for flag in ev.LM_EVAL_REFUSED)

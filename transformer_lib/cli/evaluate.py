@@ -4,11 +4,18 @@ table of the loss on held-out text in three units, multiple choice, and for a fi
 exact match and pass@k, each with its 95 % interval; ``--compare RUN2`` adds a second run scored on
 the same items, ``--quantize int8`` the run's quantised copy; ``--json FILE`` writes the cards.
 
+lm-eval's names mean the same here: ``--tasks`` (a comma list of the book's tasks), ``--limit N``
+(items of each task, as ``--items``) and ``--output_path`` (the cards as JSON, a card it wrote
+before replaced, any other file only with ``--force``). lm-eval's flags that mean something else
+here (``--model``, ``--model_args``, ``--num_fewshot``, ``--batch_size``, ...) are refused with
+the flag to use (:data:`LM_EVAL_REFUSED`).
+
 What is scored, unless a flag says otherwise:
 
 - **text**: the run's validation split, the last ``val_fraction`` of the text file its record names
-  (a fine-tuning run: its base's), if that file is there and unchanged; else the last 10 % of the
-  shipped Tiny Shakespeare (more, if a run kept more of it for validation);
+  (a fine-tuning run: its base's), if that file is there and unchanged; else the shipped Tiny
+  Shakespeare from :data:`~transformer_lib.data.mc_tasks.HELD_OUT_START` (91 % of its characters)
+  on, the part no shipped model trained on (later, if a run kept less of it for validation);
 - **tasks**: ``speaker`` and ``cloze`` (:mod:`~transformer_lib.data.mc_tasks`), 100 items each,
   from that held-out part of the shipped Tiny Shakespeare;
 - **exact match**, only when a run is fine-tuned (or given ``--adapter``): 200 dates in chapter
@@ -33,7 +40,7 @@ from ..checkpoint import ADAPTER_NAME, CHECKPOINT_NAME, checkpoint_file, read_ch
 from ..data import SHIPPED_PATH, load_corpus, sha256_of
 from ..data import TINY_SHAKESPEARE_SHA256 as SHAKESPEARE
 from ..data.instructions import date_pairs, read_pairs
-from ..data.mc_tasks import cloze_task, held_out_text, speaker_choice_task
+from ..data.mc_tasks import HELD_OUT_START, cloze_task, held_out_text, speaker_choice_task
 from ..evaluate import format_cards, report_card
 from ..lora import lora_weights, remove_lora
 from ..models import GPT
@@ -43,7 +50,7 @@ from ..token_rows import remove_token_rows, token_rows
 from ..utils import atomic_write, pick_device
 from .settings import Parser, check_seed
 
-__all__ = ["DATES_SEED", "DATE_FORMATS", "TASKS", "build_parser", "evaluate_main"]
+__all__ = ["DATES_SEED", "DATE_FORMATS", "LM_EVAL_REFUSED", "TASKS", "build_parser", "evaluate_main"]
 
 #: The multiple-choice tasks by name: ``(text, n_items, start_fraction) -> items``.
 TASKS = {
@@ -52,7 +59,30 @@ TASKS = {
 }
 DATE_FORMATS = ("dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy")  # chapter 15's (the README's pairs.jsonl)
 DATES_SEED = 16  # --dates: not 0, the seed of chapter 15's (and the README's) training pairs
-SHIPPED_START = 0.9  # the shipped text's held-out part starts here (a run's default validation split)
+#: what a file written by --output-path (and --json) says of itself: such a file is a card to replace
+STAMP = "python -m transformer_lib evaluate"
+CARD_NAME = "report_card.json"  # the file --output-path writes in a folder
+#: lm-eval's flags that mean something else here: why, and the flag to give instead
+LM_EVAL_REFUSED = {
+    "--model": "is lm-eval's kind of model (hf, vllm, ...); the book scores its own runs: give the run's folder or "
+    "checkpoint with --ckpt (and a LoRA adapter file with --adapter)",
+    "--model-args": "is lm-eval's pretrained=PATH,dtype=...; the book reads a run's own folder or checkpoint, on "
+    "the CPU: give it with --ckpt (and a LoRA adapter file with --adapter)",
+    "--num-fewshot": "puts solved examples before each question in lm-eval; the book's tasks are zero-shot, each "
+    "item's context alone: leave it out",
+    "--batch-size": "is lm-eval's batch of requests; the report card batches each item's choices and the prompts of "
+    "one length itself: leave it out (--threads sets the CPU threads)",
+    "--gen-kwargs": "is lm-eval's key=value settings of generation; here they are flags of their own: give "
+    "--temperature, --max-new-tokens and --samples",
+    "--log-samples": "keeps every item's scores in lm-eval; the book's JSON card always holds them (its \"items\"): "
+    "give --output-path FILE",
+    "--include-path": "is lm-eval's folder of task files; the book has its own tasks (speaker, cloze): give --tasks, "
+    "or write them out for lm-eval with transformer_lib.data.write_lm_eval_task",
+}
+EPILOG = ("Every flag may be spelt with underscores (--output_path, --max_new_tokens), as lm-eval and Hugging Face "
+          "write them; no flag is abbreviated. lm-eval's --tasks, --limit and --output_path mean the same here; its "
+          f"{', '.join('--' + f[2:].replace('-', '_') for f in LM_EVAL_REFUSED)} mean something else and are "
+          "refused, each with the flag to use.")  # fmt: skip
 NOTE = ("Each score is the mean over its items, with a 95 % interval in brackets (Wilson's for a share of items, a "
         "bootstrap over windows of text for bits per byte, over prompts for pass@k); \"better\" says which way each "
         "row improves.")  # fmt: skip
@@ -65,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The evaluation command's argument parser (``python -m transformer_lib evaluate --help``, chapter 16)."""
     p = Parser(
         prog="python -m transformer_lib evaluate",
+        epilog=EPILOG,
+        refused=LM_EVAL_REFUSED,
         description="Print a run's report card (chapter 16): loss, perplexity and bits per byte on held-out text, "
         "multiple-choice accuracy, and for a fine-tuned model exact match and pass@k, each with a 95 % interval; "
         "with --compare, a second run on the same items, the difference and whether the items tell them apart.",
@@ -76,10 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="CKPT2", help="a second run, scored on the same items (default: none)")
     p.add_argument("--compare-adapter", metavar="FILE", help="a LoRA adapter file added to --compare (default: none)")
     p.add_argument("--text", metavar="FILE", help="held-out text for the loss, all of the file (default: the run's "
-                   "validation split of the text it trained on, else the last 10 %% of the shipped Tiny Shakespeare)")
+                   "validation split of the text it trained on, else the shipped Tiny Shakespeare from "
+                   f"{HELD_OUT_START * 100:.0f} %% of its characters on, which no shipped model trained on)")
     p.add_argument("--tasks", default="speaker,cloze", help=f"multiple-choice tasks from the shipped text's held-out "
                    f"part: a comma list of {', '.join(TASKS)}, or none (default: %(default)s)")
-    p.add_argument("--items", type=int, default=100, help="items of each task (default: %(default)s)")
+    items = p.add_mutually_exclusive_group()
+    items.add_argument("--items", type=int, default=100, help="items of each task (default: %(default)s)")
+    items.add_argument("--limit", type=float, metavar="N", help="lm-eval's name of --items: N items of each task, a "
+                       "whole number (the book's tasks are drawn, with no fixed total to take a share of)")
     exact = p.add_mutually_exclusive_group()
     exact.add_argument("--pairs", metavar="FILE.jsonl", help="prompt/response pairs for exact match (default: none)")
     exact.add_argument("--dates", type=int, metavar="N", help="N date pairs for exact match, none of whose dates the "
@@ -90,9 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, help="the k of pass@k, at most --samples (default: 8, or --samples if fewer)")
     p.add_argument("--quantize", action="append", metavar="METHOD", help="also score the run's int8 or nf4 copy "
                    "(repeat the flag or give a comma list; default: none)")
-    p.add_argument("--json", metavar="FILE", help="also write the cards as JSON to FILE, or - for stdout (the table "
-                   "then goes to stderr) (default: none)")
-    p.add_argument("--force", action="store_true", help="replace an existing --json file (default: refuse)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", metavar="FILE", help="also write the cards as JSON to FILE, or - for stdout (the "
+                     "table then goes to stderr); an existing file only with --force (default: none)")
+    out.add_argument("--output-path", metavar="PATH", help=f"lm-eval's name: also write the cards as JSON to the "
+                     f"file PATH, or to PATH/{CARD_NAME} if PATH is a folder; a card this command wrote is "
+                     "replaced, any other file only with --force (default: none)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json or --output-path file "
+                   "(default: refuse)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled answers (default: %(default)s)")
     p.add_argument("--device", default="auto", help="'auto' or 'cpu': the report card is computed on the CPU "
                    "(default: %(default)s)")
@@ -179,13 +220,21 @@ def _text(given: str | None, runs: list[_Run], start: float) -> tuple[str, str]:
     return held_out_text(text, start), f"the last {1 - start:.0%} of the shipped Tiny Shakespeare{note}"
 
 
-def _items(tasks: list[str], n: int, start: float) -> dict:
-    """``n`` items of each task, from the shipped text's held-out part."""
+def _held_out_start(runs: list[_Run]) -> float:
+    """Where the held-out part of the shipped text starts for ``runs``, a fraction of its characters:
+    at ``HELD_OUT_START``, after every shipped model's training split, or later where one of
+    ``runs`` trained on the shipped text and kept less of it for validation."""
+    kept = [r.pretraining.val_fraction for r in runs if r.pretraining and r.pretraining.data_sha256 == SHAKESPEARE]
+    return max([HELD_OUT_START] + [1.0 - v for v in kept if v])
+
+
+def _items(tasks: list[str], n: int, start: float, flag: str = "--items") -> dict:
+    """``n`` items of each task, from the shipped text's held-out part (``flag``: the flag that gave ``n``)."""
     text = SHIPPED_PATH.read_text(encoding="utf-8")
     try:
         return {name: TASKS[name](text, n, start) for name in tasks}
     except ValueError as e:
-        raise ValueError(f"--items {n}: {e}") from None
+        raise ValueError(f"{flag} {n}: {e}") from None
 
 
 def _check_inputs(run: _Run, text: str, label: str, items: dict) -> None:
@@ -218,9 +267,43 @@ def _names(spec: str, known, flag: str) -> list[str]:
     return [] if names == ["none"] else list(dict.fromkeys(names))
 
 
+def _is_card(path: Path) -> bool:
+    """Whether the file at ``path`` is a report card this command wrote (its JSON says so)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("written_by") == STAMP
+
+
+def _output_file(path: str, force: bool) -> Path:
+    """The file ``--output-path PATH`` writes: PATH, or PATH/report_card.json where PATH is a folder.
+    Refused where its folder is missing, and where it would replace a file that is not a card this
+    command wrote, unless ``force``."""
+    out = Path(path)
+    if out.is_dir():
+        out = out / CARD_NAME
+    elif path.endswith(("/", "\\")):
+        raise FileNotFoundError(f"--output-path {path}: there is no folder {path}")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"--output-path {path}: there is no folder {out.parent}")
+    if out.is_dir():
+        raise FileExistsError(f"--output-path {path}: {out} is a folder; give a file or another folder")
+    if out.exists() and not force and not _is_card(out):
+        raise FileExistsError(f"--output-path {out} exists and is not a report card of this command: give --force "
+                              "to replace it, or another path")  # fmt: skip
+    return out
+
+
 def _check(args) -> tuple[list[str], list[str]]:
     """Refuse bad numbers, names and files before any model is read; the tasks and quantisation methods."""
     check_seed(args.seed)
+    args.items_flag = "--items"
+    if args.limit is not None:  # lm-eval's name of --items; below 1, lm-eval's share of a task's items
+        if not (math.isfinite(args.limit) and args.limit >= 1 and args.limit == int(args.limit)):
+            raise ValueError(f"--limit must be a whole number of items >= 1, got {args.limit:g}: the book's tasks "
+                             "are drawn from the held-out text, with no fixed total to take a share of")  # fmt: skip
+        args.items, args.items_flag = int(args.limit), "--limit"
     for flag, value, least in (("--items", args.items, 1), ("--samples", args.samples, 0), ("--k", args.k, 1),
                                ("--max-new-tokens", args.max_new_tokens, 1), ("--dates", args.dates, 1)):  # fmt: skip
         if value is not None and value < least:
@@ -241,6 +324,7 @@ def _check(args) -> tuple[list[str], list[str]]:
             raise FileNotFoundError(f"--json {out}: there is no folder {out.parent}")
         if out.is_dir() or (out.exists() and not args.force):
             raise FileExistsError(f"--json {out} exists: give --force to replace it, or another file")
+    args.output_file = None if args.output_path is None else _output_file(args.output_path, args.force)
     if pick_device(args.device).type != "cpu" and args.device != "auto":
         raise ValueError(f"--device {args.device}: the report card is computed on the CPU; give --device cpu or auto")
     methods = list(dict.fromkeys(m for spec in args.quantize or [] for m in _names(spec, QUANT_METHODS, "--quantize")))
@@ -318,10 +402,9 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         runs.append(_load(args.compare, args.compare_adapter, ("--compare", "--compare-adapter")))
         if runs[1].name == runs[0].name:  # two folders of one name: their paths; one run twice: A and B
             runs[0].name, runs[1].name = (runs[0].label, runs[1].label) if runs[0].label != runs[1].label else "AB"
-    kept = [r.pretraining.val_fraction for r in runs if r.pretraining and r.pretraining.data_sha256 == SHAKESPEARE]
-    start = max([SHIPPED_START] + [1.0 - v for v in kept if v])  # the shipped text no run trained on
+    start = _held_out_start(runs)  # the shipped text no run trained on
     text, scored = _text(args.text, runs, start)
-    items = _items(tasks, args.items, start)
+    items = _items(tasks, args.items, start, args.items_flag)
     pairs, pairs_label = _pairs(args, runs)
     for run in runs:
         _check_inputs(run, text, scored, items)
@@ -340,12 +423,14 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         cards[name] = report_card(model, run.tokenizer, pairs=pairs if has_end else None, **options)
     out = sys.stderr if args.json == "-" else sys.stdout  # stdout then holds the JSON alone
     print("\n".join(_report(runs, cards, reports, scored)), file=out)
-    if args.json is not None:
+    if args.json is not None or args.output_file is not None:
         described = {run.name: {"ckpt": run.path, "adapter": run.adapter, "kind": run.kind} for run in runs}
-        dumped = json.dumps({"runs": described, "scored": scored, "cards": cards, "quantized": reports}, indent=1)
+        doc = {"written_by": STAMP, "runs": described, "scored": scored, "cards": cards, "quantized": reports}
+        dumped = json.dumps(doc, indent=1)
         if args.json == "-":
             print(dumped)
         else:
-            atomic_write(args.json, lambda tmp: Path(tmp).write_text(dumped + "\n", encoding="utf-8"))
-            print(f"wrote the cards to {args.json}", file=out)
+            file = args.json if args.output_file is None else args.output_file
+            atomic_write(file, lambda tmp: Path(tmp).write_text(dumped + "\n", encoding="utf-8"))
+            print(f"wrote the cards to {file}", file=out)
     return 0
