@@ -39,8 +39,9 @@ KEEP = ("model_class", "model_config", "model", "tokenizer", "meta", "step", "tr
 def commit() -> str:
     """The commit the weights were made at (with ``+changes`` if the tree differed from it)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "transformer_lib"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "transformer_lib"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return head + ("+changes" if dirty else "")
 
 

@@ -16,7 +16,8 @@ Tools above them: ``induction`` (12: the attention-only model and its training o
 receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
 GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``pretrained_experts`` (the experts of Qwen3-MoE,
-Mixtral and DeepSeek-V3), ``pretrained_latent`` (a latent-attention GPT as a dense DeepSeek-V3), ``export`` (a run in Hugging Face's format),
+Mixtral and DeepSeek-V3), ``pretrained_latent`` (a latent-attention GPT as a dense DeepSeek-V3),
+``export`` (a run in Hugging Face's format),
 ``evaluate`` and ``quantize`` (16: the report card, multiple choice, pass@k, intervals; int8 and NF4 weights),
 ``preference`` and ``preference_runs`` (17: DPO's and GRPO's losses, equal to TRL's, and their runs),
 ``viz`` (figures), ``utils``, ``exercises`` (the chapters' exercise checks), and, not imported here, ``cli`` (the
@@ -46,18 +47,62 @@ if _sys.argv[:1] == ["-m"]:  # being imported by `python -m transformer_lib.<mod
 # imports nothing of the book; `models` assembles the GPT from the parts of chapters 9-15 and 18, so it
 # comes after them.
 _CONCEPTS = (
-    "_checks", "_specs", "parts", "attention", "masks", "kv_cache", "multihead", "positional", "blocks",
-    "encoder_decoder", "sampling", "long_context", "inspect_heads", "bpe", "modern_block", "latent_attention",
-    "sparse_attention", "sinks", "linear_attention", "delta_net", "experts", "rope_scaling", "recipe",
+    "_checks",
+    "_specs",
+    "parts",
+    "attention",
+    "masks",
+    "kv_cache",
+    "multihead",
+    "positional",
+    "blocks",
+    "encoder_decoder",
+    "sampling",
+    "long_context",
+    "inspect_heads",
+    "bpe",
+    "modern_block",
+    "latent_attention",
+    "sparse_attention",
+    "sinks",
+    "linear_attention",
+    "delta_net",
+    "experts",
+    "rope_scaling",
+    "recipe",
     "models",
-)  # fmt: skip
+)
 # Tools: they may import any concept module and each other (without a cycle).
 _TOOLS = (
-    "__main__", "utils", "cost", "data", "train_config", "train", "checkpoint", "cli", "viz", "exercises",
-    "student", "pretrained", "pretrained_llama", "pretrained_experts", "pretrained_latent", "induction", "tokens", "lora", "token_rows",
-    "finetune", "run", "export", "evaluate", "quantize", "quantized_cache", "preference", "preference_runs",
+    "__main__",
+    "utils",
+    "cost",
+    "data",
+    "train_config",
+    "train",
+    "checkpoint",
+    "cli",
+    "viz",
+    "exercises",
+    "student",
+    "pretrained",
+    "pretrained_llama",
+    "pretrained_experts",
+    "pretrained_latent",
+    "induction",
+    "tokens",
+    "lora",
+    "token_rows",
+    "finetune",
+    "run",
+    "export",
+    "evaluate",
+    "quantize",
+    "quantized_cache",
+    "preference",
+    "preference_runs",
     "experiments",
-)  # fmt: skip
+)
 # Each of these modules' public names joins the flat namespace (the layout test checks that no two
 # modules export the same name).
 # reached as tl.<module>, or not

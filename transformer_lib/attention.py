@@ -20,10 +20,19 @@ from torch import Tensor, nn
 from ._checks import check_float_tensor, check_float_tensors, check_probability
 
 __all__ = [
-    "AdditiveAttention", "SingleHeadAttention", "check_attention_weights", "check_mask", "dot_product_attention",
-    "masked_softmax", "scaled_dot_product_attention", "simple_self_attention", "soft_lookup", "softmax_entropy",
-    "softmax_jacobian", "softmax_with_temperature",
-]  # fmt: skip
+    "AdditiveAttention",
+    "SingleHeadAttention",
+    "check_attention_weights",
+    "check_mask",
+    "dot_product_attention",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+    "simple_self_attention",
+    "soft_lookup",
+    "softmax_entropy",
+    "softmax_jacobian",
+    "softmax_with_temperature",
+]
 
 
 def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:

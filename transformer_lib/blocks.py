@@ -104,10 +104,19 @@ class _LayerParts:
     ``norm_layer``, ``feed_forward`` and ``attention_layer``, which then decides biases and activation)."""
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int | None = None, *, dropout: float = 0.0,
-        norm_first: bool = False, activation: str = "relu", bias: bool = True, n_kv_heads: int | None = None,
-        parts=None, _checked: bool = False,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        *,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation: str = "relu",
+        bias: bool = True,
+        n_kv_heads: int | None = None,
+        parts=None,
+        _checked: bool = False,
+    ):
         if not _checked:  # n_kv_heads once per layer, not once per attention (the stack: once)
             _check_kv_heads(d_model, n_heads, n_kv_heads)
         if d_ff is not None:
@@ -120,7 +129,12 @@ class _LayerParts:
             raise TypeError(f"parts must make a block's parts ({', '.join(self._MADE_BY_PARTS)}), got {parts!r}")
         self.d_model, self.n_heads, self.d_ff, self.dropout = d_model, n_heads, d_ff, dropout
         self.norm_first, self.activation, self.bias, self.n_kv_heads, self.parts = (
-            norm_first, activation, bias, n_kv_heads, parts)  # fmt: skip
+            norm_first,
+            activation,
+            bias,
+            n_kv_heads,
+            parts,
+        )
 
     _MADE_BY_PARTS = ("norm_layer", "feed_forward", "attention_layer")
 
@@ -187,9 +201,16 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, d_ff: int | None = None, *, cross_attention: bool = True,
-        window: int | None = None, _checked: bool = False, **options,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        *,
+        cross_attention: bool = True,
+        window: int | None = None,
+        _checked: bool = False,
+        **options,
+    ):
         super().__init__()
         if not _checked:  # a stack or a model building the layer checked window where it entered
             check_window(window)
@@ -208,9 +229,16 @@ class DecoderLayer(nn.Module):
         cross = KVCache(static=True) if self.cross_attn is not None else None
         return LayerCache(own(self.window) if own else KVCache(window=self.window, _checked=True), cross)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False,
-                cache: LayerCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: LayerCache | None = None,
+        _trusted: bool = False,
+    ) -> Tensor:
         """``x (B, T, d_model)`` and ``memory (B, T_src, d_model)`` (the encoder's output) ->
         ``(B, T, d_model)``. The self-attention is always causal; ``self_mask`` can add a padding
         mask, ``memory_mask`` masks the source. With ``need_weights`` the weights are kept in
@@ -225,9 +253,17 @@ class DecoderLayer(nn.Module):
 
         def self_attend(h: Tensor) -> Tensor:
             out, self.self_attn_weights = self.self_attn(
-                h, h, h, mask=self_mask, need_weights=need_weights, is_causal=True, window=self.window,
-                cache=self_cache, _checked=True, _trusted=_trusted,
-            )  # fmt: skip
+                h,
+                h,
+                h,
+                mask=self_mask,
+                need_weights=need_weights,
+                is_causal=True,
+                window=self.window,
+                cache=self_cache,
+                _checked=True,
+                _trusted=_trusted,
+            )
             return out
 
         def cross_attend(h: Tensor) -> Tensor:
@@ -251,9 +287,17 @@ class _Stack(nn.Module):
     layer_class: type[nn.Module]
 
     def __init__(
-        self, d_model: int, n_heads: int, n_layers: int, d_ff: int | None = None, *,
-        norm_first: bool = False, bias: bool = True, _checked: bool = False, **options,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        d_ff: int | None = None,
+        *,
+        norm_first: bool = False,
+        bias: bool = True,
+        _checked: bool = False,
+        **options,
+    ):
         super().__init__()
         check_int(n_layers, "n_layers", minimum=0)
         if not _checked:  # once for the stack; its layers trust it (a model's config checked them)
@@ -304,9 +348,16 @@ class Decoder(_Stack):
         """An empty :class:`DecoderCache` with one :class:`LayerCache` per layer (chapter 10)."""
         return DecoderCache([layer.new_cache() for layer in self.layers])
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False,
-                cache: DecoderCache | None = None, _trusted: bool = False) -> Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: DecoderCache | None = None,
+        _trusted: bool = False,
+    ) -> Tensor:
         """``x (B, T, d_model)`` and ``memory (B, T_src, d_model)``, the encoder's output (None
         without cross-attention) -> ``(B, T, d_model)``, each layer as :meth:`DecoderLayer.forward`.
         ``cache`` (chapter 10), a :class:`DecoderCache` from :meth:`new_cache`: ``x`` then holds
@@ -323,8 +374,15 @@ class Decoder(_Stack):
             )
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]
-            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, need_weights=need_weights,
-                      cache=layer_cache, _trusted=_trusted)  # fmt: skip
+            x = layer(
+                x,
+                memory,
+                self_mask=self_mask,
+                memory_mask=memory_mask,
+                need_weights=need_weights,
+                cache=layer_cache,
+                _trusted=_trusted,
+            )
         if cache is not None:
             cache._advance(x.shape[1])  # a no-op with layers: their KVCaches counted the positions
         return self.norm(x)  # (B, T, d_model)

@@ -116,13 +116,27 @@ class GatedDeltaNet(nn.Module):
     """
 
     part_role = "attention"  # see parts.py
-    part_matrices = {"qkv": "in_proj.weight", "beta": "beta_proj.weight", "decay": "decay_proj.weight",
-                     "gate": "gate_proj.weight", "out": "out_proj.weight"}  # fmt: skip
+    part_matrices = {
+        "qkv": "in_proj.weight",
+        "beta": "beta_proj.weight",
+        "decay": "decay_proj.weight",
+        "gate": "gate_proj.weight",
+        "out": "out_proj.weight",
+    }
 
     def __init__(
-        self, d_model: int, n_heads: int, *, n_qk_heads: int | None = None, d_k: int | None = None,
-        d_v: int | None = None, conv_kernel: int = 4, mode: str = "gated", chunk_size: int = 64, eps: float = 1e-6,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_qk_heads: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        conv_kernel: int = 4,
+        mode: str = "gated",
+        chunk_size: int = 64,
+        eps: float = 1e-6,
+    ):
         super().__init__()
         check_int(d_model, "d_model")
         check_int(n_heads, "n_heads")
@@ -130,8 +144,9 @@ class GatedDeltaNet(nn.Module):
             if value is not None:
                 check_int(value, name)
         if d_k is None and d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so d_k has no default: "
-                             "give d_k")  # fmt: skip
+            raise ValueError(
+                f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so d_k has no default: give d_k"
+            )
         n_qk_heads = n_heads if n_qk_heads is None else n_qk_heads
         if n_heads % n_qk_heads:
             raise ValueError(f"n_qk_heads ({n_qk_heads}) must divide n_heads ({n_heads})")
@@ -193,10 +208,19 @@ class GatedDeltaNet(nn.Module):
         return delta_rule_weights(q, k, beta, gate=g if self.mode == "gated" else None)
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = True, window: int | None = None, cache: RecurrentState | None = None,
-        _checked: bool = False, _trusted: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = True,
+        window: int | None = None,
+        cache: RecurrentState | None = None,
+        _checked: bool = False,
+        _trusted: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """``query (B, T, d_model)``, the same tensor as ``key`` and ``value`` -> ``(output (B, T, d_model),
         weights (B, h, T, T) or None)``.
 
@@ -212,8 +236,10 @@ class GatedDeltaNet(nn.Module):
         if not _trusted:
             self._check_inputs(query, key, value, cache)
         if need_weights and cache is not None and cache.filled:
-            raise ValueError("need_weights=True needs an empty cache: the state already holds earlier tokens, "
-                             "which no matrix over the new ones shows")  # fmt: skip
+            raise ValueError(
+                "need_weights=True needs an empty cache: the state already holds earlier tokens, "
+                "which no matrix over the new ones shows"
+            )
         _check_mode(self.mode)
         B, T, _ = query.shape
         shapes = (B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1)
@@ -233,8 +259,17 @@ class GatedDeltaNet(nn.Module):
         weights = self._weights(q, k, beta, g) if need_weights else None
         return self.out_proj(out.reshape(B, T, -1)), weights  # (B, T, d_model)
 
-    def attention_weights(self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
-                          is_causal: bool = True, window: int | None = None, **_) -> Tensor:  # fmt: skip
+    def attention_weights(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = True,
+        window: int | None = None,
+        **_,
+    ) -> Tensor:
         """The weights ``(B, h, T, T)`` of ``forward(query, key, value, need_weights=True)`` (for the
         inspection tools of chapter 12): each row mixes the convolved values, lower triangular; not a
         softmax's, so a row need not sum to 1 nor be positive."""
@@ -257,8 +292,10 @@ class GatedDeltaNet(nn.Module):
             raise TypeError(f"cache must be a RecurrentState (layer.new_cache()) or None, got {type(cache).__name__}")
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_qk_heads={self.n_qk_heads}, d_k={self.d_k}, "
-                f"d_v={self.d_v}, conv_kernel={self.conv_kernel}, mode={self.mode!r}")  # fmt: skip
+        return (
+            f"d_model={self.d_model}, n_heads={self.n_heads}, n_qk_heads={self.n_qk_heads}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, conv_kernel={self.conv_kernel}, mode={self.mode!r}"
+        )
 
 
 def _check_mode(mode) -> None:
@@ -268,18 +305,23 @@ def _check_mode(mode) -> None:
 
 def _refuse_window(window) -> None:
     if window is not None:
-        raise ValueError(f"GatedDeltaNet has no sliding window (its state holds a summary of every token), "
-                         f"got window={window!r}: build the layer without one")  # fmt: skip
+        raise ValueError(
+            f"GatedDeltaNet has no sliding window (its state holds a summary of every token), "
+            f"got window={window!r}: build the layer without one"
+        )
 
 
 def _check_call(mask, is_causal, window) -> None:
     """What a recurrence cannot do, refused by name even for a trusted caller."""
     if mask is not None:
-        raise ValueError("GatedDeltaNet takes no mask: the recurrence forms no attention matrix to mask (pad on the "
-                         "left, or run each sequence alone)")  # fmt: skip
+        raise ValueError(
+            "GatedDeltaNet takes no mask: the recurrence forms no attention matrix to mask (pad on the "
+            "left, or run each sequence alone)"
+        )
     if is_causal is not True:
-        raise ValueError(f"GatedDeltaNet is causal by construction (a recurrence): is_causal must be True, "
-                         f"got {is_causal!r}")  # fmt: skip
+        raise ValueError(
+            f"GatedDeltaNet is causal by construction (a recurrence): is_causal must be True, got {is_causal!r}"
+        )
     _refuse_window(window)
 
 
@@ -295,13 +337,20 @@ def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
     if type(layer).__name__ != "Qwen3NextGatedDeltaNet":
         raise TypeError(f"layer must be a transformers Qwen3NextGatedDeltaNet, got {type(layer).__name__}")
     if layer.activation != "silu" or layer.conv1d.bias is not None:
-        raise ValueError(f"gated_delta_net_from_qwen3_next follows a SiLU convolution without bias, got "
-                         f"hidden_act={layer.activation!r}, bias={layer.conv1d.bias is not None}")  # fmt: skip
+        raise ValueError(
+            f"gated_delta_net_from_qwen3_next follows a SiLU convolution without bias, got "
+            f"hidden_act={layer.activation!r}, bias={layer.conv1d.bias is not None}"
+        )
     w = layer.in_proj_qkvz.weight
     new = GatedDeltaNet(
-        layer.hidden_size, layer.num_v_heads, n_qk_heads=layer.num_k_heads, d_k=layer.head_k_dim,
-        d_v=layer.head_v_dim, conv_kernel=layer.conv_kernel_size, eps=layer.norm.variance_epsilon,
-    ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+        layer.hidden_size,
+        layer.num_v_heads,
+        n_qk_heads=layer.num_k_heads,
+        d_k=layer.head_k_dim,
+        d_v=layer.head_v_dim,
+        conv_kernel=layer.conv_kernel_size,
+        eps=layer.norm.variance_epsilon,
+    ).to(device=w.device, dtype=w.dtype)
     n_qk, d_k, group_v = layer.num_k_heads, layer.head_k_dim, layer.head_v_dim * layer.num_v_heads // layer.num_k_heads
     q, k, v, z = (
         t.reshape(-1, w.shape[1]) for t in w.view(n_qk, -1, w.shape[1]).split([d_k, d_k, group_v, group_v], 1)
@@ -310,10 +359,15 @@ def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
     b, a = (t.reshape(-1, ba.shape[1]) for t in ba.view(n_qk, 2, -1, ba.shape[1]).unbind(1))
     with torch.no_grad():
         for mine, theirs in (
-            (new.in_proj.weight, torch.cat([q, k, v])), (new.gate_proj.weight, z), (new.beta_proj.weight, b),
-            (new.decay_proj.weight, a), (new.conv.weight, layer.conv1d.weight), (new.log_rate, layer.A_log),
-            (new.step_bias, layer.dt_bias), (new.norm.weight, layer.norm.weight),
+            (new.in_proj.weight, torch.cat([q, k, v])),
+            (new.gate_proj.weight, z),
+            (new.beta_proj.weight, b),
+            (new.decay_proj.weight, a),
+            (new.conv.weight, layer.conv1d.weight),
+            (new.log_rate, layer.A_log),
+            (new.step_bias, layer.dt_bias),
+            (new.norm.weight, layer.norm.weight),
             (new.out_proj.weight, layer.out_proj.weight),
-        ):  # fmt: skip
+        ):
             mine.copy_(theirs)
     return new

@@ -187,9 +187,13 @@ class Transformer(nn.Module):
         return memory, src_keep
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, src_keep: Tensor, need_weights: bool = False,
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_keep: Tensor,
+        need_weights: bool = False,
         cache: DecoderCache | None = None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``.
 
         With ``cache`` (chapter 10; :meth:`new_cache`), ``tgt`` is still the whole target prefix,
@@ -203,8 +207,10 @@ class Transformer(nn.Module):
         if cache is not None:
             if not isinstance(cache, DecoderCache) or not cache.position < tgt.shape[1]:
                 got = f"position {cache.position}" if isinstance(cache, DecoderCache) else type(cache).__name__
-                raise ValueError(f"cache must be a DecoderCache that has seen fewer than {tgt.shape[1]} "
-                                 f"target positions (model.new_cache()), got {got}")  # fmt: skip
+                raise ValueError(
+                    f"cache must be a DecoderCache that has seen fewer than {tgt.shape[1]} "
+                    f"target positions (model.new_cache()), got {got}"
+                )
             y = y[:, cache.position :]  # (B, T_new, d_model): the positions not yet cached
         memory_mask = src_keep[:, None, None, :]  # (B, 1, 1, T_src)
         y = self.decoder(y, memory, memory_mask=memory_mask, need_weights=need_weights, cache=cache)

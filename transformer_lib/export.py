@@ -69,18 +69,32 @@ __all__ = [
 _GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 # Within block i: the book's parameter -> GPT-2's (after "transformer.h.i."); True: a Conv1D weight (in, out)
 _GPT2_BLOCK = {
-    "res_self.norm.weight": ("ln_1.weight", False), "res_self.norm.bias": ("ln_1.bias", False),
-    "self_attn.in_proj_weight": ("attn.c_attn.weight", True), "self_attn.in_proj_bias": ("attn.c_attn.bias", False),
-    "self_attn.out_proj.weight": ("attn.c_proj.weight", True), "self_attn.out_proj.bias": ("attn.c_proj.bias", False),
-    "res_ff.norm.weight": ("ln_2.weight", False), "res_ff.norm.bias": ("ln_2.bias", False),
-    "ff.net.0.weight": ("mlp.c_fc.weight", True), "ff.net.0.bias": ("mlp.c_fc.bias", False),
-    "ff.net.2.weight": ("mlp.c_proj.weight", True), "ff.net.2.bias": ("mlp.c_proj.bias", False),
-}  # fmt: skip
+    "res_self.norm.weight": ("ln_1.weight", False),
+    "res_self.norm.bias": ("ln_1.bias", False),
+    "self_attn.in_proj_weight": ("attn.c_attn.weight", True),
+    "self_attn.in_proj_bias": ("attn.c_attn.bias", False),
+    "self_attn.out_proj.weight": ("attn.c_proj.weight", True),
+    "self_attn.out_proj.bias": ("attn.c_proj.bias", False),
+    "res_ff.norm.weight": ("ln_2.weight", False),
+    "res_ff.norm.bias": ("ln_2.bias", False),
+    "ff.net.0.weight": ("mlp.c_fc.weight", True),
+    "ff.net.0.bias": ("mlp.c_fc.bias", False),
+    "ff.net.2.weight": ("mlp.c_proj.weight", True),
+    "ff.net.2.bias": ("mlp.c_proj.bias", False),
+}
 # The book's adapted matrix (after "decoder.layers.i.") -> the Hugging Face module that peft adapts
-_PEFT_GPT2 = {"self_attn.in_proj_weight": "attn.c_attn", "self_attn.out_proj.weight": "attn.c_proj",
-              "ff.net.0.weight": "mlp.c_fc", "ff.net.2.weight": "mlp.c_proj"}  # fmt: skip
-_PEFT_LLAMA = {"self_attn.out_proj.weight": "self_attn.o_proj", "ff.gate_proj.weight": "mlp.gate_proj",
-               "ff.up_proj.weight": "mlp.up_proj", "ff.down_proj.weight": "mlp.down_proj"}  # fmt: skip
+_PEFT_GPT2 = {
+    "self_attn.in_proj_weight": "attn.c_attn",
+    "self_attn.out_proj.weight": "attn.c_proj",
+    "ff.net.0.weight": "mlp.c_fc",
+    "ff.net.2.weight": "mlp.c_proj",
+}
+_PEFT_LLAMA = {
+    "self_attn.out_proj.weight": "self_attn.o_proj",
+    "ff.gate_proj.weight": "mlp.gate_proj",
+    "ff.up_proj.weight": "mlp.up_proj",
+    "ff.down_proj.weight": "mlp.down_proj",
+}
 _QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Llama's three, fused in the book's in_proj
 
 
@@ -140,15 +154,29 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
     book = gpt.state_dict()
     d_ff = book["decoder.layers.0.ff.net.0.weight"].shape[0] if c.n_layers else 4 * c.d_model
     cfg = GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.context_len, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
-        n_inner=d_ff, activation_function=_GPT2_ACTIVATIONS[c.activation], layer_norm_epsilon=c.norm_eps,
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, tie_word_embeddings=c.tie_embeddings,
-        bos_token_id=None, eos_token_id=None, attn_implementation="sdpa",
-    )  # fmt: skip
+        vocab_size=c.vocab_size,
+        n_positions=c.context_len,
+        n_embd=c.d_model,
+        n_layer=c.n_layers,
+        n_head=c.n_heads,
+        n_inner=d_ff,
+        activation_function=_GPT2_ACTIVATIONS[c.activation],
+        layer_norm_epsilon=c.norm_eps,
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.dropout,
+        tie_word_embeddings=c.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="sdpa",
+    )
     hf = GPT2LMHeadModel(cfg).to(book["tok_embed.weight"].dtype)
-    state = {"transformer.wte.weight": book["tok_embed.weight"], "transformer.wpe.weight":
-             book["pos_embed.embedding.weight"], "transformer.ln_f.weight": book["decoder.norm.weight"],
-             "lm_head.weight": book["lm_head.weight"]}  # fmt: skip
+    state = {
+        "transformer.wte.weight": book["tok_embed.weight"],
+        "transformer.wpe.weight": book["pos_embed.embedding.weight"],
+        "transformer.ln_f.weight": book["decoder.norm.weight"],
+        "lm_head.weight": book["lm_head.weight"],
+    }
     state["transformer.ln_f.bias"] = book.get("decoder.norm.bias", torch.zeros_like(book["decoder.norm.weight"]))
     expected = hf.state_dict()
     for i in range(c.n_layers):
@@ -247,10 +275,12 @@ def hf_tokenizer(tokenizer, context_len: int | None = None, chat_template: str |
         vocab = {s: i for i, s in enumerate(strings)} | tokenizer.special_ids
         merges = [(strings[a], strings[b]) for a, b in tokenizer.merges]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])  # fmt: skip
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         tok.decoder = decoders.ByteLevel()
     elif tokenizer.kind == "char":
         vocab = {s: i for i, s in enumerate(tokenizer.itos)}
@@ -264,8 +294,9 @@ def hf_tokenizer(tokenizer, context_len: int | None = None, chat_template: str |
     tokens = {k: tok.id_to_token(i) for k, i in named.items() if i is not None}
     if chat_template is not None:
         tokens["chat_template"] = chat_template
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
-                                   model_max_length=context_len or int(1e30), **tokens)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, clean_up_tokenization_spaces=False, model_max_length=context_len or int(1e30), **tokens
+    )
 
 
 def _set_special_ids(hf: nn.Module, tokenizer) -> None:
@@ -282,9 +313,11 @@ def _free_folder(folder: Path, force: bool) -> None:
         raise FileExistsError(f"{folder} is a file, not a folder: choose a folder for the exported model")
     if folder.is_dir() and any(folder.iterdir()) and not force:
         names = sorted(p.name for p in folder.iterdir())
-        raise FileExistsError(f"{folder} is not empty ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
-                              f"choose a new folder, or --force to replace the exported files there "
-                              f"(its other files are kept)")  # fmt: skip
+        raise FileExistsError(
+            f"{folder} is not empty ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
+            f"choose a new folder, or --force to replace the exported files there "
+            f"(its other files are kept)"
+        )
 
 
 def _move_into(written: Path, folder: Path) -> list[Path]:
@@ -299,8 +332,14 @@ def _move_into(written: Path, folder: Path) -> list[Path]:
     return moved
 
 
-def export_hf(run: str | os.PathLike, folder: str | os.PathLike, *, merge_adapter: bool = False,
-              peft_adapter: bool = False, force: bool = False) -> list[Path]:  # fmt: skip
+def export_hf(
+    run: str | os.PathLike,
+    folder: str | os.PathLike,
+    *,
+    merge_adapter: bool = False,
+    peft_adapter: bool = False,
+    force: bool = False,
+) -> list[Path]:
     """Write the run in ``run`` (a run folder or checkpoint file) to ``folder`` in Hugging Face's
     format (chapters 10, 14 and 15): ``config.json``, ``generation_config.json``,
     ``model.safetensors`` and the tokenizer's files, which ``AutoModelForCausalLM`` and
@@ -320,16 +359,20 @@ def export_hf(run: str | os.PathLike, folder: str | os.PathLike, *, merge_adapte
     if tokenizer is None:
         raise ValueError(f"{run} holds no tokenizer: a model without one cannot be used by transformers")
     if adapters and not (merge_adapter or peft_adapter):
-        raise ValueError(f"{run} is a LoRA run: export it with --merge-adapter (one model with the adapters "
-                         f"merged into its weights) or --peft-adapter (its base, and the adapters in peft's "
-                         f"format)")  # fmt: skip
+        raise ValueError(
+            f"{run} is a LoRA run: export it with --merge-adapter (one model with the adapters "
+            f"merged into its weights) or --peft-adapter (its base, and the adapters in peft's "
+            f"format)"
+        )
     if not adapters and (merge_adapter or peft_adapter):
         raise ValueError(f"{run} has no LoRA adapters to merge or save: leave out --merge-adapter/--peft-adapter")
     base = model
     if adapters and peft_adapter:
         if token_rows(model) is not None:
-            raise ValueError(f"{run} trained token rows beside its adapters, which peft's LoRA files do not hold: "
-                             f"export it with --merge-adapter")  # fmt: skip
+            raise ValueError(
+                f"{run} trained token rows beside its adapters, which peft's LoRA files do not hold: "
+                f"export it with --merge-adapter"
+            )
         base = GPT(model.config).to(next(model.parameters()).dtype)
         base.load_state_dict(_base_state(model))
     elif adapters:
@@ -357,8 +400,11 @@ def export_hf(run: str | os.PathLike, folder: str | os.PathLike, *, merge_adapte
 
 def _base_state(model: nn.Module) -> dict[str, Tensor]:
     """The frozen weights of a model with adapters, under the plain names."""
-    return {k.replace(".parametrizations.", ".").removesuffix(".original"): v for k, v in model.state_dict().items()
-            if not k.endswith((".0.A", ".0.B"))}  # fmt: skip
+    return {
+        k.replace(".parametrizations.", ".").removesuffix(".original"): v
+        for k, v in model.state_dict().items()
+        if not k.endswith((".0.A", ".0.B"))
+    }
 
 
 def _qkv_rows(gpt: GPT) -> list[tuple[str, slice, Tensor | None]]:
@@ -395,8 +441,10 @@ def save_peft_adapter(model: GPT, folder: str | os.PathLike, base_name: str | No
         layer, _, leaf = name.removeprefix("decoder.layers.").partition(".")
         A, B = lora.A.detach().cpu(), lora.B.detach().cpu()
         if llama and leaf == "self_attn.in_proj_weight":
-            parts = [(f"{top}.{layer}.{m}", B[rows] if order is None else B[rows][torch.argsort(order)])
-                     for m, rows, order in _qkv_rows(model)]  # fmt: skip
+            parts = [
+                (f"{top}.{layer}.{m}", B[rows] if order is None else B[rows][torch.argsort(order)])
+                for m, rows, order in _qkv_rows(model)
+            ]
         elif leaf in table:
             parts = [(f"{top}.{layer}.{table[leaf]}", B)]
         else:
@@ -405,10 +453,22 @@ def save_peft_adapter(model: GPT, folder: str | os.PathLike, base_name: str | No
             tensors[f"base_model.model.{module}.lora_A.weight"] = A.clone()  # its own copy for each module
             tensors[f"base_model.model.{module}.lora_B.weight"] = b.contiguous()
             modules.append(module)
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "target_modules": modules,
-              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": not llama, "use_rslora": False,
-              "use_dora": False, "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
-              "base_model_name_or_path": base_name}  # fmt: skip
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": not llama,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "base_model_name_or_path": base_name,
+    }
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -320,8 +320,10 @@ def classifier_run(
             raise ValueError(f"the task's {part} split holds no text")
     seen = sorted(set(task.split("train")[1]))
     if len(seen) < 2:  # one label: the head learns to say it, and the accuracy is its share of the test split
-        raise ValueError(f"the task's train split holds only the class {[task.classes[i] for i in seen]}: "
-                         "a classifier needs examples of at least 2 classes to learn anything")  # fmt: skip
+        raise ValueError(
+            f"the task's train split holds only the class {[task.classes[i] for i in seen]}: "
+            "a classifier needs examples of at least 2 classes to learn anything"
+        )
     torch.manual_seed(seed)
     gpt = GPT(base.config) if method == "scratch" else copy.deepcopy(base)
     model = GPTClassifier(gpt.to(dtype), len(task.classes)).train()

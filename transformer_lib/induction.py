@@ -47,9 +47,16 @@ class AttentionOnly(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, context_len: int, n_layers: int = 2, n_heads: int = 4, d_model: int = 64, *,
-        layer_norm: bool = True, bias: bool = True,
-    ):  # fmt: skip
+        self,
+        vocab_size: int,
+        context_len: int,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        d_model: int = 64,
+        *,
+        layer_norm: bool = True,
+        bias: bool = True,
+    ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("context_len", context_len), ("n_layers", n_layers)):
             check_int(value, name)
@@ -168,10 +175,20 @@ def _check_repeat_batch(idx: Tensor, loss_mask: Tensor, distance: Tensor) -> Non
 
 
 def train_on_repeats(
-    model: nn.Module, steps: int, *, batch_size: int = 64, repeat_len: int = 8, lr: float = 3e-3,
-    weight_decay: float = 0.01, seed: int = 0, log_every: int = 50, eval_size: int = 256,
-    min_distance: int | None = None, max_distance: int | None = None, on_log: Callable | None = None,
-) -> list[dict]:  # fmt: skip
+    model: nn.Module,
+    steps: int,
+    *,
+    batch_size: int = 64,
+    repeat_len: int = 8,
+    lr: float = 3e-3,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+    log_every: int = 50,
+    eval_size: int = 256,
+    min_distance: int | None = None,
+    max_distance: int | None = None,
+    on_log: Callable | None = None,
+) -> list[dict]:
     """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter 12).
 
     ``model`` is an :class:`AttentionOnly` (or any model with ``vocab_size``, ``context_len`` and
@@ -272,8 +289,16 @@ def loss_by_position(model: nn.Module, idx: Tensor, targets: Tensor) -> Tensor:
 
 
 # Chapter 9's invented language: (singular, plural) nouns and verbs, determiners by number.
-_NOUNS = [("cat", "cats"), ("dog", "dogs"), ("bird", "birds"), ("fox", "foxes"), ("child", "children"),
-          ("mouse", "mice"), ("king", "kings"), ("horse", "horses")]  # fmt: skip
+_NOUNS = [
+    ("cat", "cats"),
+    ("dog", "dogs"),
+    ("bird", "birds"),
+    ("fox", "foxes"),
+    ("child", "children"),
+    ("mouse", "mice"),
+    ("king", "kings"),
+    ("horse", "horses"),
+]
 _INTRANSITIVE = [("sleeps", "sleep"), ("runs", "run"), ("sings", "sing"), ("waits", "wait")]
 _TRANSITIVE = [("sees", "see"), ("chases", "chase"), ("likes", "like"), ("follows", "follow")]
 _DETS = (["the", "a", "every", "one"], ["the", "some", "two", "all"])

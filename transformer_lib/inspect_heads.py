@@ -22,8 +22,17 @@ from .attention import scaled_dot_product_attention
 from .multihead import MultiHeadAttention, split_heads
 from .parts import find_parts
 
-__all__ = ["attention_layers", "capture_attention", "copying_score", "eval_attention", "head_activations",
-           "induction_score", "intervene_heads", "previous_token_score", "run_with_attention"]  # fmt: skip
+__all__ = [
+    "attention_layers",
+    "capture_attention",
+    "copying_score",
+    "eval_attention",
+    "head_activations",
+    "induction_score",
+    "intervene_heads",
+    "previous_token_score",
+    "run_with_attention",
+]
 
 MODES = ("zero", "mean", "patch")
 

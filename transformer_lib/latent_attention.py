@@ -148,32 +148,59 @@ class LatentAttention(nn.Module):
     """
 
     part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
-    part_matrices = {"q": "q_proj.weight", "q_down": "q_down.weight", "q_up": "q_up.weight",
-                     "kv_down": "kv_down.weight", "kv_up": "kv_up.weight", "out": "out_proj.weight"}  # fmt: skip
+    part_matrices = {
+        "q": "q_proj.weight",
+        "q_down": "q_down.weight",
+        "q_up": "q_up.weight",
+        "kv_down": "kv_down.weight",
+        "kv_up": "kv_up.weight",
+        "out": "out_proj.weight",
+    }
 
     def __init__(
-        self, d_model: int, n_heads: int, *, kv_latent: int, q_latent: int | None = None, rope_dim: int | None = None,
-        nope_dim: int | None = None, v_dim: int | None = None, rotary_base: float = 10000.0, eps: float = 1e-6,
-        dropout: float = 0.0, bias: bool = False,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        kv_latent: int,
+        q_latent: int | None = None,
+        rope_dim: int | None = None,
+        nope_dim: int | None = None,
+        v_dim: int | None = None,
+        rotary_base: float = 10000.0,
+        eps: float = 1e-6,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
         super().__init__()
-        sizes = dict(d_model=d_model, n_heads=n_heads, kv_latent=kv_latent, q_latent=q_latent, rope_dim=rope_dim,
-                     nope_dim=nope_dim, v_dim=v_dim)  # fmt: skip
+        sizes = dict(
+            d_model=d_model,
+            n_heads=n_heads,
+            kv_latent=kv_latent,
+            q_latent=q_latent,
+            rope_dim=rope_dim,
+            nope_dim=nope_dim,
+            v_dim=v_dim,
+        )
         for i, (name, value) in enumerate(sizes.items()):
             if i < 3 or value is not None:  # the first three are required
                 check_int(value, name)
         d_k = d_model // n_heads if d_model % n_heads == 0 else None
         if d_k is None and None in (rope_dim, nope_dim, v_dim):
-            raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so rope_dim, nope_dim and "
-                             "v_dim have no default (d_k): give all three")  # fmt: skip
+            raise ValueError(
+                f"d_model ({d_model}) is not divisible by n_heads ({n_heads}), so rope_dim, nope_dim and "
+                "v_dim have no default (d_k): give all three"
+            )
         given = rope_dim
         nope_dim, v_dim, rope_dim = nope_dim or d_k, v_dim or d_k, rope_dim or 2 * (d_k // 4)
         if rope_dim < 2 or rope_dim % 2:
             why = (
                 "" if given else f" (by default the even part of half a head, whose width d_model / n_heads is {d_k}: "
             )
-            raise ValueError(f"rope_dim must be even and >= 2 (rotated in pairs), got {rope_dim}"
-                             + (why and why + "give wider heads or a rope_dim)"))  # fmt: skip
+            raise ValueError(
+                f"rope_dim must be even and >= 2 (rotated in pairs), got {rope_dim}"
+                + (why and why + "give wider heads or a rope_dim)")
+            )
         check_base(rotary_base, "rotary_base")
         check_probability(dropout, "dropout")
         check_bool(bias, "bias")
@@ -238,10 +265,20 @@ class LatentAttention(nn.Module):
         return torch.where(any_key, out, 0.0), None
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = False, window: int | None = None, cache: LatentCache | None = None,
-        folded: bool | None = None, _checked: bool = False, _trusted: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        window: int | None = None,
+        cache: LatentCache | None = None,
+        folded: bool | None = None,
+        _checked: bool = False,
+        _trusted: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """``query (B, T_q, d_model)``, the same tensor as ``key`` and ``value`` (self-attention) ->
         ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
 
@@ -289,8 +326,17 @@ class LatentAttention(nn.Module):
             heads, weights = self._attend(torch.cat([q_nope, q_rope], -1), k, v, mask, causal, need_weights, p)
         return self.out_proj(merge_heads(heads)), weights  # (B, T_q, d_model)
 
-    def attention_weights(self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
-                          is_causal: bool = False, window: int | None = None, **_) -> Tensor:  # fmt: skip
+    def attention_weights(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        **_,
+    ) -> Tensor:
         """The weights ``(B, h, T_q, T_k)`` of ``forward(query, key, value, need_weights=True, ...)``
         before dropout, without a cache (for the inspection tools of chapter 12)."""
         self._check_inputs(query, key, value, is_causal, window, None, False)
@@ -335,23 +381,40 @@ def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> Latent
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"latent_from_deepseek follows plain rotary only, got rope_type={rope['rope_type']!r}")
     if n_kv != attn.num_heads:
-        raise ValueError(f"num_key_value_heads ({n_kv}) must equal num_attention_heads "
-                         f"({attn.num_heads}): every head has its own key")  # fmt: skip
+        raise ValueError(
+            f"num_key_value_heads ({n_kv}) must equal num_attention_heads "
+            f"({attn.num_heads}): every head has its own key"
+        )
     w = attn.kv_a_proj_with_mqa.weight
     new = LatentAttention(
-        attn.hidden_size, attn.num_heads, kv_latent=attn.kv_lora_rank, q_latent=attn.q_lora_rank,
-        rope_dim=attn.qk_rope_head_dim, nope_dim=attn.qk_nope_head_dim, v_dim=attn.v_head_dim,
-        rotary_base=rope.get("rope_theta", 10000.0), eps=attn.kv_a_layernorm.variance_epsilon,
-        dropout=float(attn.attention_dropout), bias=attn.kv_a_proj_with_mqa.bias is not None,
-    ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+        attn.hidden_size,
+        attn.num_heads,
+        kv_latent=attn.kv_lora_rank,
+        q_latent=attn.q_lora_rank,
+        rope_dim=attn.qk_rope_head_dim,
+        nope_dim=attn.qk_nope_head_dim,
+        v_dim=attn.v_head_dim,
+        rotary_base=rope.get("rope_theta", 10000.0),
+        eps=attn.kv_a_layernorm.variance_epsilon,
+        dropout=float(attn.attention_dropout),
+        bias=attn.kv_a_proj_with_mqa.bias is not None,
+    ).to(device=w.device, dtype=w.dtype)
     r, L, width = new.rope_dim, new.kv_latent, new.nope_dim + new.rope_dim
     pairs = torch.arange(r) if interleaved else torch.arange(r).view(2, r // 2).t().reshape(-1)  # 0, r/2, 1, ...
     q_rows = torch.arange(new.n_heads)[:, None] * width + torch.cat([torch.arange(new.nope_dim), new.nope_dim + pairs])
     kv_rows = torch.cat([torch.arange(L), L + pairs])  # the latent's rows, then the rotary key's
     reorder = dict.fromkeys(("q_proj.weight", "q_up.weight"), q_rows.reshape(-1))  # per head: nope rows, rope rows
     reorder |= dict.fromkeys(("kv_down.weight", "kv_down.bias"), kv_rows)
-    names = dict(q_proj="q_proj", q_down="q_a_proj", q_norm="q_a_layernorm", q_up="q_b_proj", out_proj="o_proj",
-                 kv_down="kv_a_proj_with_mqa", kv_norm="kv_a_layernorm", kv_up="kv_b_proj")  # fmt: skip
+    names = dict(
+        q_proj="q_proj",
+        q_down="q_a_proj",
+        q_norm="q_a_layernorm",
+        q_up="q_b_proj",
+        out_proj="o_proj",
+        kv_down="kv_a_proj_with_mqa",
+        kv_norm="kv_a_layernorm",
+        kv_up="kv_b_proj",
+    )
     theirs = attn.state_dict()
     with torch.no_grad():
         for name, p in new.named_parameters():

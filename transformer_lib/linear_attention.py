@@ -46,9 +46,14 @@ from torch import Tensor
 from ._checks import check_bool, check_float_tensors, check_int, check_temperature
 
 __all__ = [
-    "RECURRENT_FORMS", "delta_rule", "delta_rule_weights", "elu_feature_map", "l2_normalize", "linear_attention",
+    "RECURRENT_FORMS",
+    "delta_rule",
+    "delta_rule_weights",
+    "elu_feature_map",
+    "l2_normalize",
+    "linear_attention",
     "linear_attention_weights",
-]  # fmt: skip
+]
 
 RECURRENT_FORMS = ("parallel", "recurrent", "chunked")
 
@@ -72,11 +77,14 @@ def _check(q, k, v, extra: dict, form: str, chunk_size: int, initial_state, widt
     tensors = {"q": q, "k": k, "v": v} | {name: t for name, t in extra.items() if t is not None}
     check_float_tensors(tensors)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k and v must have shape (B, h, T, d), got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"q, k and v must have shape (B, h, T, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"q and k must have one shape (B, h, T, d_k) and v (B, h, T, d_v), got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"q and k must have one shape (B, h, T, d_k) and v (B, h, T, d_v), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     for name, t in extra.items():
         if t is not None and t.shape != q.shape[:3]:
             raise ValueError(f"{name} must have shape (B, h, T) = {tuple(q.shape[:3])}, got {tuple(t.shape)}")
@@ -86,12 +94,15 @@ def _check(q, k, v, extra: dict, form: str, chunk_size: int, initial_state, widt
     if initial_state is not None:
         check_float_tensors({"initial_state": initial_state})
         if initial_state.dtype not in (q.dtype, _work_dtype(q.dtype)):
-            raise TypeError(f"initial_state must have q's dtype {q.dtype} (or float32 for 16-bit q: the state a "
-                            f"16-bit call returns), got {initial_state.dtype}")  # fmt: skip
+            raise TypeError(
+                f"initial_state must have q's dtype {q.dtype} (or float32 for 16-bit q: the state a "
+                f"16-bit call returns), got {initial_state.dtype}"
+            )
         want = (*q.shape[:2], q.shape[-1], v.shape[-1] if width is None else width)
         if initial_state.shape != want:
-            raise ValueError(f"initial_state must have shape (B, h, d_k, d_v) = {want}, got "
-                             f"{tuple(initial_state.shape)}")  # fmt: skip
+            raise ValueError(
+                f"initial_state must have shape (B, h, d_k, d_v) = {want}, got {tuple(initial_state.shape)}"
+            )
 
 
 def _parts(q: Tensor, k: Tensor, beta: Tensor | None, g: Tensor | None):
@@ -180,10 +191,17 @@ def _run_in(q, k, v, state, beta, g, form: str, chunk_size: int) -> tuple[Tensor
 
 
 def linear_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, form: str = "parallel", chunk_size: int = 64,
-    feature_map: Callable[[Tensor], Tensor] | None = None, normalize: bool = False, gate: Tensor | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    form: str = "parallel",
+    chunk_size: int = 64,
+    feature_map: Callable[[Tensor], Tensor] | None = None,
+    normalize: bool = False,
+    gate: Tensor | None = None,
     initial_state: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor]:
     """Causal linear attention (chapter 19): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)`` ->
     ``(out (B, h, T, d_v), final state (B, h, d_k, d_v))``.
 
@@ -210,9 +228,17 @@ def linear_attention(
 
 
 def delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, gate: Tensor | None = None, form: str = "recurrent",
-    chunk_size: int = 64, scale: float | None = None, initial_state: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    *,
+    gate: Tensor | None = None,
+    form: str = "recurrent",
+    chunk_size: int = 64,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """The (gated) delta rule (chapter 19): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)``, ``beta (B, h, T)``
     -> ``(out (B, h, T, d_v), final state (B, h, d_k, d_v))``.
 
@@ -243,9 +269,13 @@ def _check_weights_inputs(q: Tensor, k: Tensor, extra: dict) -> None:
 
 
 def linear_attention_weights(
-    q: Tensor, k: Tensor, *, feature_map: Callable[[Tensor], Tensor] | None = None, normalize: bool = False,
+    q: Tensor,
+    k: Tensor,
+    *,
+    feature_map: Callable[[Tensor], Tensor] | None = None,
+    normalize: bool = False,
     gate: Tensor | None = None,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """The attention matrix ``(B, h, T, T)`` that :func:`linear_attention` applies without forming it
     (chapter 19): ``linear_attention(q, k, v, ...)[0] == weights @ v`` from a zero state. Entry ``(t, s)``
     is ``phi(q_t) . phi(k_s) exp(g_{s+1} + ... + g_t)`` for ``s <= t``, 0 above the diagonal; with

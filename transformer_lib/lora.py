@@ -165,9 +165,8 @@ def _targets(model: nn.Module, patterns: Sequence[str]) -> list[str]:
 
 
 def add_lora(
-    model: nn.Module, targets: Sequence[str], rank: int = 8, alpha: float = 16.0, *, seed: int = 0,
-    freeze: bool = True,
-) -> list[str]:  # fmt: skip
+    model: nn.Module, targets: Sequence[str], rank: int = 8, alpha: float = 16.0, *, seed: int = 0, freeze: bool = True
+) -> list[str]:
     """Adapt each weight of ``model`` whose name matches one of ``targets`` (patterns such as
     ``"*.self_attn.in_proj_weight"``) with a :class:`LoRA` of ``rank`` and ``alpha``; returns the
     names adapted, in the model's order (chapter 15). ``freeze`` (the default) sets ``requires_grad=False`` on
@@ -267,7 +266,7 @@ def adapter_state(model: nn.Module) -> dict:
     settings = {(lora.rank, lora.alpha) for lora in adapters.values()}
     if len(settings) != 1:
         raise ValueError(f"the adapters differ in rank or alpha ({sorted(settings)}): save them one setting at a time")
-    (rank, alpha), = settings  # fmt: skip
+    ((rank, alpha),) = settings
     weights = {name: list(_shape_of(model, name)) for name in adapters}
     tensors = {}
     for name, lora in adapters.items():

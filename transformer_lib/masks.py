@@ -41,9 +41,13 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
 
 
 def sliding_window_mask(
-    T_q: int, T_k: int | None = None, window: int | None = None, *, keep_first: int = 0,
+    T_q: int,
+    T_k: int | None = None,
+    window: int | None = None,
+    *,
+    keep_first: int = 0,
     device: torch.device | str | None = None,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 11).
 
     Query ``i`` may attend to itself and the ``window - 1`` keys before it, never to the future.

@@ -97,8 +97,10 @@ class GPTConfig:
                 f"keep_first={self.recipe.keep_first} keeps the first tokens in a sliding window's view: give a window"
             )
         if self.window is not None and self.recipe.attention in RECURRENT:
-            raise ValueError(f"window={self.window} slides an attention's view: attention="
-                             f"{self.recipe.attention!r} is a recurrence whose state sums every token")  # fmt: skip
+            raise ValueError(
+                f"window={self.window} slides an attention's view: attention="
+                f"{self.recipe.attention!r} is a recurrence whose state sums every token"
+            )
         if self.recipe.full_every > self.n_layers > 0:
             raise ValueError(
                 f"full_every={self.recipe.full_every} makes every {self.recipe.full_every}th layer multi-head "

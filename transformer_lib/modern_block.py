@@ -196,6 +196,8 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
         for layer, name in hooked:
             delattr(layer, name)  # the class's method again
     if layers and not hooked:
-        raise ValueError(f"{type(model).__name__}'s attention layers ({type(layers[0]).__name__}) score no logits: "
-                         "a recurrence has no softmax to saturate")  # fmt: skip
+        raise ValueError(
+            f"{type(model).__name__}'s attention layers ({type(layers[0]).__name__}) score no logits: "
+            "a recurrence has no softmax to saturate"
+        )
     return torch.stack(found) if found else torch.zeros(0)

@@ -105,9 +105,15 @@ class MultiHeadAttention(nn.Module):
     part_role, part_matrices = "attention", {"qkv": "in_proj_weight", "out": "out_proj.weight"}  # see parts.py
 
     def __init__(
-        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True,
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
         _checked: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         check_divisible(d_model, n_heads)
         check_probability(dropout, "dropout")
@@ -201,10 +207,19 @@ class MultiHeadAttention(nn.Module):
         return new
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, need_weights: bool = False,
-        is_causal: bool = False, window: int | None = None, cache: KVCache | None = None, _checked: bool = False,
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        window: int | None = None,
+        cache: KVCache | None = None,
+        _checked: bool = False,
         _trusted: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    ) -> tuple[Tensor, Tensor | None]:
         """``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)``, floating point
         of one dtype -> ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
 
@@ -244,9 +259,15 @@ class MultiHeadAttention(nn.Module):
         return _nan_rows_like(self.out_proj(merge_heads(out)), q), None  # (B, T_q, d_model)
 
     def _check_inputs(
-        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        is_causal: bool,
+        window: int | None,
+        cache: KVCache | None,
         window_checked: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The checks of :meth:`forward`: shapes and dtypes, the window (unless already checked), the cache."""
         check_float_tensors({"query": query, "key": key, "value": value}, layer_dtype=self.in_proj_weight.dtype)
         for name, t in (("query", query), ("key", key), ("value", value)):

@@ -114,8 +114,10 @@ def answer_mask(n_prompt, lengths, T: int) -> Tensor:
     bad = ((n_prompt < 1) | (lengths <= n_prompt) | (lengths > T)).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"row {i} has n_prompt={int(n_prompt[i])} and lengths={int(lengths[i])}: every row needs "
-                         f"1 <= n_prompt < lengths <= T={T} (a prompt token and an answer token at least)")  # fmt: skip
+        raise ValueError(
+            f"row {i} has n_prompt={int(n_prompt[i])} and lengths={int(lengths[i])}: every row needs "
+            f"1 <= n_prompt < lengths <= T={T} (a prompt token and an answer token at least)"
+        )
     position = torch.arange(1, T)  # the position of the token each entry predicts
     return (position >= n_prompt[:, None]) & (position < lengths[:, None])
 
@@ -152,8 +154,9 @@ def sequence_logprobs(model: nn.Module, ids: Tensor, n_prompt, lengths, *, avera
 # DPO -----------------------------------------------------------------------------------------------
 
 
-def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor,
-             beta: float) -> dict[str, Tensor]:  # fmt: skip
+def dpo_loss(
+    policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float
+) -> dict[str, Tensor]:
     """DPO's loss from the summed log-probabilities ``(B,)`` of each pair's chosen and rejected answers
     under the policy and the reference (:func:`sequence_logprobs`; chapter 17), as TRL's
     ``loss_type="sigmoid"``. Returns ``loss``, the mean over the pairs of
@@ -162,8 +165,12 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
     ``accuracy``, the share of pairs whose margin is > 0. With the policy equal to the reference the
     loss is ``ln 2`` exactly."""
     beta = _number(beta, "beta", positive=True)
-    named = {"policy_chosen": policy_chosen, "policy_rejected": policy_rejected, "ref_chosen": ref_chosen,
-             "ref_rejected": ref_rejected}  # fmt: skip
+    named = {
+        "policy_chosen": policy_chosen,
+        "policy_rejected": policy_rejected,
+        "ref_chosen": ref_chosen,
+        "ref_rejected": ref_rejected,
+    }
     for name, t in named.items():
         _float_tensor(t, name, 1)
     shapes = [tuple(t.shape) for t in named.values()]
@@ -174,9 +181,13 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
     loss = -F.logsigmoid(beta * (chosen - rejected)).mean()
     chosen_reward, rejected_reward = beta * chosen.detach(), beta * rejected.detach()
     margin = chosen_reward - rejected_reward
-    return {"loss": loss, "chosen_reward": chosen_reward, "rejected_reward": rejected_reward, "margin":
-    margin,
-            "accuracy": (margin > 0).to(margin.dtype).mean()}  # fmt: skip
+    return {
+        "loss": loss,
+        "chosen_reward": chosen_reward,
+        "rejected_reward": rejected_reward,
+        "margin": margin,
+        "accuracy": (margin > 0).to(margin.dtype).mean(),
+    }
 
 
 # The reference -------------------------------------------------------------------------------------
@@ -282,8 +293,10 @@ def exact_kl(logits_new: Tensor, logits_ref: Tensor, mask: Tensor | None = None)
     ``logits (B, T, vocab)`` -> ``(B, T)`` float64,
     ``sum_v p_new(v) (log p_new(v) - log p_ref(v))``; 0 where ``mask (B, T)`` is False."""
     if logits_new.shape != logits_ref.shape or logits_new.dim() < 2:
-        raise ValueError(f"logits_new and logits_ref need one shape (..., vocab), got "
-                         f"{tuple(logits_new.shape)} and {tuple(logits_ref.shape)}")  # fmt: skip
+        raise ValueError(
+            f"logits_new and logits_ref need one shape (..., vocab), got "
+            f"{tuple(logits_new.shape)} and {tuple(logits_ref.shape)}"
+        )
     logp = torch.log_softmax(logits_new.double(), dim=-1)
     logq = torch.log_softmax(logits_ref.double(), dim=-1)
     kl = (logp.exp() * (logp - logq)).sum(-1)
@@ -295,10 +308,19 @@ def exact_kl(logits_new: Tensor, logits_ref: Tensor, mask: Tensor | None = None)
 
 
 def grpo_loss(
-    logp_new: Tensor, logp_old: Tensor, logp_ref: Tensor | None, advantages: Tensor, mask: Tensor, *,
-    clip: float = 0.2, clip_high: float | None = None, beta: float = 0.04, loss_type: str = "grpo",
-    kl_ratio: bool = False, n_tokens: int | None = None,
-) -> dict[str, Tensor]:  # fmt: skip
+    logp_new: Tensor,
+    logp_old: Tensor,
+    logp_ref: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip: float = 0.2,
+    clip_high: float | None = None,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    kl_ratio: bool = False,
+    n_tokens: int | None = None,
+) -> dict[str, Tensor]:
     """GRPO's loss (chapter 17) from the per-token log-probabilities
     ``(B, T)`` of ``B`` sampled answers under the policy being trained (``logp_new``, with its graph),
     the policy that sampled them (``logp_old``) and the reference (``logp_ref``, None when
@@ -355,5 +377,8 @@ def grpo_loss(
     else:
         loss = per_token.sum() / _number(n_tokens, "n_tokens", positive=True)
     clipped = ((ratio < 1 - clip) & (A < 0)) | ((ratio > 1 + clip_high) & (A > 0))
-    return {"loss": loss, "kl": torch.where(keep, kl.detach(), 0.0).sum() / count,
-            "clipped": (clipped & keep).sum().to(per_token.dtype) / count}  # fmt: skip
+    return {
+        "loss": loss,
+        "kl": torch.where(keep, kl.detach(), 0.0).sum() / count,
+        "clipped": (clipped & keep).sum().to(per_token.dtype) / count,
+    }

@@ -106,8 +106,18 @@ class DPOBatches(_Batches):
     ``beta``, on summed log-probabilities, or per-token means (``average=True``); ``last`` holds
     the last batch's mean chosen and rejected rewards, margin and accuracy."""
 
-    def __init__(self, tokenizer, train: Sequence, val: Sequence, batch_size: int, *, reference: Reference,
-                 beta: float = 0.1, average: bool = False, **sampling):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        train: Sequence,
+        val: Sequence,
+        batch_size: int,
+        *,
+        reference: Reference,
+        beta: float = 0.1,
+        average: bool = False,
+        **sampling,
+    ):
         super().__init__(batch_size, **sampling)
         self.reference, self.beta, self.average, self.last = reference, beta, average, {}
         self.pad_id = tokenizer.eos_id
@@ -150,18 +160,35 @@ class GRPOBatches(_Batches):
     in training; in evaluation, ``1 - the mean reward``. ``last`` holds the last training batch's
     mean reward, KL estimate and the share of groups that taught nothing (all rewards equal)."""
 
-    def __init__(self, policy: nn.Module, tokenizer, train: Sequence, val: Sequence, batch_size: int, *,
-                 reward: str | Callable[[str, str], float], reference: Reference | None = None,
-                 group_size: int = 8, temperature: float = 1.0, max_new_tokens: int = 16, beta: float = 0.04,
-                 loss_type: str = "grpo", scale: str = "group", clip: float = 0.2, **sampling):  # fmt: skip
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer,
+        train: Sequence,
+        val: Sequence,
+        batch_size: int,
+        *,
+        reward: str | Callable[[str, str], float],
+        reference: Reference | None = None,
+        group_size: int = 8,
+        temperature: float = 1.0,
+        max_new_tokens: int = 16,
+        beta: float = 0.04,
+        loss_type: str = "grpo",
+        scale: str = "group",
+        clip: float = 0.2,
+        **sampling,
+    ):
         super().__init__(batch_size, **sampling)
         check_int(group_size, "group_size", minimum=2)
         check_int(max_new_tokens, "max_new_tokens")
         if isinstance(reward, str) and reward not in REWARDS:
             raise ValueError(f"reward must be one of {sorted(REWARDS)} or a function, got {reward!r}")
         if loss_type not in GRPO_LOSS_TYPES or scale not in ADVANTAGE_SCALES:
-            raise ValueError(f"loss_type must be one of {GRPO_LOSS_TYPES} and scale one of {ADVANTAGE_SCALES}, "
-                             f"got {loss_type!r} and {scale!r}")  # fmt: skip
+            raise ValueError(
+                f"loss_type must be one of {GRPO_LOSS_TYPES} and scale one of {ADVANTAGE_SCALES}, "
+                f"got {loss_type!r} and {scale!r}"
+            )
         if beta and reference is None:
             raise ValueError(f"beta={beta} needs a reference (make_policy), or beta=0")
         self.policy, self.tokenizer, self.reference = policy, tokenizer, reference
@@ -175,8 +202,10 @@ class GRPOBatches(_Batches):
                 raise ValueError(f"the {name} split holds no prompt")
             longest = max(len(encode_pair(tokenizer, p, "", end=False)[0]) for p, _ in pairs)
             if longest + max_new_tokens > room:
-                raise ValueError(f"a {name} prompt of {longest} tokens and {max_new_tokens} new ones exceed the "
-                                 f"model's context of {room}: lower max_new_tokens")  # fmt: skip
+                raise ValueError(
+                    f"a {name} prompt of {longest} tokens and {max_new_tokens} new ones exceed the "
+                    f"model's context of {room}: lower max_new_tokens"
+                )
 
     @torch.no_grad()
     def sample(self, prompt: str, generator: torch.Generator) -> tuple[list[tuple[list[int], int]], list[str]]:
@@ -215,8 +244,13 @@ class GRPOBatches(_Batches):
         ids, n_prompt, lengths = pad_rows(rows, self.tokenizer.eos_id)
         rewards = torch.tensor(rewards, dtype=torch.float64)  # (batch_size, group_size)
         advantages = group_advantages(rewards, scale=self.scale).reshape(-1)
-        batch = {"ids": ids, "n_prompt": n_prompt, "lengths": lengths, "advantages": advantages,
-                 "rewards": rewards.reshape(-1)}  # fmt: skip
+        batch = {
+            "ids": ids,
+            "n_prompt": n_prompt,
+            "lengths": lengths,
+            "advantages": advantages,
+            "rewards": rewards.reshape(-1),
+        }
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def eval_line(self, step: int, losses: dict[str, float]) -> str:
@@ -232,8 +266,16 @@ class GRPOBatches(_Batches):
         mask = answer_mask(batch["n_prompt"], batch["lengths"], ids.shape[1])
         logp = token_logprobs(model, ids, self.temperature)
         ref = self.reference.token_logprobs(ids, self.temperature) if self.beta else None
-        out = grpo_loss(logp, logp.detach(), ref, batch["advantages"], mask, clip=self.clip, beta=self.beta,
-                        loss_type=self.loss_type)  # fmt: skip
+        out = grpo_loss(
+            logp,
+            logp.detach(),
+            ref,
+            batch["advantages"],
+            mask,
+            clip=self.clip,
+            beta=self.beta,
+            loss_type=self.loss_type,
+        )
         still = (rewards.reshape(-1, self.group_size) == rewards.reshape(-1, self.group_size)[:, :1]).all(1)
         self.last = {"reward": float(rewards.mean()), "kl": float(out["kl"]), "no_signal": float(still.double().mean())}
         return out["loss"]

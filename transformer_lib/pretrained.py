@@ -271,18 +271,20 @@ def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
         if n_heads is not None and n_heads != config["n_head"]:
             raise ValueError(f"n_heads={n_heads} disagrees with the configuration's n_head={config['n_head']}")
         sizes = dict(
-            vocab_size=config["vocab_size"], context_len=config["n_positions"], n_layers=config["n_layer"],
-            n_heads=config["n_head"], d_model=config["n_embd"],
-        )  # fmt: skip
+            vocab_size=config["vocab_size"],
+            context_len=config["n_positions"],
+            n_layers=config["n_layer"],
+            n_heads=config["n_head"],
+            d_model=config["n_embd"],
+        )
     else:
         if n_heads is None:
             raise ValueError(f"{origin} does not say how many heads the model has: pass n_heads (12 for GPT-2 small)")
         activation = "gelu_tanh"
         (vocab_size, d_model), context_len = state["wte.weight"].shape, state["wpe.weight"].shape[0]
         sizes = dict(
-            vocab_size=vocab_size, context_len=context_len, n_layers=_layers_in(state), n_heads=n_heads,
-            d_model=d_model,
-        )  # fmt: skip
+            vocab_size=vocab_size, context_len=context_len, n_layers=_layers_in(state), n_heads=n_heads, d_model=d_model
+        )
     gpt_config = GPTConfig(**sizes, dropout=0.0, bias=True, activation=activation)
     return _build(gpt_config, state, transposed=True, origin=origin)
 
@@ -327,9 +329,15 @@ def gpt_from_nanogpt(source) -> GPT:
     if absent:
         raise ValueError(f"{origin}: model_args lacks {', '.join(absent)}")
     config = GPTConfig(
-        vocab_size=args["vocab_size"], context_len=args["block_size"], n_layers=args["n_layer"],
-        n_heads=args["n_head"], d_model=args["n_embd"], dropout=0.0, bias=args["bias"], activation="gelu",
-    )  # fmt: skip
+        vocab_size=args["vocab_size"],
+        context_len=args["block_size"],
+        n_layers=args["n_layer"],
+        n_heads=args["n_head"],
+        d_model=args["n_embd"],
+        dropout=0.0,
+        bias=args["bias"],
+        activation="gelu",
+    )
     state = _clean(source["model"], strip="_orig_mod.")
     return _build(config, state, transposed=False, origin=origin)
 

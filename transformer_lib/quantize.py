@@ -48,9 +48,15 @@ from ._checks import check_bool, check_int
 from .parts import find_parts
 
 __all__ = [
-    "QUANT_METHODS", "dequantize_int8", "dequantize_nf4", "nf4_codebook", "quantize_int8", "quantize_nf4",
-    "quantize_weights", "weight_bytes",
-]  # fmt: skip
+    "QUANT_METHODS",
+    "dequantize_int8",
+    "dequantize_nf4",
+    "nf4_codebook",
+    "quantize_int8",
+    "quantize_nf4",
+    "quantize_weights",
+    "weight_bytes",
+]
 
 #: The schemes :func:`quantize_weights` knows.
 QUANT_METHODS = ("int8", "nf4")
@@ -273,9 +279,13 @@ def weight_bytes(
 
 
 def quantize_weights(
-    model: nn.Module, method: str, *, include=("attention", "feed_forward"), block_size: int = 64,
+    model: nn.Module,
+    method: str,
+    *,
+    include=("attention", "feed_forward"),
+    block_size: int = 64,
     narrow_range: bool = False,
-) -> tuple[nn.Module, dict]:  # fmt: skip
+) -> tuple[nn.Module, dict]:
     """A copy of ``model`` whose matrices are quantised with ``method`` (``"int8"``: :func:`quantize_int8`
     per output row; ``"nf4"``: :func:`quantize_nf4` in blocks of ``block_size``) and replaced by their
     dequantised values, and a report (chapter 16). ``model`` itself is left as it is.

@@ -40,8 +40,15 @@ from .sinks import SinkAttention
 from .sparse_attention import SparseAttention
 
 __all__ = [
-    "ATTENTIONS", "GPT2_BLOCK", "LLAMA_BLOCK", "RECIPES", "RECIPE_CHOICES", "RECURRENT", "BlockRecipe", "as_recipe",
-]  # fmt: skip
+    "ATTENTIONS",
+    "GPT2_BLOCK",
+    "LLAMA_BLOCK",
+    "RECIPES",
+    "RECIPE_CHOICES",
+    "RECURRENT",
+    "BlockRecipe",
+    "as_recipe",
+]
 
 
 # The specs a recipe holds as one field each, and their flat command-line settings (chapters "Experts" and
@@ -67,9 +74,16 @@ def _sparse(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, drop
     d_k = d_model // n_heads
     rope = d_k // 2 if recipe.positions == "rotary" else 0  # the indexer rotates half of its width, as DeepSeek's
     sparse = SparseAttention(
-        d_model, n_heads, top_k=recipe.sparse_k, rope_dim=rope, rotary_base=recipe.rotary_base,
-        n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True,
-    )  # fmt: skip
+        d_model,
+        n_heads,
+        top_k=recipe.sparse_k,
+        rope_dim=rope,
+        rotary_base=recipe.rotary_base,
+        n_kv_heads=n_kv_heads,
+        dropout=dropout,
+        bias=recipe.bias,
+        _checked=True,
+    )
     return _with_qk_transform(recipe, sparse, self_attention)
 
 
@@ -95,10 +109,16 @@ def _latent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, drop
         raise ValueError(f"n_kv_heads={n_kv_heads} is grouped-query attention's: latent attention shares a latent")
     d_k = d_model // n_heads
     return LatentAttention(
-        d_model, n_heads, kv_latent=recipe.kv_latent or 4 * d_k, q_latent=recipe.q_latent,
-        rope_dim=recipe.rope_dim, rotary_base=recipe.rotary_base, eps=recipe.norm_eps,
-        dropout=dropout, bias=recipe.bias,
-    )  # fmt: skip
+        d_model,
+        n_heads,
+        kv_latent=recipe.kv_latent or 4 * d_k,
+        q_latent=recipe.q_latent,
+        rope_dim=recipe.rope_dim,
+        rotary_base=recipe.rotary_base,
+        eps=recipe.norm_eps,
+        dropout=dropout,
+        bias=recipe.bias,
+    )
 
 
 def _recurrent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention):
@@ -106,27 +126,39 @@ def _recurrent(recipe: BlockRecipe, d_model: int, n_heads: int, *, n_kv_heads, d
     attention, the delta rule, the gated delta rule), its state the cache. It has no attention weights
     to drop: ``dropout`` is the residual's alone."""
     if not self_attention:
-        raise ValueError(f"attention={recipe.attention!r} is a causal recurrence: an encoder-decoder's "
-                         "cross-attention is not")  # fmt: skip
+        raise ValueError(
+            f"attention={recipe.attention!r} is a causal recurrence: an encoder-decoder's cross-attention is not"
+        )
     if n_kv_heads is not None:
-        raise ValueError(f"n_kv_heads={n_kv_heads} is grouped-query attention's: attention={recipe.attention!r} "
-                         "is a recurrence whose heads each keep a state")  # fmt: skip
+        raise ValueError(
+            f"n_kv_heads={n_kv_heads} is grouped-query attention's: attention={recipe.attention!r} "
+            "is a recurrence whose heads each keep a state"
+        )
     return GatedDeltaNet(d_model, n_heads, mode=_MODES[recipe.attention], eps=recipe.norm_eps)
 
 
 # The attention a recipe names, and the function that makes one layer's: (recipe, d_model, n_heads,
 # *, n_kv_heads, dropout, self_attention) -> the layer. A new attention adds one entry.
 ATTENTIONS = {
-    "multi_head": _multi_head, "latent": _latent, "sparse": _sparse,
-    "linear": _recurrent, "delta": _recurrent, "gated_delta": _recurrent,
-}  # fmt: skip
+    "multi_head": _multi_head,
+    "latent": _latent,
+    "sparse": _sparse,
+    "linear": _recurrent,
+    "delta": _recurrent,
+    "gated_delta": _recurrent,
+}
 _MODES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # chapter 19: GatedDeltaNet's modes
 RECURRENT = tuple(_MODES)
 # The choices only some kinds of attention read (chapters 18 and 19), refused with another.
 _ATTENTION_OPTIONS = {
-    "kv_latent": ("latent",), "q_latent": ("latent",), "rope_dim": ("latent",), "sparse_k": ("sparse",),
-    "sinks": ("multi_head",), "keep_first": ("multi_head",), "full_every": RECURRENT,
-}  # fmt: skip
+    "kv_latent": ("latent",),
+    "q_latent": ("latent",),
+    "rope_dim": ("latent",),
+    "sparse_k": ("sparse",),
+    "sinks": ("multi_head",),
+    "keep_first": ("multi_head",),
+    "full_every": RECURRENT,
+}
 
 # The names each choice accepts, GPT-2's first.
 RECIPE_CHOICES = {
@@ -201,14 +233,18 @@ class BlockRecipe:
                 value, kind = getattr(self, name), " or ".join(kinds)
                 raise ValueError(f"{name}={value!r} is {kind} attention's: attention is {self.attention!r}")
         if self.attention == "latent" and self.positions != "rotary":
-            raise ValueError("attention='latent' rotates a small shared key (decoupled rotary positions): "
-                             f"it needs positions='rotary', got {self.positions!r}")  # fmt: skip
+            raise ValueError(
+                "attention='latent' rotates a small shared key (decoupled rotary positions): "
+                f"it needs positions='rotary', got {self.positions!r}"
+            )
         if self.attention == "latent" and self.qk_norm:
             raise ValueError("qk_norm normalises each head's keys: latent attention's keys are rebuilt from a latent")
         if self.attention in RECURRENT and self.qk_norm and not self.full_every:
-            raise ValueError(f"qk_norm normalises multi-head attention's queries and keys: attention="
-                             f"{self.attention!r} L2-normalises its own, and without full_every no layer "
-                             "reads it")  # fmt: skip
+            raise ValueError(
+                f"qk_norm normalises multi-head attention's queries and keys: attention="
+                f"{self.attention!r} L2-normalises its own, and without full_every no layer "
+                "reads it"
+            )
         if self.attention == "sparse" and self.sparse_k is None:
             raise ValueError("attention='sparse' needs sparse_k, the number of keys each query reads")
         check_base(self.norm_eps, "norm_eps")
@@ -291,14 +327,17 @@ GPT2_BLOCK = BlockRecipe()
 LLAMA_BLOCK = BlockRecipe(norm="rmsnorm", ffn="swiglu", positions="rotary", bias=False)
 # chapter 18: Llama's block with the attention of DeepSeek-V3 (latent), DeepSeek-V3.2 (sparse) or gpt-oss (sinks)
 RECIPES = {
-    "gpt2": GPT2_BLOCK, "llama": LLAMA_BLOCK, "latent": replace(LLAMA_BLOCK, attention="latent"),
-    "sparse": replace(LLAMA_BLOCK, attention="sparse", sparse_k=16), "sinks": replace(LLAMA_BLOCK, sinks=True),
+    "gpt2": GPT2_BLOCK,
+    "llama": LLAMA_BLOCK,
+    "latent": replace(LLAMA_BLOCK, attention="latent"),
+    "sparse": replace(LLAMA_BLOCK, attention="sparse", sparse_k=16),
+    "sinks": replace(LLAMA_BLOCK, sinks=True),
     # chapter 19: Qwen3-Next's gated DeltaNet in every layer, or in three of every four (a hybrid)
     "gated_delta": replace(LLAMA_BLOCK, attention="gated_delta"),
     "hybrid": replace(LLAMA_BLOCK, attention="gated_delta", full_every=4),
     # chapter "Experts": Llama's block with eight SwiGLU experts, two per token (Mixtral's routing)
     "experts": replace(LLAMA_BLOCK, experts=ExpertsSpec()),
-}  # fmt: skip
+}
 
 
 def _is_flat(spec, key: str, value) -> bool:

@@ -86,8 +86,9 @@ KINDS: dict[str, RunKind] = {
 }
 _TUNING = (*_SHARED, "base", "base_sha256", "adapter", "adapter_sha256", "n_train", "n_val", "lora_rank", "lora_alpha")
 for _kind in ("dpo", "grpo"):  # chapter 17: their objective's settings are checked by their commands
-    KINDS[_kind] = RunKind((*_TUNING, "objective"), fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"),
-                           unset="none (full tuning)")  # fmt: skip
+    KINDS[_kind] = RunKind(
+        (*_TUNING, "objective"), fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"), unset="none (full tuning)"
+    )
 
 
 @dataclass(frozen=True)
@@ -252,8 +253,11 @@ def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> t
     state = ckpt.get("model") or {}
     names = [k.removesuffix(".0.A").replace(".parametrizations.", ".") for k in state if k.endswith(".0.A")]
     if names and record.lora_rank is not None:
-        base = {k.replace(".parametrizations.", ".").removesuffix(".original"): t for k, t in state.items()
-                if not k.endswith((".0.A", ".0.B", ".0.delta", ".0.rows"))}  # fmt: skip
+        base = {
+            k.replace(".parametrizations.", ".").removesuffix(".original"): t
+            for k, t in state.items()
+            if not k.endswith((".0.A", ".0.B", ".0.delta", ".0.rows"))
+        }
         model, tokenizer, _ = load_checkpoint({**ckpt, "model": base})
         add_lora(model, names, rank=record.lora_rank, alpha=record.lora_alpha)
         if record.token_rows:  # the embedding rows trained beside the adapters
@@ -303,8 +307,10 @@ def resume_record(record: RunRecord, given: dict, file) -> RunRecord:
         recorded, value = getattr(record, name), given.get(name)
         if recorded is None and kind.unset is None:
             if value is None and name == "val_fraction":
-                raise ValueError(f"{file} does not record which fraction of the text was kept for validation: "
-                                 f"give the run's --val-fraction")  # fmt: skip
+                raise ValueError(
+                    f"{file} does not record which fraction of the text was kept for validation: "
+                    f"give the run's --val-fraction"
+                )
             out[name] = DEFAULTS.get(name) if value is None else value
         elif value is not None and value != recorded:
             raise changed(name, kind.unset if recorded is None else recorded, value, file)
@@ -321,8 +327,11 @@ def resume_config(config: TrainConfig, ckpt: dict | None, given: dict, file) -> 
         names = {f.name for f in fields(TrainConfig)} - PROCESS_SETTINGS
         missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
         if missing or unknown:
-            what = f"does not record the training setting {flag(missing[0])}" if missing else (
-                f"records the training setting {unknown[0]!r}, which this version does not know")  # fmt: skip
+            what = (
+                f"does not record the training setting {flag(missing[0])}"
+                if missing
+                else (f"records the training setting {unknown[0]!r}, which this version does not know")
+            )
             raise ValueError(f"{file} {what} (a checkpoint from another version?)")
         config = replace(config, **saved, **recorded_process(ckpt, given, file))
     return replace(config, **{k: v for k, v in given.items() if v is not None})
@@ -351,11 +360,15 @@ def resumed_data(given: str | None, record: RunRecord | None, file) -> str | Non
     if given is not None or record is None:
         return given
     if record.data_from:
-        raise ValueError(f"the run in {file} read its training text from {record.data_from}, which cannot be read "
-                         f"again: give the same text with --data FILE")  # fmt: skip
+        raise ValueError(
+            f"the run in {file} read its training text from {record.data_from}, which cannot be read "
+            f"again: give the same text with --data FILE"
+        )
     if record.data and not Path(record.data).is_file():
-        raise ValueError(f"the run in {file} was trained on {record.data}, which is no longer there: give the same "
-                         f"text with --data FILE")  # fmt: skip
+        raise ValueError(
+            f"the run in {file} was trained on {record.data}, which is no longer there: give the same "
+            f"text with --data FILE"
+        )
     return record.data
 
 
@@ -383,17 +396,25 @@ def read_base(path: str | os.PathLike | None, record: RunRecord | None, file) ->
             raise ValueError(f"the run in {file} fine-tunes {path}, which is no longer there: give it with --ckpt")
     base_file = checkpoint_file(path)
     if base_file.resolve() == Path(file).resolve():  # the run would write its checkpoint over its base
-        raise ValueError(f"--out-dir {Path(file).parent} holds the base checkpoint {base_file}, which the run would "
-                         f"replace (even with --force): choose another --out-dir")  # fmt: skip
+        raise ValueError(
+            f"--out-dir {Path(file).parent} holds the base checkpoint {base_file}, which the run would "
+            f"replace (even with --force): choose another --out-dir"
+        )
     base = read_checkpoint(path)
     if record is not None and base["checksum"] != record.base_sha256:
-        raise ValueError(f"--resume cannot change --ckpt: the run in {file} fine-tunes {record.base} (checksum "
-                         f"{record.base_sha256[:12]}), not {base_file} (checksum {base['checksum'][:12]})")  # fmt: skip
+        raise ValueError(
+            f"--resume cannot change --ckpt: the run in {file} fine-tunes {record.base} (checksum "
+            f"{record.base_sha256[:12]}), not {base_file} (checksum {base['checksum'][:12]})"
+        )
     if base.get("format") == ADAPTER_FORMAT or RunRecord.from_checkpoint(base).method == "lora":
         what = "adapter file (adapters only)" if "format" in base else "run's checkpoint (base weights and adapters)"
-        raise ValueError(f"{base_file} is a LoRA {what}: fine-tune its base, {(base.get('meta') or {}).get('base')}, "
-                         f"or a full fine-tuning run's checkpoint")  # fmt: skip
+        raise ValueError(
+            f"{base_file} is a LoRA {what}: fine-tune its base, {(base.get('meta') or {}).get('base')}, "
+            f"or a full fine-tuning run's checkpoint"
+        )
     if base.get("model_class") != "GPT" or not base.get("tokenizer"):
-        raise ValueError(f"{base_file} holds a {base.get('model_class')} without a tokenizer: fine-tune a GPT "
-                         f"checkpoint of python -m transformer_lib train --tokenizer bpe")  # fmt: skip
+        raise ValueError(
+            f"{base_file} holds a {base.get('model_class')} without a tokenizer: fine-tune a GPT "
+            f"checkpoint of python -m transformer_lib train --tokenizer bpe"
+        )
     return base, base_file

@@ -81,9 +81,17 @@ class SinkAttention(MultiHeadAttention):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, sinks: bool = True, keep_first: int = 0, n_kv_heads: int | None = None,
-        dropout: float = 0.0, bias: bool = True, _checked: bool = False,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        sinks: bool = True,
+        keep_first: int = 0,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        _checked: bool = False,
+    ):
         super().__init__(d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=bias, _checked=_checked)
         check_bool(sinks, "sinks")
         check_int(keep_first, "keep_first", minimum=0)
@@ -100,9 +108,16 @@ class SinkAttention(MultiHeadAttention):
         return KVCache(window=window, keep_first=self.keep_first if window is not None else 0, _checked=True)
 
     def attention_weights(
-        self, query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
-        window: int | None = None, **other,
-    ) -> Tensor:  # fmt: skip
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        window: int | None = None,
+        **other,
+    ) -> Tensor:
         """``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)`` -> the weights
         ``(B, h, T_q, T_k)`` :meth:`forward` uses, before dropout; with sinks a row sums to less than 1
         (chapter 18). The arguments are :meth:`forward`'s; its other keywords are accepted and
@@ -118,9 +133,15 @@ class SinkAttention(MultiHeadAttention):
         return self._attend_by_hand(q, k, v, mask, 0.0)[1]  # (B, h, T_q, T_k)
 
     def _check_inputs(
-        self, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, window: int | None, cache: KVCache | None,
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        is_causal: bool,
+        window: int | None,
+        cache: KVCache | None,
         window_checked: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The parent's checks; a cache must also keep this attention's ``keep_first``."""
         super()._check_inputs(query, key, value, is_causal, window, None, window_checked)
         if cache is not None:
@@ -218,8 +239,11 @@ def sink_attention_from_gpt_oss(attn: nn.Module) -> SinkAttention:
     ours = SinkAttention(config.hidden_size, h, n_kv_heads=h_kv, bias=bias).to(attn.q_proj.weight.dtype)
     ours.qk_transform = QKTransform(d, rotary_base=float(rope.get("rope_theta", 10000.0)))
     q_rows, k_rows = half_split_rows(h, d), half_split_rows(h_kv, d)
-    for mine, theirs, rows in ((ours.q_proj, attn.q_proj, q_rows), (ours.k_proj, attn.k_proj, k_rows),
-                               (ours.v_proj, attn.v_proj, slice(None))):  # fmt: skip
+    for mine, theirs, rows in (
+        (ours.q_proj, attn.q_proj, q_rows),
+        (ours.k_proj, attn.k_proj, k_rows),
+        (ours.v_proj, attn.v_proj, slice(None)),
+    ):
         mine.weight.copy_(theirs.weight[rows])
         if bias:
             mine.bias.copy_(theirs.bias[rows])

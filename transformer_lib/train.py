@@ -196,11 +196,18 @@ class _Run:
         self.check_finite()
         parts = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
         state = {key: part.state_dict() for key, part in parts.items()}
-        state |= {"model_class": type(self.model).__name__, "step": self.step, "eval_pending": self.eval_pending,
-                  "model_config": asdict(self.model.config) if hasattr(self.model, "config") else None,
-                  "train_config": {**asdict(self.config), "device": str(self.device)}, "rng": rng,
-                  "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
-                  "history": asdict(self.history), "meta": self.meta or {}, "changes": self.changes}  # fmt: skip
+        state |= {
+            "model_class": type(self.model).__name__,
+            "step": self.step,
+            "eval_pending": self.eval_pending,
+            "model_config": asdict(self.model.config) if hasattr(self.model, "config") else None,
+            "train_config": {**asdict(self.config), "device": str(self.device)},
+            "rng": rng,
+            "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
+            "history": asdict(self.history),
+            "meta": self.meta or {},
+            "changes": self.changes,
+        }
         self.file.write(state, (self.step, self.eval_pending))
         self.on_save()
 
@@ -320,8 +327,7 @@ def _loop(run: _Run, until: int, flag: InterruptFlag) -> None:
             if run.eval_pending and due:
                 if bar is None and shown:
                     rows = config.eval_iters * config.batch_size
-                    print(f"evaluating the starting model on {rows} training and {rows} validation rows...",
-                          flush=True)  # fmt: skip
+                    print(f"evaluating the starting model on {rows} training and {rows} validation rows...", flush=True)
                 run.busy = True
                 run.evaluate(bar.write if bar is not None else print)
                 rng, run.busy = capture_rng(run.get_batch), False

@@ -83,12 +83,21 @@ class TrainConfig:
 
 
 _TRAIN_RULES = {
-    "batch_size": (int, "positive"), "max_iters": (int, "count"), "lr": (float, "positive"),
-    "min_lr": (float, "count"), "warmup_iters": (int, "count"), "lr_decay_iters": (int, "count"),
-    "weight_decay": (float, "count"), "beta1": (float, "probability"), "beta2": (float, "probability"),
-    "grad_clip": (float, "count"), "eval_interval": (int, "count"), "eval_iters": (int, "positive"),
-    "log_interval": (int, "positive"), "peak_tflops": (float, "positive"),
-}  # fmt: skip
+    "batch_size": (int, "positive"),
+    "max_iters": (int, "count"),
+    "lr": (float, "positive"),
+    "min_lr": (float, "count"),
+    "warmup_iters": (int, "count"),
+    "lr_decay_iters": (int, "count"),
+    "weight_decay": (float, "count"),
+    "beta1": (float, "probability"),
+    "beta2": (float, "probability"),
+    "grad_clip": (float, "count"),
+    "eval_interval": (int, "count"),
+    "eval_iters": (int, "positive"),
+    "log_interval": (int, "positive"),
+    "peak_tflops": (float, "positive"),
+}
 
 
 MODEL_SETTINGS = {

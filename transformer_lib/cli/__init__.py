@@ -99,10 +99,10 @@ COMMANDS = {
         dpo_main,
         "tune a run on chosen/rejected answer pairs, DPO, every weight or LoRA (ch. 17)",
         "; no checkpoint was written",
-    ),  # fmt: skip
+    ),
     "grpo": _Command(
         grpo_main, "tune a run on rewards of its own sampled answers, GRPO (ch. 17)", "; no checkpoint was written"
-    ),  # fmt: skip
+    ),
 }
 DEFAULT_COMMAND = "train"  # arguments that start with a flag are the training command's
 HELP = ("help", "-h", "--help")
@@ -121,7 +121,8 @@ def overview() -> str:
             *rows,
             f"  {'help':<9} this list; help COMMAND (or COMMAND --help) lists a command's flags and their defaults",
             "",
-            "a first run, about 3 CPU-minutes (the full --preset cpu run of 2,000 steps takes about 30):",
+            "a first run, about 15 seconds on one CPU thread (the full --preset cpu run of 2,000 steps: "
+            "about 2 minutes):",
             "  python -m transformer_lib train --preset cpu --max-iters 200 --out-dir out/first",
             "  python -m transformer_lib sample --ckpt out/first --prompt ROMEO:",
         ]

@@ -30,8 +30,13 @@ from ..run import flag as _flag
 from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
 from ..utils import DTYPES, check_fields
 
-_SHAPE_RULES = {"n_layers": (int, "positive"), "n_heads": (int, "positive"), "d_model": (int, "positive"),
-                "context_len": (int, "positive"), "dropout": (float, "probability")}  # fmt: skip
+_SHAPE_RULES = {
+    "n_layers": (int, "positive"),
+    "n_heads": (int, "positive"),
+    "d_model": (int, "positive"),
+    "context_len": (int, "positive"),
+    "dropout": (float, "probability"),
+}
 EXPERTS_CHOICES = {"experts_score": list(SCORES), "rope_scaling": [k for k in ROPE_KINDS if k != "dynamic"]}
 _TYPES = {"int": int, "float": float, "str": str}  # a dataclass field's type, as written, to argparse's
 
@@ -130,8 +135,10 @@ def _preset_defaults(values: dict[str, object]) -> str:
     """``(default: V)`` from ``{preset: value}``, or each preset's value where they differ."""
     if len({repr(v) for v in values.values()}) == 1:
         return f"(default: {_shown(values['cpu'])})"
-    by_preset = [f"{_shown(v)} with --preset {k}" if i == 0 else f"{_shown(v)} with {k}"
-                 for i, (k, v) in enumerate(values.items())]  # fmt: skip
+    by_preset = [
+        f"{_shown(v)} with --preset {k}" if i == 0 else f"{_shown(v)} with {k}"
+        for i, (k, v) in enumerate(values.items())
+    ]
     return f"(default: {', '.join(by_preset)})"
 
 
@@ -250,8 +257,13 @@ def pretrain_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
     """What a pretraining run is, as far as its flags say: ``--preset``, ``--seed``,
     ``--val-fraction``, ``--tokenizer`` and ``--vocab-size`` (or their defaults), or on resume the
     run's, a flag that differs refused (``run.resume_record``)."""
-    given = {"preset": args.preset, "seed": args.seed, "val_fraction": args.val_fraction,
-             "tokenizer": args.tokenizer, "vocab_size": args.vocab_size}  # fmt: skip
+    given = {
+        "preset": args.preset,
+        "seed": args.seed,
+        "val_fraction": args.val_fraction,
+        "tokenizer": args.tokenizer,
+        "vocab_size": args.vocab_size,
+    }
     if resumed is not None:
         return resume_record(resumed, given, file)
     out = {k: DEFAULTS.get(k) if v is None else v for k, v in given.items()}

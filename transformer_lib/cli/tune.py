@@ -47,11 +47,25 @@ __all__ = ["TUNE_DEFAULTS", "dpo_main", "grpo_main"]
 
 #: The training settings of the two commands where they differ from TrainConfig's (chapter 17).
 TUNE_DEFAULTS = {
-    "dpo": {"max_iters": 200, "lr": {"lora": 1e-3, "full": 1e-5}, "warmup_iters": 10, "eval_interval": 50,
-            "eval_iters": 5, "batch_size": 8, "weight_decay": 0.0},
-    "grpo": {"max_iters": 100, "lr": {"lora": 3e-3, "full": 3e-5}, "warmup_iters": 10, "eval_interval": 25,
-             "eval_iters": 2, "batch_size": 8, "weight_decay": 0.0},
-}  # fmt: skip
+    "dpo": {
+        "max_iters": 200,
+        "lr": {"lora": 1e-3, "full": 1e-5},
+        "warmup_iters": 10,
+        "eval_interval": 50,
+        "eval_iters": 5,
+        "batch_size": 8,
+        "weight_decay": 0.0,
+    },
+    "grpo": {
+        "max_iters": 100,
+        "lr": {"lora": 3e-3, "full": 3e-5},
+        "warmup_iters": 10,
+        "eval_interval": 25,
+        "eval_iters": 2,
+        "batch_size": 8,
+        "weight_decay": 0.0,
+    },
+}
 #: Each objective's settings (flag, type, default, help): recorded in the run and fixed on resume.
 OBJECTIVES = {
     "dpo": {
@@ -91,13 +105,14 @@ DESCRIPTIONS = {
     "dpo": "Tune a GPT on preferences (chapter 17, DPO): each line of --data is a prompt with a chosen and a "
     "rejected answer, and the model learns to rank the chosen one higher than a frozen reference does (the start "
     "itself; with --lora-rank, the start with the adapters off). The start is --ckpt, with --adapter merged in. "
-    "Typical time on a laptop: a few minutes for the default 200 steps from the book's shipped model with LoRA.",
+    "Typical time on one CPU thread: under half a minute for the default 200 steps from the book's shipped "
+    "model with LoRA.",
     "grpo": "Tune a GPT on rewards of its own answers (chapter 17, GRPO): for each prompt of --data the model "
     "samples --group-size answers, --reward scores each against the line's response, and the answers better "
     "than their group's mean are made more likely; the KL penalty --beta keeps it near the reference. The "
     "console prints the mean reward of each split. TRL's names are accepted (--num-generations, "
-    "--max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on a laptop: a few minutes for "
-    "the default 100 steps from the book's shipped model with LoRA.",
+    "--max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on one CPU thread: about a "
+    "minute for the default 100 steps from the book's shipped model with LoRA.",
 }
 
 
@@ -106,18 +121,27 @@ def build_parser(kind: str) -> Parser:
     data = '{"prompt", "chosen", "rejected"}' if kind == "dpo" else '{"prompt", "response"} (the target)'
     refused = GRPO_REFUSED if kind == "grpo" else {}
     parser = Parser(prog=f"python -m transformer_lib {kind}", description=DESCRIPTIONS[kind], refused=refused)
-    parser.add_argument("--ckpt", default=None, help="the start: a BPE GPT checkpoint or run folder (required; "
-                        "with --resume: the run's own)")  # fmt: skip
+    parser.add_argument(
+        "--ckpt",
+        default=None,
+        help="the start: a BPE GPT checkpoint or run folder (required; with --resume: the run's own)",
+    )
     parser.add_argument("--adapter", default=None, help="an adapter file on --ckpt, merged into the start")
     parser.add_argument("--data", default=None, metavar="FILE.jsonl", help=f"one {data} a line")
-    parser.add_argument("--val-fraction", type=float, default=None, help="last fraction of lines that validate "
-                        "(default: 0.1)")  # fmt: skip
+    parser.add_argument(
+        "--val-fraction", type=float, default=None, help="last fraction of lines that validate (default: 0.1)"
+    )
     parser.add_argument("--out-dir", "--output-dir", default=f"out/{kind}", help=f"(default: out/{kind})")
     parser.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt exactly")
     parser.add_argument("--force", action="store_true", help="start afresh even if OUT_DIR holds a checkpoint")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random generator (default: 1337)")
-    parser.add_argument("--lora-rank", "--lora-r", type=int, default=None, help="train fresh adapters of this "
-                        "rank (default: none, every weight)")  # fmt: skip
+    parser.add_argument(
+        "--lora-rank",
+        "--lora-r",
+        type=int,
+        default=None,
+        help="train fresh adapters of this rank (default: none, every weight)",
+    )
     parser.add_argument("--lora-alpha", type=float, default=None, help="(default: 2 x --lora-rank)")
     group = parser.add_argument_group(f"the {kind.upper()} objective (fixed on --resume)")
     for name, (type_, default, help_) in OBJECTIVES[kind].items():
@@ -125,11 +149,20 @@ def build_parser(kind: str) -> Parser:
         if type_ is bool:
             group.add_argument(*names, dest=name, action="store_true", default=None, help=help_)
         else:
-            group.add_argument(*names, dest=name, type=type_, default=None, choices=_CHOICES.get(name),
-                               help=f"{help_} (default: {default})")  # fmt: skip
+            group.add_argument(
+                *names,
+                dest=name,
+                type=type_,
+                default=None,
+                choices=_CHOICES.get(name),
+                help=f"{help_} (default: {default})",
+            )
     rates = TUNE_DEFAULTS[kind]["lr"]
-    shown = {**TUNE_DEFAULTS[kind], "lr": f"{rates['lora']:g} with --lora-rank, {rates['full']:g} without",
-             "min_lr": "a tenth of --lr"}  # fmt: skip
+    shown = {
+        **TUNE_DEFAULTS[kind],
+        "lr": f"{rates['lora']:g} with --lora-rank, {rates['full']:g} without",
+        "min_lr": "a tenth of --lr",
+    }
     add_setting_flags(parser, shape=False, defaults=shown)
     return parser
 
@@ -188,8 +221,12 @@ def _objective(kind: str, args, resumed: RunRecord | None, file: Path) -> dict:
 
 
 def _record(kind: str, args, resumed: RunRecord | None, file: Path) -> RunRecord:
-    given = {"lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "seed": args.seed,
-             "val_fraction": args.val_fraction}  # fmt: skip
+    given = {
+        "lora_rank": args.lora_rank,
+        "lora_alpha": args.lora_alpha,
+        "seed": args.seed,
+        "val_fraction": args.val_fraction,
+    }
     objective = _objective(kind, args, resumed, file)
     if resumed is not None:
         return replace(resume_record(resumed, given, file), objective=objective)
@@ -213,8 +250,10 @@ def _resumed(kind: str, args, folder: RunFolder) -> tuple[dict | None, RunRecord
     record = RunRecord.from_checkpoint(ckpt)
     if record.kind != kind:
         command = "train" if record.kind == "pretrain" else record.kind
-        raise ValueError(f"{folder.checkpoint} holds a {record.kind} run, not a {kind} run: continue it with its "
-                         f"own command (python -m transformer_lib {command} --resume)")  # fmt: skip
+        raise ValueError(
+            f"{folder.checkpoint} holds a {record.kind} run, not a {kind} run: continue it with its "
+            f"own command (python -m transformer_lib {command} --resume)"
+        )
     return ckpt, record
 
 
@@ -233,9 +272,12 @@ def _start(args, resumed: RunRecord | None, file: Path):
     model, tokenizer = _base_model(base, base_file)
     if adapter:
         add_adapter(model, base, base_file, adapter)
-    fields = {"base": str(base_file.resolve()), "base_sha256": base["checksum"],
-              "adapter": str(Path(adapter).resolve()) if adapter else None,
-              "adapter_sha256": sha256_of(adapter) if adapter else None}  # fmt: skip
+    fields = {
+        "base": str(base_file.resolve()),
+        "base_sha256": base["checksum"],
+        "adapter": str(Path(adapter).resolve()) if adapter else None,
+        "adapter_sha256": sha256_of(adapter) if adapter else None,
+    }
     return model, tokenizer, fields
 
 
@@ -256,23 +298,49 @@ def _tune_in_folder(kind: str, args, folder: RunFolder) -> int:
     train_lines, val_lines = lines[:-n_val], lines[-n_val:]
     device = pick_device(config.device)
     set_seed(record.seed)
-    reference = make_policy(model, record.method, rank=record.lora_rank or 4, alpha=record.lora_alpha or 8.0,
-                            seed=record.seed)  # fmt: skip
+    reference = make_policy(
+        model, record.method, rank=record.lora_rank or 4, alpha=record.lora_alpha or 8.0, seed=record.seed
+    )
     model.train()
     o, sampling = record.objective, {"seed": record.seed, "device": device}
     if kind == "dpo":
-        batches = DPOBatches(tokenizer, train_lines, val_lines, config.batch_size, reference=reference,
-                             beta=o["beta"], average=o["average"], **sampling)  # fmt: skip
+        batches = DPOBatches(
+            tokenizer,
+            train_lines,
+            val_lines,
+            config.batch_size,
+            reference=reference,
+            beta=o["beta"],
+            average=o["average"],
+            **sampling,
+        )
     else:
-        batches = GRPOBatches(model, tokenizer, train_lines, val_lines, config.batch_size, reference=reference,
-                              **{k: o[k] for k in OBJECTIVES["grpo"]}, **sampling)  # fmt: skip
+        batches = GRPOBatches(
+            model,
+            tokenizer,
+            train_lines,
+            val_lines,
+            config.batch_size,
+            reference=reference,
+            **{k: o[k] for k in OBJECTIVES["grpo"]},
+            **sampling,
+        )
     if not ckpt:
         folder.write_tokenizer(tokenizer, args.force)
-    record = replace(record, **start, data=str(Path(data).resolve()), data_sha256=sha256_of(data),
-                     corpus=Path(data).name, n_train=len(train_lines), n_val=len(val_lines),
-                     tokenizer_sha256=tokenizer_checksum(tokenizer))  # fmt: skip
-    print(f"{Path(data).name}: {len(train_lines)} lines to train on, {len(val_lines)} to validate; {kind} "
-          f"({record.method}, {count_parameters(model):,} parameters trained); device {device}")  # fmt: skip
+    record = replace(
+        record,
+        **start,
+        data=str(Path(data).resolve()),
+        data_sha256=sha256_of(data),
+        corpus=Path(data).name,
+        n_train=len(train_lines),
+        n_val=len(val_lines),
+        tokenizer_sha256=tokenizer_checksum(tokenizer),
+    )
+    print(
+        f"{Path(data).name}: {len(train_lines)} lines to train on, {len(val_lines)} to validate; {kind} "
+        f"({record.method}, {count_parameters(model):,} parameters trained); device {device}"
+    )
     try:
         history = train(model, batches, config, tokenizer=tokenizer, meta=record.to_meta(), resume=ckpt or False)
     except KeyboardInterrupt:

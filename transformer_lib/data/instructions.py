@@ -146,9 +146,17 @@ class InstructionBatches(_Batches):
     """
 
     def __init__(
-        self, train: list, val: list, context_len: int, batch_size: int, pad_id: int, *,
-        mask_prompt: bool = True, mask_padding: bool = True, **sampling,
-    ):  # fmt: skip
+        self,
+        train: list,
+        val: list,
+        context_len: int,
+        batch_size: int,
+        pad_id: int,
+        *,
+        mask_prompt: bool = True,
+        mask_padding: bool = True,
+        **sampling,
+    ):
         super().__init__(batch_size, **sampling)
         check_int(context_len, "context_len")
         check_int(pad_id, "pad_id", minimum=0)

@@ -100,13 +100,35 @@ def sequence_task(
     return Seq2SeqData(*_seq2seq(src, [_TASKS[task](s) for s in src], n_train), tokenizer, tokenizer)
 
 
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-           "november", "december")  # fmt: skip
+_MONTHS = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
 # The pieces a date format is written with, each naming the field of the date it shows.
-DATE_PIECES = {"weekday": "weekday", "wkd": "weekday", "month": "month", "mon": "month", "mm": "month",
-               "yyyy": "year", "yy": "year", "dth": "day", "dd": "day", "d": "day"}  # fmt: skip
+DATE_PIECES = {
+    "weekday": "weekday",
+    "wkd": "weekday",
+    "month": "month",
+    "mon": "month",
+    "mm": "month",
+    "yyyy": "year",
+    "yy": "year",
+    "dth": "day",
+    "dd": "day",
+    "d": "day",
+}
 _PIECE = re.compile("|".join(DATE_PIECES))  # longest names first: "month" before "mon", "dth" before "d"
 
 
@@ -117,9 +139,18 @@ def _ordinal(n: int) -> str:
 
 def _piece_text(piece: str, d: datetime.date) -> str:
     month, weekday = _MONTHS[d.month - 1], _WEEKDAYS[d.weekday()]
-    return {"weekday": weekday, "wkd": weekday[:3], "month": month, "mon": month[:3], "mm": f"{d.month:02d}",
-            "yyyy": str(d.year), "yy": f"{d.year % 100:02d}", "dth": _ordinal(d.day), "dd": f"{d.day:02d}",
-            "d": str(d.day)}[piece]  # fmt: skip
+    return {
+        "weekday": weekday,
+        "wkd": weekday[:3],
+        "month": month,
+        "mon": month[:3],
+        "mm": f"{d.month:02d}",
+        "yyyy": str(d.year),
+        "yy": f"{d.year % 100:02d}",
+        "dth": _ordinal(d.day),
+        "dd": f"{d.day:02d}",
+        "d": str(d.day),
+    }[piece]
 
 
 # Human ways to write a date, lower-cased, each a pattern of DATE_PIECES and literal text. Two-digit

@@ -123,8 +123,9 @@ def check_scratchpad(answer: str, target: str) -> dict[str, bool]:
     if m is None:
         return dict.fromkeys(("year", "month", "day", "date"), False)
     year, name, month, day, final = m.groups()
-    name_ok = name is None or (name[:3] in [x[:3] for x in _MONTHS] and
-                               [x[:3] for x in _MONTHS].index(name[:3]) + 1 == date.month)  # fmt: skip
+    name_ok = name is None or (
+        name[:3] in [x[:3] for x in _MONTHS] and [x[:3] for x in _MONTHS].index(name[:3]) + 1 == date.month
+    )
     return {
         "year": year == str(date.year),
         "month": name_ok and month == f"{date.month:02d}",
@@ -226,8 +227,10 @@ def read_preferences(path: str | os.PathLike) -> list[tuple[str, str, str]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {n}: not JSON ({e.msg})") from None
         if not isinstance(item, dict):
-            raise ValueError(f"{path}, line {n}: needs an object with the keys {', '.join(map(repr, _KEYS))}, "
-                             f"got a JSON {type(item).__name__}")  # fmt: skip
+            raise ValueError(
+                f"{path}, line {n}: needs an object with the keys {', '.join(map(repr, _KEYS))}, "
+                f"got a JSON {type(item).__name__}"
+            )
         if problem := _triple_problem(item):
             raise ValueError(f"{path}, line {n}: {problem}")
         rows.append(tuple(item[k] for k in _KEYS))

@@ -145,10 +145,16 @@ class _ScriptedSeq2Seq(Transformer):
     def __init__(self):
         super().__init__(
             TransformerConfig(
-                src_vocab_size=3 + self.n_symbols, tgt_vocab_size=3 + self.n_symbols, d_model=4, n_heads=1,
-                n_encoder_layers=0, n_decoder_layers=0, dropout=0.0, context_len=16,
+                src_vocab_size=3 + self.n_symbols,
+                tgt_vocab_size=3 + self.n_symbols,
+                d_model=4,
+                n_heads=1,
+                n_encoder_layers=0,
+                n_decoder_layers=0,
+                dropout=0.0,
+                context_len=16,
             )
-        )  # fmt: skip
+        )
         self.calls: list[Tensor] = []
         self.eval()
 
@@ -188,9 +194,17 @@ def _random_model() -> Transformer:
     """A small real Transformer with random weights whose logits are well separated (no near-ties)."""
     g = torch.Generator().manual_seed(11)
     model = Transformer(
-        TransformerConfig(src_vocab_size=9, tgt_vocab_size=7, d_model=16, n_heads=2, n_encoder_layers=1,
-                          n_decoder_layers=1, dropout=0.0, context_len=16)
-    )  # fmt: skip
+        TransformerConfig(
+            src_vocab_size=9,
+            tgt_vocab_size=7,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            dropout=0.0,
+            context_len=16,
+        )
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() > 1 else 0.1))
@@ -209,12 +223,20 @@ def _greedy_cases() -> list[tuple[str, Callable[[], Transformer], Tensor, int]]:
     s = _ScriptedSeq2Seq.n_symbols
     return [
         ("4 sources of lengths 3, 1, 5, 2 and max_new_tokens=8", _ScriptedSeq2Seq, src_rows([3, 1, 5, 2], s), 8),
-        ("3 sources of lengths 6, 2, 4 and max_new_tokens=4 (row 0 cannot finish)", _ScriptedSeq2Seq,
-         src_rows([6, 2, 4], s), 4),
+        (
+            "3 sources of lengths 6, 2, 4 and max_new_tokens=4 (row 0 cannot finish)",
+            _ScriptedSeq2Seq,
+            src_rows([6, 2, 4], s),
+            4,
+        ),
         ("a single source of length 1 and max_new_tokens=5", _ScriptedSeq2Seq, src_rows([1], s), 5),
-        ("a real tl.Transformer with random weights, 5 sources, max_new_tokens=6", _random_model,
-         src_rows([4, 2, 5, 1, 3], 6), 6),
-    ]  # fmt: skip
+        (
+            "a real tl.Transformer with random weights, 5 sources, max_new_tokens=6",
+            _random_model,
+            src_rows([4, 2, 5, 1, 3], 6),
+            6,
+        ),
+    ]
 
 
 def _eos_position(row: Tensor) -> int | None:

@@ -131,8 +131,11 @@ def _top_k_cases() -> list[tuple[str, Tensor, int]]:
     """(description, logits, k), from simple to edge cases."""
     g = torch.Generator().manual_seed(7)
     return [
-        ("logits [[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]] (B = 2, V = 6), k = 2",
-         torch.tensor([[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]]), 2),
+        (
+            "logits [[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]] (B = 2, V = 6), k = 2",
+            torch.tensor([[1.0, 3.0, 0.5, 2.0, -1.0, 0.0], [0.0, -2.0, 1.5, 0.5, 2.5, 1.0]]),
+            2,
+        ),
         ("random logits of shape (3, 7), k = 3", torch.randn(3, 7, generator=g), 3),
         ("random logits of shape (2, 5), k = 1 (greedy)", torch.randn(2, 5, generator=g), 1),
         ("random float64 logits of shape (4, 9), k = 4", torch.randn(4, 9, generator=g, dtype=torch.float64), 4),
@@ -141,7 +144,7 @@ def _top_k_cases() -> list[tuple[str, Tensor, int]]:
         ("logits [[3.0, 2.0, 2.0, 1.0]] with a tie at the k-th place, k = 2", torch.tensor([[3.0, 2.0, 2.0, 1.0]]), 2),
         ("random logits of shape (2, 6), k = 6 (= vocab_size)", torch.randn(2, 6, generator=g), 6),
         ("random logits of shape (2, 6), k = 10 (> vocab_size)", torch.randn(2, 6, generator=g), 10),
-    ]  # fmt: skip
+    ]
 
 
 def _where(index: tuple[int, ...]) -> str:

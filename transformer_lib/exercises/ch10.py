@@ -119,16 +119,25 @@ def check_cached_attention(fn: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> 
     for desc, args in _cache_cases():
         where = f"for {desc}"
         got = call_student(
-            fn, args, where, crash_hint=_cat_hint, inputs="the tensors it was given (the cache)",
+            fn,
+            args,
+            where,
+            crash_hint=_cat_hint,
+            inputs="the tensors it was given (the cache)",
             in_place_hint="build the grown cache with torch.cat, which makes a new tensor",
-        )  # fmt: skip
+        )
         out, k_all, v_all = require_tensors(got, where, names)
         want_out, want_k, want_v = reference_cached_attention(*args)
         for name, value, want in (("k_all", k_all, want_k), ("v_all", v_all, want_v)):
             require_tensor(
-                value, where, want.shape, want.dtype, what=name, layout="(B, h, T_cached + T_new, d_k)",
+                value,
+                where,
+                want.shape,
+                want.dtype,
+                what=name,
+                layout="(B, h, T_cached + T_new, d_k)",
                 shape_hint=": append the new keys and values along the sequence axis (dim=-2)",
-            )  # fmt: skip
+            )
             if not torch.equal(value, want):
                 new, old = (args[1], args[3]) if name == "k_all" else (args[2], args[4])
                 if torch.equal(value, torch.cat([new, old], dim=-2)):
@@ -258,9 +267,12 @@ def check_top_p_filter(fn: Callable[[Tensor, float], Tensor]) -> None:
     for desc, logits, p in _top_p_cases():
         where = f"for {desc}"
         got = call_student(
-            fn, (logits, p), where, inputs="the logits it was given",
+            fn,
+            (logits, p),
+            where,
+            inputs="the logits it was given",
             in_place_hint="use masked_fill (without the underscore), which returns a new tensor",
-        )  # fmt: skip
+        )
         want = top_p_filter(logits, p)
         require_tensor(got, where, want.shape, want.dtype, layout="(..., vocab_size)")
         got = got.detach()

@@ -55,19 +55,38 @@ def _merge_cases() -> list[tuple[str, Tensor, Tensor, Tensor, int]]:
     """(description, scores (R, n), values (n, d), a mask or None, split point) of two blocks."""
     g = torch.Generator().manual_seed(12)
     cases = [
-        ("one query, scores [1.0, 0.5 | 3.0, 2.0] (the second block has the larger maximum)",
-         torch.tensor([[1.0, 0.5, 3.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]), 2),
-        ("one query, scores [4.0, 1.0 | 0.0, -2.0] (the first block has the larger maximum)",
-         torch.tensor([[4.0, 1.0, 0.0, -2.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]), 2),
+        (
+            "one query, scores [1.0, 0.5 | 3.0, 2.0] (the second block has the larger maximum)",
+            torch.tensor([[1.0, 0.5, 3.0, 2.0]]),
+            torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]),
+            2,
+        ),
+        (
+            "one query, scores [4.0, 1.0 | 0.0, -2.0] (the first block has the larger maximum)",
+            torch.tensor([[4.0, 1.0, 0.0, -2.0]]),
+            torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]),
+            2,
+        ),
         ("3 queries, 5 + 3 random keys, d = 4", torch.randn(3, 8, generator=g), torch.randn(8, 4, generator=g), 5),
-        ("2 queries, blocks of 1 and 6 keys, float64", torch.randn(2, 7, generator=g, dtype=torch.float64),
-         torch.randn(7, 3, generator=g, dtype=torch.float64), 1),
-        ("2 queries with scores near 1000 (exp(1000) overflows)", 1000 + torch.randn(2, 6, generator=g),
-         torch.randn(6, 3, generator=g), 3),
-        ("2 queries whose second block is fully masked (scores -inf: m2 = -inf, l2 = 0, o2 = 0)",
-         torch.cat([torch.randn(2, 3, generator=g), torch.full((2, 2), float("-inf"))], -1),
-         torch.randn(5, 3, generator=g), 3),
-    ]  # fmt: skip
+        (
+            "2 queries, blocks of 1 and 6 keys, float64",
+            torch.randn(2, 7, generator=g, dtype=torch.float64),
+            torch.randn(7, 3, generator=g, dtype=torch.float64),
+            1,
+        ),
+        (
+            "2 queries with scores near 1000 (exp(1000) overflows)",
+            1000 + torch.randn(2, 6, generator=g),
+            torch.randn(6, 3, generator=g),
+            3,
+        ),
+        (
+            "2 queries whose second block is fully masked (scores -inf: m2 = -inf, l2 = 0, o2 = 0)",
+            torch.cat([torch.randn(2, 3, generator=g), torch.full((2, 2), float("-inf"))], -1),
+            torch.randn(5, 3, generator=g),
+            3,
+        ),
+    ]
     return cases
 
 
@@ -120,10 +139,12 @@ def check_softmax_merge(fn: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> Non
             require_tensor(value, where, w.shape, w.dtype, what=name, layout="(R, 1)" if name != "o" else "(R, d)")
         for name, value in zip(("l", "o"), got[1:], strict=True):
             require_finite(
-                value, where, what=name,
+                value,
+                where,
+                what=name,
                 hint=": exp of a large score overflows, so work only with differences such as m1 - m, which are "
                 "never positive (and exp(-inf) = 0 for a fully masked block)",
-            )  # fmt: skip
+            )
         tol = 1e-5 if scores.dtype == torch.float32 else 1e-10
         if not all(close(v.detach(), w, atol=tol, rtol=tol) for v, w in zip(got, want, strict=True)):
             raise ExerciseFailure(f"{where}: {_merge_hint(stats, tuple(v.detach() for v in got), want)}.")

@@ -96,9 +96,13 @@ def check_previous_token_score(fn: Callable[[Tensor], Tensor]) -> None:
         out = call_student(fn, (pattern,), where, inputs="pattern", crash_hint=None)
         expected = previous_token_score(pattern)
         require_tensor(
-            out, where, tuple(expected.shape), what="the score", layout="(...) = pattern.shape[:-2]",
+            out,
+            where,
+            tuple(expected.shape),
+            what="the score",
+            layout="(...) = pattern.shape[:-2]",
             shape_hint=": one score per pattern, the mean taken over the queries (the last two axes go)",
-        )  # fmt: skip
+        )
         if out.dtype != pattern.dtype:
             raise ExerciseFailure(
                 f"{where}, the score has dtype {out.dtype}; keep the pattern's dtype {pattern.dtype}."
@@ -161,9 +165,13 @@ def check_induction_score(fn: Callable[[Tensor, int], Tensor]) -> None:
         out = call_student(fn, (pattern, distance), where, inputs="pattern", crash_hint=None)
         expected = induction_score(pattern, distance)
         require_tensor(
-            out, where, tuple(expected.shape), what="the score", layout="(...) = pattern.shape[:-2]",
+            out,
+            where,
+            tuple(expected.shape),
+            what="the score",
+            layout="(...) = pattern.shape[:-2]",
             shape_hint=": one score per pattern, the mean taken over the queries (the last two axes go)",
-        )  # fmt: skip
+        )
         if not close(out, expected, atol=1e-6, rtol=1e-5):
             wrong.append((where, expected, out, _ind_mistake(pattern, distance, out)))
     _judge(wrong)

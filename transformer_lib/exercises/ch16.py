@@ -24,23 +24,37 @@ __all__ = ["check_pass_at_k", "check_quantize_int8"]
 
 
 def _pass_mistakes(n: int, c: int, k: int) -> list[tuple[str, float]]:
-    rule = ("pass@k = 1 - C(n - c, k) / C(n, k), the chance that k of the n answers, drawn without replacement, "
-            "hold a right one")  # fmt: skip
+    rule = (
+        "pass@k = 1 - C(n - c, k) / C(n, k), the chance that k of the n answers, drawn without replacement, "
+        "hold a right one"
+    )
     return [
-        ("you computed 1 - (1 - c/n)^k, which draws the k answers with replacement: the same answer can be "
-         f"drawn twice, so it is biased low; {rule}", 1 - (1 - c / n) ** k),
+        (
+            "you computed 1 - (1 - c/n)^k, which draws the k answers with replacement: the same answer can be "
+            f"drawn twice, so it is biased low; {rule}",
+            1 - (1 - c / n) ** k,
+        ),
         (f"you returned c / n, the share of right answers: that is pass@1 whatever k is; {rule}", c / n),
-        ("you returned C(c, k) / C(n, k), the chance that all k answers are right; pass@k asks for at least one: "
-         + rule, math.comb(c, k) / math.comb(n, k)),
-        (f"you multiplied pass@1 by k (capped at 1): chances of overlapping events do not add; {rule}",
-         min(1.0, k * c / n)),
-        (f"you returned C(n - c, k) / C(n, k), the chance that none is right: take one minus it; {rule}",
-         math.comb(n - c, k) / math.comb(n, k)),
-    ]  # fmt: skip
+        (
+            "you returned C(c, k) / C(n, k), the chance that all k answers are right; pass@k asks for at least one: "
+            + rule,
+            math.comb(c, k) / math.comb(n, k),
+        ),
+        (
+            f"you multiplied pass@1 by k (capped at 1): chances of overlapping events do not add; {rule}",
+            min(1.0, k * c / n),
+        ),
+        (
+            f"you returned C(n - c, k) / C(n, k), the chance that none is right: take one minus it; {rule}",
+            math.comb(n - c, k) / math.comb(n, k),
+        ),
+    ]
 
 
-_OVERFLOW = ("C(n, k) overflows a float for large n: use Python's integers (math.comb) or the product "
-             "1 - prod over i from n - c + 1 to n of (1 - k / i).")  # fmt: skip
+_OVERFLOW = (
+    "C(n, k) overflows a float for large n: use Python's integers (math.comb) or the product "
+    "1 - prod over i from n - c + 1 to n of (1 - k / i)."
+)
 
 
 @check("check_pass_at_k")
@@ -53,8 +67,17 @@ def check_pass_at_k(fn: Callable) -> None:
     counts where every answer or none is right, ``k = 1``, ``k = n`` and large ``n`` (where the
     binomial coefficients overflow a float unless the product form or integers are used).
     """
-    cases = [(10, 3, 1), (10, 3, 5), (5, 1, 2), (20, 0, 8), (20, 20, 8), (16, 2, 16), (8, 7, 2), (200, 3, 10),
-             (2000, 17, 100)]  # fmt: skip
+    cases = [
+        (10, 3, 1),
+        (10, 3, 5),
+        (5, 1, 2),
+        (20, 0, 8),
+        (20, 20, 8),
+        (16, 2, 16),
+        (8, 7, 2),
+        (200, 3, 10),
+        (2000, 17, 100),
+    ]
     for n, c, k in cases:
         where = f"for n={n}, c={c}, k={k}"
         got = call_student(fn, (n, c, k), where, crash_hint=lambda e: _OVERFLOW if isinstance(e, OverflowError) else "")
@@ -77,24 +100,36 @@ def check_pass_at_k(fn: Callable) -> None:
 
 def _int8_mistakes(w: Tensor) -> list[tuple[str, Tensor, Tensor]]:
     amax_rows = w.abs().amax(1)
-    rule = ("one scale per row, s = max|W_row| / 127.5, codes round(W / s) (half to even, torch.round) clipped to "
-            "[-128, 127]")  # fmt: skip
+    rule = (
+        "one scale per row, s = max|W_row| / 127.5, codes round(W / s) (half to even, torch.round) clipped to "
+        "[-128, 127]"
+    )
 
     def codes(scale: Tensor, how=torch.round) -> tuple[Tensor, Tensor]:
         return how(w * (1.0 / scale)).clamp(-128, 127), scale.expand(w.shape).amax(1)
 
     s_tensor = (w.abs().amax() / 127.5).expand(w.shape[0], 1)
     s = (amax_rows / 127.5)[:, None]
-    return [(m, *codes_scales) for m, codes_scales in [
-        (f"you used one scale for the whole matrix (per tensor): a row of small weights then gets few codes; {rule}",
-         codes(s_tensor)),
-        (f"you divided by 127, PyTorch's symmetric observer halves the full range [-128, 127]: 127.5; {rule}",
-         codes((amax_rows / 127)[:, None])),
-        (f"you truncated toward zero instead of rounding to the nearest code; {rule}", codes(s, torch.trunc)),
-        (f"you rounded down (floor) instead of to the nearest code; {rule}", codes(s, torch.floor)),
-        (f"you divided by 255 (the full range) instead of half of it: the codes use only half the grid; {rule}",
-         codes((amax_rows / 255)[:, None])),
-    ]]  # fmt: skip
+    return [
+        (m, *codes_scales)
+        for m, codes_scales in [
+            (
+                "you used one scale for the whole matrix (per tensor): a row of small weights then gets few "
+                f"codes; {rule}",
+                codes(s_tensor),
+            ),
+            (
+                f"you divided by 127, PyTorch's symmetric observer halves the full range [-128, 127]: 127.5; {rule}",
+                codes((amax_rows / 127)[:, None]),
+            ),
+            (f"you truncated toward zero instead of rounding to the nearest code; {rule}", codes(s, torch.trunc)),
+            (f"you rounded down (floor) instead of to the nearest code; {rule}", codes(s, torch.floor)),
+            (
+                f"you divided by 255 (the full range) instead of half of it: the codes use only half the grid; {rule}",
+                codes((amax_rows / 255)[:, None]),
+            ),
+        ]
+    ]
 
 
 @check("check_quantize_int8")
@@ -113,7 +148,7 @@ def check_quantize_int8(fn: Callable) -> None:
         ("a weight (6, 10) whose rows differ in size 10,000 times", torch.randn(6, 10, generator=g) * spread),
         ("a weight (4, 32)", torch.randn(4, 32, generator=g)),
         ("a weight (3, 5) with a row of zeros", torch.cat([torch.randn(2, 5, generator=g), torch.zeros(1, 5)])),
-    ]  # fmt: skip
+    ]
     for desc, w in cases:
         where = f"for {desc}"
         got = call_student(fn, (w,), where, inputs="w", crash_hint="")
@@ -121,14 +156,26 @@ def check_quantize_int8(fn: Callable) -> None:
             raise ExerciseFailure(f"{where}, your function returned {type(got).__name__}; return (codes, scales).")
         codes, scales = got
         require_tensor(codes, where, tuple(w.shape), what="the codes", layout="(out, in)")
-        require_tensor(scales, where, (w.shape[0],), what="the scales", layout="(out,)",
-                       shape_hint=": one scale per output channel, a row of the weight")  # fmt: skip
+        require_tensor(
+            scales,
+            where,
+            (w.shape[0],),
+            what="the scales",
+            layout="(out,)",
+            shape_hint=": one scale per output channel, a row of the weight",
+        )
         require_finite(scales.float(), where, what="the scales", hint="; a row of zeros still needs a scale > 0")
         want_codes, want_scales = quantize_int8(w)
         same_scales = torch.allclose(scales.double(), want_scales.double(), rtol=1e-6, atol=0)
         if not (same_scales and torch.equal(codes.to(want_codes.dtype), want_codes)):
-            mistake = next((m for m, c, s in _int8_mistakes(w) if torch.equal(codes.float(), c)
-                            and torch.allclose(scales.double(), s.double(), rtol=1e-6, atol=0)), None)  # fmt: skip
+            mistake = next(
+                (
+                    m
+                    for m, c, s in _int8_mistakes(w)
+                    if torch.equal(codes.float(), c) and torch.allclose(scales.double(), s.double(), rtol=1e-6, atol=0)
+                ),
+                None,
+            )
             if mistake:
                 raise ExerciseFailure(f"{where}, {mistake}.")
         if not same_scales:

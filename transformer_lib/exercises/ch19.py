@@ -116,9 +116,13 @@ def check_causal_linear_attention(fn: Callable) -> None:
         ("q, k of shape (T, d_k) = (5, 4) and v (5, 4)", r(5, 4), r(5, 4), r(5, 4)),
         ("q, k of shape (B, h, T, d_k) = (2, 3, 6, 4) and v (2, 3, 6, 5)", r(2, 3, 6, 4), r(2, 3, 6, 4), r(2, 3, 6, 5)),
         ("a single token: q, k of shape (2, 1, 3) and v (2, 1, 2)", r(2, 1, 3), r(2, 1, 3), r(2, 1, 2)),
-        ("float64 q, k of shape (3, 7, 4) and v (3, 7, 2)", r(3, 7, 4, dtype=f64), r(3, 7, 4, dtype=f64),
-         r(3, 7, 2, dtype=f64)),
-    ]  # fmt: skip
+        (
+            "float64 q, k of shape (3, 7, 4) and v (3, 7, 2)",
+            r(3, 7, 4, dtype=f64),
+            r(3, 7, 4, dtype=f64),
+            r(3, 7, 2, dtype=f64),
+        ),
+    ]
     for desc, q, k, v in cases:
         where = f"for {desc}"
         hint = (
@@ -177,14 +181,18 @@ def _delta_mistakes(state: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> list[t
             "state already holds for k. The delta rule writes what the state got wrong, v - S^T k",
             _write(state, k, v, beta),
         ),
-        ("a sign is wrong: the error is v - S^T k (what you want minus what the state holds), not v + S^T k",
-         _write(state, k, v + read, beta)),
+        (
+            "a sign is wrong: the error is v - S^T k (what you want minus what the state holds), not v + S^T k",
+            _write(state, k, v + read, beta),
+        ),
         (
             "you left beta out, which makes a full write every time; scale the correction by beta: " + rule,
             _write(state, k, v - read, 1.0),
         ),
-        (f"beta scales the whole error, beta (v - S^T k), not v alone; {rule}",
-         _write(state, k, beta[..., None] * v - read, 1.0)),
+        (
+            f"beta scales the whole error, beta (v - S^T k), not v alone; {rule}",
+            _write(state, k, beta[..., None] * v - read, 1.0),
+        ),
         (
             "you read S k where the state holds S^T k (a sum over d_k, the rows of S): the state maps a key "
             f"(d_k,) to a value (d_v,) through its transpose; {rule}",
@@ -200,7 +208,7 @@ def _delta_mistakes(state: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> list[t
             + rule,
             state + b * (v - read_sk)[..., :, None] * k[..., None, :] if square else None,
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _unit(x: Tensor) -> Tensor:
@@ -226,9 +234,14 @@ def check_delta_write(fn: Callable) -> None:
         ("one square state (4, 4) with beta = 1", r(4, 4), _unit(r(4)), r(4), torch.tensor(1.0)),
         ("a batch of 3 square states (3, 4, 4), beta in (0, 1)", r(3, 4, 4), _unit(r(3, 4)), r(3, 4), u(3)),
         ("states of shape (B, h, d_k, d_v) = (2, 3, 5, 2)", r(2, 3, 5, 2), _unit(r(2, 3, 5)), r(2, 3, 2), u(2, 3)),
-        ("float64 states (2, 6, 3)", r(2, 6, 3, dtype=f64), _unit(r(2, 6, dtype=f64)), r(2, 3, dtype=f64),
-         u(2, dtype=f64)),
-    ]  # fmt: skip
+        (
+            "float64 states (2, 6, 3)",
+            r(2, 6, 3, dtype=f64),
+            _unit(r(2, 6, dtype=f64)),
+            r(2, 3, dtype=f64),
+            u(2, dtype=f64),
+        ),
+    ]
     for desc, state, k, v, beta in cases:
         where = f"for {desc}"
         hint = (

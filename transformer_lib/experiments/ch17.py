@@ -279,13 +279,22 @@ def dpo_run(name: str, beta: float, average: bool, seed: int, steps: int | None 
     first = _pair_logprobs(model, tokenizer, held)
     out = _run(model, reference, tokenizer, batches, d["lr"], d["batch_size"], steps, test, seed)
     last = _pair_logprobs(model, tokenizer, held)
-    return {"name": name, "seed": seed, "steps": steps, "beta": beta, "average": average, **out,
-            "held_logprobs": {"start": first, "end": last}, "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "name": name,
+        "seed": seed,
+        "steps": steps,
+        "beta": beta,
+        "average": average,
+        **out,
+        "held_logprobs": {"start": first, "end": last},
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def dpo(seeds: list[int], steps: int | None = None) -> dict:
-    runs = [dpo_run(name, beta, average, seed, steps) for name, beta, average in SETTINGS["dpo"]["runs"]
-            for seed in seeds]  # fmt: skip
+    runs = [
+        dpo_run(name, beta, average, seed, steps) for name, beta, average in SETTINGS["dpo"]["runs"] for seed in seeds
+    ]
     return {"dpo": {"settings": SETTINGS, "runs": runs}}
 
 

@@ -228,11 +228,15 @@ def sinks(seeds: list[int], steps: int | None = None) -> dict:
             run["window_keep_first"] = float(position_losses(kept, windows)[past].mean())
             mass = tl.attention_sink_mass(model, windows[:16, :-1], first_query=WINDOW)
             run["mass_on_first"] = [[round(float(v), 6) for v in row] for row in mass]
-            print(f"{run['variant']} seed {seed}: full {run['full']:.3f}, window {run['window']:.3f}, "
-                  f"kept {run['window_keep_first']:.3f}", flush=True)  # fmt: skip
+            print(
+                f"{run['variant']} seed {seed}: full {run['full']:.3f}, window {run['window']:.3f}, "
+                f"kept {run['window_keep_first']:.3f}",
+                flush=True,
+            )
             runs.append(run)
-    return {"sinks": {"context_len": LONG, "window": WINDOW, "keep_first": KEEP_FIRST, "steps": SINK_STEPS,
-                      "runs": runs}}  # fmt: skip
+    return {
+        "sinks": {"context_len": LONG, "window": WINDOW, "keep_first": KEEP_FIRST, "steps": SINK_STEPS, "runs": runs}
+    }
 
 
 EXPERIMENT = Experiment(

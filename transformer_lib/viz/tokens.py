@@ -28,8 +28,9 @@ def plot_tokens(pieces: Sequence[str], ax=None, width: int = 60, fontsize: float
         if col and col + len(shown) > width:
             row, col = row + 1, 0
         ax.add_patch(pyplot().Rectangle((col, -row - 0.85), len(shown), 0.8, color=_COLOURS[k % len(_COLOURS)], lw=0))
-        ax.text(col + len(shown) / 2, -row - 0.45, shown, ha="center", va="center", family="monospace",
-                fontsize=fontsize)  # fmt: skip
+        ax.text(
+            col + len(shown) / 2, -row - 0.45, shown, ha="center", va="center", family="monospace", fontsize=fontsize
+        )
         col += len(shown)
         if "\n" in piece:
             row, col = row + 1, 0
