@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "<|endoftext|>) on prompt/response pairs (chapter 15): every weight, or with --lora-rank only low-rank "
         "adapters. The loss counts the response and its end token. Sample the result with python -m "
         "transformer_lib sample --ckpt OUT_DIR (full) or --ckpt BASE --adapter OUT_DIR/adapter.pt (LoRA). "
-        "Typical time on a laptop: a few minutes for the default 300 steps on the book's shipped base, the first "
+        "Typical time on a laptop: under a minute for the default 300 steps on the book's shipped base, the first "
         "evaluation (before the progress bar starts) included.",
     )
     parser.add_argument(
