@@ -115,6 +115,10 @@ def test_chapter_16s_record_holds_every_model_seed_and_version():
             assert c[v]["exact"]["n"] == ch16.SETTINGS["exact_pairs"]
             assert c[v]["exact"]["samples"] == ch16.SETTINGS["samples"]
             assert c[v]["bytes"] < c["float32"]["bytes"] or v == "float32"
+            # every score with its interval, as today's report card gives it; no per-window list
+            for score in ("exact_match", "pass@1", f"pass@{ch16.SETTINGS['k']}"):
+                assert len(c[v]["exact"][f"{score}_interval"]) == 2, score
+            assert "bits_per_byte_interval" in c[v]["text"] and "windows" not in c[v]["text"]
     lm = sweep["lm_eval"]
     assert lm["items"] == ch16.LM_EVAL_ITEMS and set(lm["models"]) == set(ch16.SHIPPED)
     for scores in lm["models"].values():
@@ -278,6 +282,11 @@ def reproduce_ch15(record: dict) -> None:
         assert r["trainable"] == old["trainable"], method
 
 
+def _fields(card: dict) -> set[str]:
+    """The names of a card's parts and of each part's fields: ``{"text", "text/loss", ...}``."""
+    return {f"{k}/{f}" if f else k for k, v in card.items() for f in (*(v if isinstance(v, dict) else ()), "")}
+
+
 def reproduce_ch16(record: dict) -> None:
     """The base's cards (nothing trained: the scores are the record's, up to float32 sums) and seed 0
     of LoRA's fine-tune (about two minutes on one core).
@@ -298,6 +307,8 @@ def reproduce_ch16(record: dict) -> None:
     _, test_pairs = ch15.date_splits()
     fresh = ch16.measured(model.eval(), tokenizer, held, tasks, test_pairs)
     old = record["cards"]["base"]["float32"]
+    # the record holds what the code writes now, field for field (its bytes are added by cards_of)
+    assert _fields(fresh) == _fields({k: v for k, v in old.items() if k != "bytes"})
     assert fresh["text"]["bits_per_byte"] == pytest.approx(old["text"]["bits_per_byte"], abs=1e-4)
     for task in tasks:
         assert abs(fresh[task]["acc"] - old[task]["acc"]) <= 0.01, task

@@ -68,7 +68,7 @@ SETTINGS = {
 
 def measured(model, tokenizer, text: str, tasks: dict, test_pairs: list) -> dict:
     """The card of ``model``: text, tasks and exact match on every pair, then pass@k on the first
-    ``sampled_pairs`` (the per-item lists are dropped, the intervals kept)."""
+    ``sampled_pairs`` (the per-item and per-window lists are dropped, the intervals kept)."""
     card = tl.report_card(model, tokenizer, text=text, tasks=tasks, pairs=test_pairs[: SETTINGS["exact_pairs"]])
     sampled = tl.report_card(
         model, tokenizer, pairs=test_pairs[: SETTINGS["sampled_pairs"]], samples=SETTINGS["samples"],
@@ -78,6 +78,7 @@ def measured(model, tokenizer, text: str, tasks: dict, test_pairs: list) -> dict
     card["exact"].update(samples=SETTINGS["samples"], temperature=SETTINGS["temperature"])
     card["exact"]["sampled_pairs"] = SETTINGS["sampled_pairs"]
     card.pop("items")
+    card["text"].pop("windows")
     return card
 
 
