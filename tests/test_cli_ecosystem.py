@@ -66,7 +66,8 @@ def test_every_command_hands_its_threads_to_torch_and_restores_them(command, thr
 def test_every_command_refuses_threads_below_one(command, tmp_path, capsys):
     assert exit_status([command, "--threads", "0", *refused_args(command, tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err == f"python -m transformer_lib {command}: error: --threads must be a positive int, got 0\n"
+    flags = f"python -m transformer_lib {command} --help lists the flags"
+    assert err == f"error: --threads must be a positive int, got 0 ({flags})\n"
 
 
 @pytest.mark.parametrize("command", cli.COMMANDS)
@@ -80,7 +81,7 @@ def test_every_help_is_plain_text_and_offers_threads(command, capsys):
 @pytest.mark.parametrize("command", ["train", "sample", "finetune", "dpo", "grpo"])
 def test_the_help_says_the_typical_time_on_a_laptop(command, capsys):
     assert exit_status([command, "--help"]) == 0
-    assert re.search(r"(?i)(typical time on a laptop|minutes on a laptop)", " ".join(capsys.readouterr().out.split()))
+    assert re.search(r"(?i)(typical time|minutes|seconds) on (a laptop|one CPU thread)", " ".join(capsys.readouterr().out.split()))
 
 
 def test_dpo_and_grpo_each_have_their_own_description(capsys):
@@ -132,7 +133,7 @@ def test_ecosystem_spellings_set_the_same_settings():
 def test_grpo_refuses_trls_batch_size_which_counts_answers(spelling, capsys):
     assert exit_status(["grpo", spelling, "16"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m transformer_lib grpo: error: ")
+    assert err.count("\n") == 1 and err.startswith("error: ")
     assert "--per-device-train-batch-size counts answers" in err and "--batch-size" in err and "prompts" in err
 
 
@@ -141,7 +142,7 @@ def test_no_flag_is_abbreviated(command, capsys):
     required = {"evaluate": ["--ckpt", "x"], "export": ["--ckpt", "x", "--out-dir", "y"]}.get(command, [])
     assert exit_status([command, "--max-iter", "10", *required]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"python -m transformer_lib {command}: error: unknown flag --max-iter"), err
+    assert err.startswith("error: unknown flag --max-iter"), err
     assert err.count("\n") == 1
 
 

@@ -45,9 +45,9 @@ THREADS_HELP = "PyTorch threads; 1 is fastest on a busy laptop (default: 1)"
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr, ``PROG: error: ...``, and exit
-    status 2 (argparse prints the usage too), like every other error of the command; an unknown
-    flag is answered with the nearest known one.
+    """An argument parser whose usage errors are one line on stderr, ``error: ... (PROG --help lists the
+    flags)``, and exit status 2 (argparse prints the usage too), in the form of every other error of the
+    command line; an unknown flag is answered with the nearest known one.
 
     What every command gets from it: ``--threads N`` (default 1), which :meth:`parse_args` hands to
     ``torch.set_num_threads``; a flag spelt with underscores (``--learning_rate``, as Hugging
@@ -63,7 +63,7 @@ class Parser(argparse.ArgumentParser):
         self.add_argument("--threads", type=int, default=1, metavar="N", help=THREADS_HELP)
 
     def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
 
     def parse_args(self, args=None, namespace=None):
         args = self.dashed(sys.argv[1:] if args is None else list(args))

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # one line, not the usage block
-            self.exit(2, f"{self.prog}: error: {message}\n")
+            self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
 
     parser = Parser(
         prog="python -m transformer_lib.experiments",

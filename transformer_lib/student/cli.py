@@ -14,7 +14,7 @@ __all__ = ["main"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line on stderr, status 2 (argparse prints the usage too)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
