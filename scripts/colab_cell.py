@@ -62,10 +62,11 @@ if "google.colab" in sys.modules:
 MARKER = "# NBVAL_SKIP\n# In Google Colab"
 
 
-def colab_cell() -> dict:
+def colab_cell(execution_count: int | None = None) -> dict:
+    """The cell; ``execution_count`` is the old cell's, so a notebook saved as one clean run stays one."""
     return {
         "cell_type": "code",
-        "execution_count": None,
+        "execution_count": execution_count,
         "id": "colab-setup",
         "metadata": {"tags": ["remove-cell"]},
         "outputs": [],
@@ -77,8 +78,10 @@ def main(paths: list[str]) -> None:
     notebooks = [Path(p) for p in paths] or sorted(Path("chapters").glob("*.ipynb"))
     for path in notebooks:
         nb = json.loads(path.read_text(encoding="utf-8"))
-        cells = [c for c in nb["cells"] if not "".join(c["source"]).startswith(MARKER)]
-        nb["cells"] = [colab_cell(), *cells]
+        old = [c for c in nb["cells"] if "".join(c["source"]).startswith(MARKER)]
+        cells = [c for c in nb["cells"] if c not in old]
+        count = old[0].get("execution_count") if old else None
+        nb["cells"] = [colab_cell(count), *cells]
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"{path}: Colab cell in place")
 
