@@ -217,6 +217,20 @@ PAGES: list[tuple[str, list[str], str, str]] = [
         "`DeepseekV3ForCausalLM`), every setting it cannot hold refused by name.",
     ),
     (
+        "pretrained_gpt_oss",
+        ["transformer_lib.pretrained_gpt_oss"],
+        "18",
+        "A GPT with learned sinks (or a window) written as gpt-oss (`transformers`' `GptOssForCausalLM`), its "
+        "SwiGLU as one expert, every setting it cannot hold refused by name.",
+    ),
+    (
+        "pretrained_qwen3_next",
+        ["transformer_lib.pretrained_qwen3_next"],
+        "19",
+        "The gated-DeltaNet hybrid written as Qwen3-Next (`transformers`' `Qwen3NextForCausalLM`), every layer's "
+        "MLP dense, every setting it cannot hold refused by name.",
+    ),
+    (
         "rope_scaling",
         ["transformer_lib.rope_scaling"],
         "21",

@@ -15,8 +15,10 @@ from tests.test_recipes_compose import RECIPES, TOKENIZER, batches, ids, make, s
 from transformer_lib import cli
 from transformer_lib.export import GPT2_SETTINGS, gpt2_from_gpt
 from transformer_lib.pretrained_experts import MIXTRAL_SETTINGS
+from transformer_lib.pretrained_gpt_oss import GPT_OSS_SETTINGS, gpt_oss_from_gpt
 from transformer_lib.pretrained_latent import DEEPSEEK_V3_SETTINGS, deepseek_v3_from_gpt
 from transformer_lib.pretrained_llama import LLAMA_SETTINGS, SETTINGS, check_settings, missing_settings
+from transformer_lib.pretrained_qwen3_next import QWEN3_NEXT_SETTINGS, qwen3_next_from_gpt
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,6 +28,8 @@ TABLES = {
     "Llama": LLAMA_SETTINGS,
     "Mixtral": MIXTRAL_SETTINGS,
     "DeepSeek-V3": DEEPSEEK_V3_SETTINGS,
+    "gpt-oss": GPT_OSS_SETTINGS,
+    "Qwen3-Next": QWEN3_NEXT_SETTINGS,
 }
 
 
@@ -60,9 +64,22 @@ def test_every_recipe_is_exported_with_equal_logits_or_refused_by_name(name, tmp
     assert difference < ATOL, f"{name}: {type(loaded).__name__} differs from the GPT by {difference}"
 
 
-# Recipes a format writes: the book's named ones, and chapter 18's latent attention with the eps
-# that DeepSeek-V3's latent norms keep (1e-6), with a full query projection and with a query latent
-EXPORTED = {name: RECIPES[name] for name in ("gpt2", "llama", "experts", "rope-yarn")} | {
+# Recipes a format writes: the book's named ones, chapter 18's latent attention with the eps that
+# DeepSeek-V3's latent norms keep (1e-6), with a full query projection and with a query latent, its
+# sinks with a window, grouped-query attention and an untied head (gpt-oss), Llama's block with a
+# window (gpt-oss without sinks), and chapter 19's hybrid with query-key norms (Qwen3-Next)
+EXPORTED = {name: RECIPES[name] for name in ("gpt2", "llama", "experts", "rope-yarn", "sinks")} | {
+    "sinks-window-gqa-untied": {"recipe": "sinks", "window": 4, "n_kv_heads": 1, "tie_embeddings": False},
+    "llama-window": {"recipe": "llama", "window": 4},
+    "hybrid-qk-norm": {"recipe": "gated_delta", "full_every": 2, "qk_norm": True},
+    "hybrid-qk-norm-untied-eps": {
+        "recipe": "gated_delta",
+        "full_every": 2,
+        "qk_norm": True,
+        "tie_embeddings": False,
+        "norm_eps": 1e-6,
+        "rotary_base": 500.0,
+    },
     "latent-eps-1e-6": {"recipe": "latent", "norm_eps": 1e-6},
     "latent-query-latent-eps-1e-6": {
         "recipe": "latent",
@@ -106,14 +123,17 @@ def test_a_table_that_leaves_a_setting_out_is_an_error():
 @pytest.mark.parametrize(
     "choices, setting",
     [
-        ({"recipe": "sinks"}, "sinks"),
-        ({"sinks": True}, "sinks"),
+        ({"sinks": True}, "norm"),
+        ({"recipe": "sinks", "window": 4, "keep_first": 2}, "keep_first"),
+        ({"recipe": "sinks", "qk_norm": True}, "qk_norm"),
+        ({"recipe": "gated_delta", "full_every": 2}, "qk_norm"),
+        ({"recipe": "llama", "attention": "delta"}, "attention"),
+        ({"recipe": "llama", "attention": "linear"}, "attention"),
         ({"recipe": "sparse", "sparse_k": 4}, "attention"),
         ({"attention": "sparse", "sparse_k": 4}, "attention"),
         ({"recipe": "latent", "bias": True, "norm_eps": 1e-6}, "bias"),
-        ({"recipe": "gated_delta"}, "attention"),
+        ({"recipe": "gated_delta"}, "full_every"),
         ({"window": 4, "keep_first": 2}, "window"),
-        ({"recipe": "llama", "window": 4}, "window"),
         ({"recipe": "llama", "qk_norm": True}, "qk_norm"),
         ({"n_kv_heads": 1}, "n_kv_heads"),
         ({"rope_scaling": {"kind": "linear", "factor": 2.0}, "positions": "rotary"}, "norm"),
@@ -153,6 +173,8 @@ def test_converters_refuse_another_class_naming_both():
         (tl.llama_from_gpt, gpt2, "llama_from_gpt takes a GPT, got a GPT2LMHeadModel"),
         (tl.mixtral_from_gpt, llama, "mixtral_from_gpt takes a GPT, got a LlamaForCausalLM"),
         (deepseek_v3_from_gpt, llama, "deepseek_v3_from_gpt takes a GPT, got a LlamaForCausalLM"),
+        (gpt_oss_from_gpt, llama, "gpt_oss_from_gpt takes a GPT, got a LlamaForCausalLM"),
+        (qwen3_next_from_gpt, classifier, r"qwen3_next_from_gpt takes a GPT, got a GPTClassifier \(convert its \.gpt"),
     ]
     for convert, given, message in cases:
         with pytest.raises(TypeError, match=message):

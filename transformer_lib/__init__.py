@@ -17,6 +17,8 @@ receptive fields, attention FLOPs, MFU, memory), ``data``, ``train_config`` and
 ``train``, ``checkpoint``, ``lora`` and ``finetune`` (15: low-rank adapters, a classifier on a
 GPT), ``pretrained`` (GPT-2 and nanoGPT weights), ``pretrained_experts`` (the experts of Qwen3-MoE,
 Mixtral and DeepSeek-V3), ``pretrained_latent`` (a latent-attention GPT as a dense DeepSeek-V3),
+``pretrained_gpt_oss`` (a GPT with learned sinks as gpt-oss), ``pretrained_qwen3_next`` (the
+gated-DeltaNet hybrid as Qwen3-Next),
 ``export`` (a run in Hugging Face's format),
 ``evaluate`` and ``quantize`` (16: the report card, multiple choice, pass@k, intervals; int8 and NF4 weights),
 ``preference`` and ``preference_runs`` (17: DPO's and GRPO's losses, equal to TRL's, and their runs),
@@ -89,6 +91,8 @@ _TOOLS = (
     "pretrained_llama",
     "pretrained_experts",
     "pretrained_latent",
+    "pretrained_gpt_oss",
+    "pretrained_qwen3_next",
     "induction",
     "tokens",
     "lora",

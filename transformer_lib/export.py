@@ -15,9 +15,13 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
   routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
   chapter "Experts"); one with latent attention (and ``norm_eps=1e-6``) a dense
   ``DeepseekV3ForCausalLM`` (:func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`,
-  chapter 18). Each format names every setting of the GPT (``pretrained_llama.check_settings``);
-  any other block is refused by the setting that has no counterpart, never written as a model
-  that computes something else.
+  chapter 18); one with learned sinks, or a window, a ``GptOssForCausalLM``
+  (:func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`, chapter 18); a hybrid of gated
+  DeltaNet and multi-head layers with query-key norms a ``Qwen3NextForCausalLM``
+  (:func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`, chapter 19). Each format
+  names every setting of the GPT (``pretrained_llama.check_settings``); any other block is
+  refused by the setting that has no counterpart, never written as a model that computes
+  something else.
 - **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter 13) becomes a
   ``tokenizers`` BPE over GPT-2's byte alphabet, split by the same pattern, with
   ``<|endoftext|>`` as its end token; the character tokenizer becomes a BPE with no merges over
@@ -50,8 +54,10 @@ from .lora import add_lora, lora_weights, remove_lora
 from .models import GPT
 from .positional import half_split_rows
 from .pretrained_experts import mixtral_from_gpt
+from .pretrained_gpt_oss import gpt_oss_from_gpt
 from .pretrained_latent import deepseek_v3_from_gpt
 from .pretrained_llama import ANY, check_settings, llama_from_gpt
+from .pretrained_qwen3_next import qwen3_next_from_gpt
 from .run import load_run, read_record
 from .token_rows import remove_token_rows, token_rows
 
@@ -197,7 +203,10 @@ def hf_model(gpt: GPT) -> nn.Module:
     Llama's (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`), a ``MixtralForCausalLM`` for
     Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
     a dense ``DeepseekV3ForCausalLM`` for Llama's with latent attention (chapter 18,
-    :func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`).
+    :func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`), a ``GptOssForCausalLM`` for Llama's
+    with learned sinks or a window (chapter 18, :func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`),
+    a ``Qwen3NextForCausalLM`` for the gated-DeltaNet hybrid with query-key norms (chapter 19,
+    :func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`).
     Each format checks every setting of the GPT (``pretrained_llama.check_settings``); a GPT that no
     format computes is refused with a ``ValueError`` that gives each format's first refusal, by name."""
     if not isinstance(gpt, GPT):
@@ -219,7 +228,14 @@ def hf_model(gpt: GPT) -> nn.Module:
 
 
 # The formats hf_model tries, in order; each refuses, by name, a GPT it cannot compute.
-_FORMATS = (gpt2_from_gpt, llama_from_gpt, mixtral_from_gpt, deepseek_v3_from_gpt)
+_FORMATS = (
+    gpt2_from_gpt,
+    llama_from_gpt,
+    mixtral_from_gpt,
+    deepseek_v3_from_gpt,
+    gpt_oss_from_gpt,
+    qwen3_next_from_gpt,
+)
 
 
 def _byte_names() -> list[str]:

@@ -45,7 +45,7 @@ from .rope_scaling import RopeScaling
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
 
 
-# Which of a GPT's settings each Hugging Face format writes (chapters 10, 14, 18 and "Experts"): a
+# Which of a GPT's settings each Hugging Face format writes (chapters 10, 14, 18, 19 and "Experts"): a
 # converter names every setting in a table, ANY where its format writes whatever value the GPT has,
 # else the one value its format computes; check_settings refuses the first other value by name. A table
 # that leaves a setting out is an error, so a new choice of the recipe is refused by every format

@@ -1,0 +1,146 @@
+"""A GPT with learned sinks as gpt-oss (chapter 18, "Latent, sparse and sink attention").
+
+The book's recipe ``"sinks"`` is Llama's block (chapter 14) whose attention gives each head one
+more softmax logit, a learned sink with no value (:class:`~transformer_lib.sinks.SinkAttention`).
+``transformers``' ``GptOssForCausalLM`` computes the same model once its mixture of experts is
+made a dense SwiGLU network:
+
+- **one expert, chosen by every token.** ``num_local_experts = num_experts_per_tok = 1``, the
+  router's weights zero: the softmax over the one chosen logit is exactly 1;
+- **gpt-oss's activation.** Its expert computes ``(up + 1) * g * sigmoid(alpha g)`` with ``g``
+  clamped above and ``up`` on both sides at ``swiglu_limit``. With ``swiglu_alpha = 1`` the gated
+  half is SiLU exactly; the up bias is ``-1`` (or the book's up bias minus 1), so ``up + 1`` is
+  the book's up projection up to one rounding of the added 1; the limit is float32's largest
+  number, so no finite pre-activation is clamped (an infinite one would be, where the book's
+  would stay infinite). The gate and up columns of ``gate_up_proj`` are interleaved (gate at the
+  even columns), and the expert's matrices are stored ``(in, out)``;
+- **the rotary pairs.** gpt-oss rotates dimension ``i`` with ``i + d_k / 2`` (half-split), the
+  book its neighbouring pairs: the rows of each head of ``W_q`` and ``W_k`` are reordered as for
+  Llama (:func:`~transformer_lib.positional.half_split_rows`). The frequencies are the plain ones
+  (``rope_type="default"``, gpt-oss's YaRN switched off) with the recipe's base;
+- **the window.** gpt-oss's sliding window ``W`` shows each query itself and the ``W - 1`` keys
+  before it, as the book's ``window``: a GPT with a window has every layer
+  ``"sliding_attention"``, one without it every layer ``"full_attention"``;
+- **no sinks.** A GPT without sinks is written with sinks of ``-inf``, whose softmax column is
+  exactly 0 (plain attention);
+- the attention has no biases (``attention_bias=False``), the norms the recipe's ``norm_eps``.
+
+A setting gpt-oss cannot compute is refused by name (``pretrained_llama.check_settings``):
+biases (gpt-oss's norms have none), ``keep_first`` (gpt-oss's window drops the first tokens),
+query-key norms, experts of the book's own routing, a rotary rescaling, any other attention.
+This is :func:`~transformer_lib.sinks.sink_attention_from_gpt_oss` read backwards, for a whole
+model. ``transformers`` is imported only when called.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .models import GPT
+from .positional import half_split_rows
+from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, check_settings
+from .recipe import LLAMA_BLOCK
+
+__all__ = ["GPT_OSS_SETTINGS", "gpt_oss_from_gpt"]
+
+# What gpt-oss's format writes of each setting (check_settings): Llama's block, with or without sinks,
+# with or without a window (sliding layers), any widths.
+_GPT_OSS_ANY = ("n_kv_heads", "window", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "sinks")
+GPT_OSS_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_GPT_OSS_ANY, ANY)
+_WHY = {
+    "keep_first": "gpt-oss's sliding window drops the first tokens as it drops every old one",
+    "bias": "gpt-oss's RMSNorms have no bias, and its attention's biases come without the book's feed-forward ones",
+}
+# float32's largest number: gpt-oss's clamp at swiglu_limit then changes no finite pre-activation
+_NO_LIMIT = float(torch.finfo(torch.float32).max)
+
+
+def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
+    """A ``transformers`` ``GptOssForCausalLM`` with the weights of a Llama-style :class:`GPT` with
+    learned sinks (chapter 18), mapping ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
+
+    The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions, no biases) with multi-head
+    attention, with or without sinks and a ``window``; no ``keep_first``, ``qk_norm``, experts or
+    ``rope_scaling``. Anything else raises a ``ValueError`` naming the setting. Each layer's
+    SwiGLU becomes gpt-oss's one expert (``swiglu_alpha=1``, ``swiglu_limit`` float32's largest
+    number: a pre-activation reaching it, which only an infinite one does, would be clamped). The
+    model is in the GPT's dtype, in eval mode, with eager attention.
+    """
+    if not isinstance(gpt, GPT):
+        inner = " (convert its .gpt: a classifier's head has no gpt-oss counterpart)" if hasattr(gpt, "gpt") else ""
+        raise TypeError(f"gpt_oss_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
+    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
+        raise ValueError(
+            "gpt_oss_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write them "
+            "into its weights first with remove_lora(gpt), which merges them"
+        )
+    c = gpt.config
+    check_settings(c, GPT_OSS_SETTINGS, "gpt-oss's format", _WHY)
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    book = gpt.state_dict()
+    d_k, n_kv = c.d_model // c.n_heads, c.n_kv_heads or c.n_heads
+    d_ff = book[_layer_names(gpt, 0)["feed_forward", "in"]].shape[0] if c.n_layers else c.d_ff or 1
+    kind = "full_attention" if c.window is None else "sliding_attention"
+    cfg = GptOssConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=d_ff,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=n_kv,
+        head_dim=d_k,
+        num_local_experts=1,  # one expert that every token takes: the dense SwiGLU
+        num_experts_per_tok=1,
+        swiglu_alpha=1.0,  # g * sigmoid(g): SiLU
+        swiglu_limit=_NO_LIMIT,
+        sliding_window=c.window or c.context_len,  # gpt-oss builds the sliding mask even when no layer reads it
+        layer_types=[kind] * c.n_layers,
+        rope_parameters={"rope_type": "default", "rope_theta": float(c.rotary_base)},
+        max_position_embeddings=c.context_len,
+        rms_norm_eps=c.norm_eps,
+        attention_bias=False,
+        tie_word_embeddings=c.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        attn_implementation="eager",
+    )
+    q_back, k_back = torch.argsort(half_split_rows(c.n_heads, d_k)), torch.argsort(half_split_rows(n_kv, d_k))
+    state = {
+        "model.embed_tokens.weight": book["tok_embed.weight"],
+        "model.norm.weight": book["decoder.norm.weight"],
+        "lm_head.weight": book["lm_head.weight"],
+    }
+    for i, layer in enumerate(gpt.decoder.layers):
+        hf, names = f"model.layers.{i}.", _layer_names(gpt, i)
+        q, k, v = book[names["attention", "qkv"]].split([c.d_model, n_kv * d_k, n_kv * d_k])
+        sinks = layer.self_attn.sinks if getattr(layer.self_attn, "sinks", None) is not None else None
+        state |= {
+            hf + "self_attn.q_proj.weight": q[q_back],
+            hf + "self_attn.k_proj.weight": k[k_back],
+            hf + "self_attn.v_proj.weight": v,
+            hf + "self_attn.o_proj.weight": book[names["attention", "out"]],
+            hf + "self_attn.sinks": (
+                sinks.detach() if sinks is not None else torch.full((c.n_heads,), -math.inf, dtype=q.dtype)
+            ),
+        }
+        state |= {hf + theirs: book[ours] for ours, theirs in zip(names["norms"], _LLAMA_NORMS, strict=True)}
+        gate, up, down = (book[names["feed_forward", role]] for role in ("gate", "in", "out"))  # (d_ff, d), (d, d_ff)
+        gate_up = torch.stack([gate.t(), up.t()], dim=-1).reshape(c.d_model, 2 * d_ff)  # gate, up, gate, up, ...
+        gate_up_bias = torch.stack([torch.zeros(d_ff), -torch.ones(d_ff)], dim=-1).reshape(2 * d_ff)  # up + 1: up
+        state |= {
+            hf + "mlp.router.weight": torch.zeros(1, c.d_model),
+            hf + "mlp.router.bias": torch.zeros(1),
+            hf + "mlp.experts.gate_up_proj": gate_up[None],
+            hf + "mlp.experts.gate_up_proj_bias": gate_up_bias[None],
+            hf + "mlp.experts.down_proj": down.t()[None],
+            hf + "mlp.experts.down_proj_bias": torch.zeros(1, c.d_model),
+        }
+    dtype = book["tok_embed.weight"].dtype
+    model = GptOssForCausalLM(cfg).to(dtype)
+    model.load_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, strict=not c.tie_embeddings)
+    return model.eval()
