@@ -163,6 +163,29 @@ def test_chapter_17s_record_holds_every_run_seed_and_point():
     assert sweep["trl"]["trl_version"].startswith("1.16")
 
 
+def test_chapter_17s_learning_rate_runs_hold_every_rate_seed_and_training_reward():
+    part = recorded("ch17")["grpo_lr"]
+    steps = list(range(0, ch17.SETTINGS["steps"] + 1, ch17.SETTINGS["eval_every"]))
+    assert part["settings"] == ch17.SETTINGS and part["grpo_lr"] == ch17.GRPO_LR
+    runs = part["runs"]
+    expected = [(f"grpo lr {lr:g}", lr, s) for lr in ch17.GRPO_LR["lrs"] for s in ch17.SEEDS]
+    assert sorted((r["name"], r["lr"], r["seed"]) for r in runs) == sorted(expected)
+    for r in runs:
+        assert [p["step"] for p in r["curve"]] == steps, r["name"]
+        assert all(0 <= p["pass@1"] <= p["pass@8"] <= 1 and p["kl"] >= 0 for p in r["curve"])
+        assert all(0 <= p["train_reward"] <= 1 for p in r["curve"])
+    # every run starts from the same model, measured the same way, before its first step
+    for key in ("pass@1", "pass@8", "train_reward"):
+        assert len({r["curve"][0][key] for r in runs}) == 1, key
+
+
+def test_chapter_17s_fixed_training_prompts_are_a_fixed_draw_of_training_dates():
+    pairs = ch17.train_prompts()
+    train = ch15.date_splits()[0]
+    assert len(pairs) == ch17.GRPO_LR["train_prompts"] == len(set(pairs))
+    assert set(pairs) <= set(train) and pairs == ch17.train_prompts()
+
+
 def test_chapter_18s_record_holds_every_part_and_seed():
     sweep = recorded("ch18")
     rows = sweep["cache"]["rows"]

@@ -26,7 +26,10 @@ supervised loss on the right answers, 64 rows a step: as many rows through the m
 ``hacking`` (GRPO on the format-only reward, with the answers it writes), ``scratchpad`` (a start
 fine-tuned to write its steps, then GRPO, 4 prompts x 8 answers, on the steps' reward against the
 answer's alone) and ``trl`` (needs ``trl``, from ``requirements-eval.txt``: TRL's DPO and GRPO
-losses on the fixed inputs of :data:`PARITY`, which the chapter computes again and compares).
+losses on the fixed inputs of :data:`PARITY`, which the chapter computes again and compares)
+and ``grpo_lr`` (``grpo`` at each learning rate of :data:`GRPO_LR`, without the supervised
+baseline or report cards, every measurement adding the mean reward on a fixed draw of 16 training
+dates, :func:`train_prompts`, 8 answers each at the evaluation temperature).
 For seed 0 each run also records the answers to the first prompts at every measurement and its
 report card (bits per byte, greedy exact match on 200 dates) before and after.
 """
@@ -46,7 +49,7 @@ from . import ch15
 from .ch17_parity import trl_parity
 from .recorder import Experiment, Part
 
-__all__ = ["EXPERIMENT", "SETTINGS", "dpo_run", "start_model"]
+__all__ = ["EXPERIMENT", "GRPO_LR", "SETTINGS", "dpo_run", "start_model", "train_prompts", "train_reward"]
 
 SEEDS = [0, 1, 2]
 SETTINGS = {
@@ -75,6 +78,9 @@ SETTINGS = {
     "scratchpad": {"sft_steps": 350, "sft_lr": 5e-3, "max_new_tokens": 36, "pairs": 2000, "batch_size": 4},
     "prompts_shown": 4,
 }
+#: the ``grpo_lr`` part: GRPO as in ``grpo`` at its rate (run again: its held-out curve must equal
+#: the ``grpo`` part's) and two smaller ones, also measured on a fixed draw of training prompts
+GRPO_LR = {"lrs": [3e-3, 1e-3, 3e-4], "train_prompts": 16, "train_seed": 17, "sample_seed": 4321}
 
 
 def start_model(adapter=None):
@@ -142,15 +148,32 @@ def _card(model, tokenizer) -> dict:
 
 
 def _run(
-    model, reference, tokenizer, batches, lr: float, batch_size: int, steps: int, test, seed: int = 0, **measure_kw
+    model,
+    reference,
+    tokenizer,
+    batches,
+    lr: float,
+    batch_size: int,
+    steps: int,
+    test,
+    seed: int = 0,
+    cards: bool = True,
+    train_check=None,
+    **measure_kw,
 ) -> dict:
     """Train in chunks of ``eval_every`` steps (one schedule), measuring after each; returns the
-    curve (seed 0: with the answers to the first prompts at each point) and, for seed 0, the
-    report card before and after."""
+    curve (seed 0: with the answers to the first prompts at each point) and, for seed 0 when
+    ``cards``, the report card before and after. ``train_check``, when given, is called with the
+    model and tokenizer at every measurement and its dict joins the point."""
     longest = measure_kw.get("max_new_tokens", 12)
     shown = (lambda: {"answers": _shown(model, tokenizer, test, longest)}) if seed == 0 else dict
-    curve = [{"step": 0, **measure(model, reference, tokenizer, test, **measure_kw), **shown()}]
-    cards = {"start": _card(model, tokenizer)} if seed == 0 else {}
+    checked = (lambda: train_check(model, tokenizer)) if train_check is not None else dict
+
+    def point(step: int) -> dict:
+        return {"step": step, **measure(model, reference, tokenizer, test, **measure_kw), **checked(), **shown()}
+
+    curve = [point(0)]
+    cards = {"start": _card(model, tokenizer)} if seed == 0 and cards else {}
     every = SETTINGS["eval_every"]
     with tempfile.TemporaryDirectory() as tmp:
         config = replace(_config(steps, lr, batch_size), out_dir=tmp)
@@ -161,9 +184,9 @@ def _run(
             done = until
             if hasattr(batches, "last") and batches.last:
                 extra.append({"step": done, **batches.last})
-            curve.append({"step": done, **measure(model, reference, tokenizer, test, **measure_kw), **shown()})
+            curve.append(point(done))
             print({k: round(v, 3) for k, v in curve[-1].items() if k != "answers"}, flush=True)
-    if seed == 0:
+    if cards:
         cards["end"] = _card(model, tokenizer)
     return {"curve": curve, "batch": extra, **({"cards": cards} if cards else {})}
 
@@ -184,10 +207,21 @@ def _shown(model, tokenizer, test: list, max_new_tokens: int = 12) -> list:
     return [{"prompt": p, "target": t, "answers": a} for (p, t), a in zip(test, got, strict=False)]
 
 
-def grpo(seeds: list[int], steps: int | None = None, reward: str = "exact", name: str = "grpo") -> dict:
+def grpo(
+    seeds: list[int],
+    steps: int | None = None,
+    reward: str = "exact",
+    name: str = "grpo",
+    lr: float | None = None,
+    cards: bool = True,
+    train_check=None,
+) -> dict:
+    """GRPO runs for ``seeds`` (at ``lr``, default ``SETTINGS["grpo"]["lr"]``), each a dict with
+    its curve; for the ``grpo`` part each followed by its supervised baseline."""
     train_pairs, test_pairs = ch15.date_splits()
     test = test_pairs[: SETTINGS["eval_pairs"]]
     g, steps = SETTINGS["grpo"], steps or SETTINGS["steps"]
+    lr = g["lr"] if lr is None else lr
     runs = []
     for seed in seeds:
         start = time.perf_counter()
@@ -217,20 +251,67 @@ def grpo(seeds: list[int], steps: int | None = None, reward: str = "exact", name
                 reference,
                 tokenizer,
                 batches,
-                g["lr"],
+                lr,
                 g["batch_size"],
                 steps,
                 test,
                 seed,
+                cards=cards,
+                train_check=train_check,
                 reward=tl.data.REWARDS[reward],
             ),
         }
+        if name != "grpo":
+            row["lr"] = lr
         row["answers"] = _shown(model, tokenizer, test)
         row["seconds"] = time.perf_counter() - start
         runs.append(row)
         if name == "grpo":  # the supervised baseline, the same rows through the model per step
             runs.append(sft(seed, steps, train_pairs, test))
     return {name: {"settings": SETTINGS, "runs": runs}}
+
+
+def train_prompts() -> list:
+    """The ``grpo_lr`` part's fixed training pairs: ``GRPO_LR["train_prompts"]`` of chapter 15's
+    training dates, drawn once with ``GRPO_LR["train_seed"]``."""
+    train_pairs = ch15.date_splits()[0]
+    g = torch.Generator().manual_seed(GRPO_LR["train_seed"])
+    picked = torch.randperm(len(train_pairs), generator=g)[: GRPO_LR["train_prompts"]]
+    return [train_pairs[int(i)] for i in picked]
+
+
+@torch.no_grad()
+def train_reward(model, tokenizer, pairs: list) -> dict:
+    """The mean exact-match reward on ``pairs`` (training dates): 8 answers each at the
+    evaluation temperature, sampled from a generator seeded with ``GRPO_LR["sample_seed"]``."""
+    model.eval()
+    answers = tl.sample_answers(
+        model,
+        tokenizer,
+        [p for p, _ in pairs],
+        SETTINGS["samples"],
+        temperature=SETTINGS["eval_temperature"],
+        max_new_tokens=SETTINGS["grpo"]["max_new_tokens"],
+        seed=GRPO_LR["sample_seed"],
+    )
+    model.train()
+    got = [tl.data.exact_reward(a, t) for (_, t), group in zip(pairs, answers, strict=True) for a in group]
+    return {"train_reward": sum(got) / len(got)}
+
+
+def grpo_lr(seeds: list[int], steps: int | None = None) -> dict:
+    """GRPO at each of ``GRPO_LR["lrs"]`` for ``seeds``: the ``grpo`` part's code and settings but
+    the rate, no report cards, and at every measurement the mean reward on :func:`train_prompts`."""
+    pairs = train_prompts()
+
+    def check(model, tokenizer):
+        return train_reward(model, tokenizer, pairs)
+
+    runs = []
+    for lr in GRPO_LR["lrs"]:
+        name = f"grpo lr {lr:g}"  # the rate in the name: the record keys runs by name and seed
+        runs += grpo(seeds, steps, name=name, lr=lr, cards=False, train_check=check)[name]["runs"]
+    return {"grpo_lr": {"settings": SETTINGS, "grpo_lr": GRPO_LR, "runs": runs}}
 
 
 def sft(seed: int, steps: int, train_pairs: list, test: list) -> dict:
@@ -383,5 +464,6 @@ EXPERIMENT = Experiment(
         "hacking": Part(hacking, SEEDS),
         "scratchpad": Part(scratchpad, SEEDS),
         "trl": Part(trl_parity, [0]),
+        "grpo_lr": Part(grpo_lr, SEEDS),
     },
 )
