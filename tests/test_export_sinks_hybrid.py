@@ -17,6 +17,10 @@ transformers = pytest.importorskip("transformers")
 ATOL = 1e-5
 SINKS = {"recipe": "sinks", "window": 4, "n_kv_heads": 1, "tie_embeddings": False}
 HYBRID = {"recipe": "gated_delta", "full_every": 2, "qk_norm": True, "n_layers": 4}
+YARN = {"kind": "yarn", "factor": 2.0, "original_context": 8}
+# each with biases, and with YaRN's rescaled rotary positions (built at 16 positions, trained at 8)
+SINKS_MORE = {**SINKS, "bias": True, "rope_scaling": YARN}
+HYBRID_MORE = {**HYBRID, "rope_scaling": YARN, "n_layers": 2}
 
 
 def randomised(choices, seed=0):
@@ -42,9 +46,10 @@ def difference(loaded, gpt):
         return (loaded(ids()).logits - gpt(ids())[0]).abs().max().item()
 
 
+@pytest.mark.parametrize("choices", [SINKS, SINKS_MORE], ids=["sinks", "biases-yarn"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sinks_as_gpt_oss_compute_the_gpts_logits_and_read_each_sink(seed, tmp_path):
-    gpt = randomised(SINKS, seed)
+def test_sinks_as_gpt_oss_compute_the_gpts_logits_and_read_each_sink(choices, seed, tmp_path):
+    gpt = randomised(choices, seed)
     loaded = read_back(tl.hf_model(gpt), tmp_path)
     assert type(loaded).__name__ == "GptOssForCausalLM"
     assert difference(loaded, gpt) < ATOL
@@ -71,18 +76,29 @@ def test_a_gpt_without_sinks_is_written_with_sinks_that_take_nothing():
     assert torch.equal(hf.model.layers[0].self_attn.sinks, torch.full((2,), -torch.inf))
 
 
+def test_a_bias_reaches_gpt_oss(tmp_path):
+    gpt = randomised(SINKS_MORE)
+    loaded = read_back(gpt_oss_from_gpt(gpt), tmp_path)
+    assert loaded.config.attention_bias and loaded.config.rope_parameters["rope_type"] == "yarn"
+    with torch.no_grad():
+        gpt.decoder.layers[0].ff.up_proj.bias[3] += 1.0
+    assert difference(loaded, gpt) > 1e-4
+
+
+@pytest.mark.parametrize("choices", [HYBRID, HYBRID_MORE], ids=["hybrid", "yarn"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_hybrid_as_qwen3_next_computes_the_gpts_logits_and_reads_each_norm(seed, tmp_path):
-    gpt = randomised(HYBRID, seed)
+def test_the_hybrid_as_qwen3_next_computes_the_gpts_logits_and_reads_each_norm(choices, seed, tmp_path):
+    gpt = randomised(choices, seed)
     loaded = read_back(tl.hf_model(gpt), tmp_path)
+    n = gpt.config.n_layers
     assert type(loaded).__name__ == "Qwen3NextForCausalLM"
-    assert loaded.config.layer_types == ["linear_attention", "full_attention"] * 2
+    assert loaded.config.layer_types == ["linear_attention", "full_attention"] * (n // 2)
     assert difference(loaded, gpt) < ATOL
     with torch.no_grad():
-        gpt.decoder.layers[3].self_attn.qk_transform.k_norm.weight[1] += 1.0  # a full layer's key norm
+        gpt.decoder.layers[n - 1].self_attn.qk_transform.k_norm.weight[1] += 1.0  # a full layer's key norm
     assert difference(loaded, gpt) > 1e-4
     with torch.no_grad():
-        gpt.decoder.layers[3].self_attn.qk_transform.k_norm.weight[1] -= 1.0
+        gpt.decoder.layers[n - 1].self_attn.qk_transform.k_norm.weight[1] -= 1.0
         gpt.decoder.layers[0].self_attn.log_rate[0] += 1.0  # a DeltaNet layer's decay rate
     assert difference(loaded, gpt) > 1e-4
 
@@ -100,7 +116,12 @@ def test_qwen3_next_settings_keep_every_mlp_dense_and_rotate_every_dimension():
     "convert, choices, message",
     [
         (gpt_oss_from_gpt, {"recipe": "sinks", "window": 4, "keep_first": 2}, "gpt-oss's format needs keep_first=0"),
-        (gpt_oss_from_gpt, {"recipe": "sinks", "bias": True}, "gpt-oss's format needs bias=False"),
+        (gpt_oss_from_gpt, {"recipe": "sinks", "qk_norm": True}, "gpt-oss's format needs qk_norm=False"),
+        (
+            qwen3_next_from_gpt,
+            {"recipe": "gated_delta", "full_every": 2, "qk_norm": True, "bias": True},
+            "needs bias=False",
+        ),
         (gpt_oss_from_gpt, {"recipe": "gated_delta", "full_every": 2}, "gpt-oss's format needs attention='multi_head'"),
         (qwen3_next_from_gpt, {"recipe": "gated_delta", "full_every": 2}, "Qwen3-Next's format needs qk_norm=True"),
         (qwen3_next_from_gpt, {"recipe": "gated_delta"}, "Qwen3-Next's format needs full_every=N with N > 0"),

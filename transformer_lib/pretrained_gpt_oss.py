@@ -23,11 +23,17 @@ made a dense SwiGLU network:
   ``"sliding_attention"``, one without it every layer ``"full_attention"``;
 - **no sinks.** A GPT without sinks is written with sinks of ``-inf``, whose softmax column is
   exactly 0 (plain attention);
-- the attention has no biases (``attention_bias=False``), the norms the recipe's ``norm_eps``.
+- **biases.** With ``bias=True`` the attention's four maps keep theirs (``attention_bias=True``,
+  the query's and key's reordered with their rows) and the SwiGLU's three are the expert's (the up
+  bias minus 1); without, the expert's biases are zero but the up one's ``-1``;
+- **a rotary rescaling** (chapter "Longer than trained") is written as Llama's
+  ``rope_parameters`` (:func:`~transformer_lib.pretrained_llama._llama_rope_parameters`): gpt-oss
+  computes its frequencies with the same functions;
+- the norms have the recipe's ``norm_eps``.
 
 A setting gpt-oss cannot compute is refused by name (``pretrained_llama.check_settings``):
-biases (gpt-oss's norms have none), ``keep_first`` (gpt-oss's window drops the first tokens),
-query-key norms, experts of the book's own routing, a rotary rescaling, any other attention.
+``keep_first`` (gpt-oss's window drops the first tokens), query-key norms, the book's experts,
+any other attention or block.
 This is :func:`~transformer_lib.sinks.sink_attention_from_gpt_oss` read backwards, for a whole
 model. ``transformers`` is imported only when called.
 """
@@ -41,30 +47,36 @@ from torch import nn
 
 from .models import GPT
 from .positional import half_split_rows
-from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, check_settings
+from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, _llama_rope_parameters, check_settings
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["GPT_OSS_SETTINGS", "gpt_oss_from_gpt"]
 
 # What gpt-oss's format writes of each setting (check_settings): Llama's block, with or without sinks,
-# with or without a window (sliding layers), any widths.
-_GPT_OSS_ANY = ("n_kv_heads", "window", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "sinks")
+# with or without a window (sliding layers) and biases (its attention's and its expert's), any widths,
+# a rotary rescaling as Llama's rope_parameters.
+_GPT_OSS_ANY = (
+    *("n_kv_heads", "window", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "sinks"),
+    *("bias", "rope_scaling"),
+)
 GPT_OSS_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_GPT_OSS_ANY, ANY)
-_WHY = {
-    "keep_first": "gpt-oss's sliding window drops the first tokens as it drops every old one",
-    "bias": "gpt-oss's RMSNorms have no bias, and its attention's biases come without the book's feed-forward ones",
-}
+_WHY = {"keep_first": "gpt-oss's sliding window drops the first tokens as it drops every old one"}
 # float32's largest number: gpt-oss's clamp at swiglu_limit then changes no finite pre-activation
 _NO_LIMIT = float(torch.finfo(torch.float32).max)
+
+
+def _bias(weight_name: str) -> str:
+    """The name of the bias beside a weight (``in_proj_weight`` or ``...proj.weight``)."""
+    return weight_name.removesuffix("weight") + "bias"
 
 
 def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
     """A ``transformers`` ``GptOssForCausalLM`` with the weights of a Llama-style :class:`GPT` with
     learned sinks (chapter 18), mapping ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
 
-    The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions, no biases) with multi-head
-    attention, with or without sinks and a ``window``; no ``keep_first``, ``qk_norm``, experts or
-    ``rope_scaling``. Anything else raises a ``ValueError`` naming the setting. Each layer's
+    The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions), with or without biases, with
+    multi-head attention, with or without sinks and a ``window``; no ``keep_first``, ``qk_norm`` or
+    experts. Anything else raises a ``ValueError`` naming the setting. Each layer's
     SwiGLU becomes gpt-oss's one expert (``swiglu_alpha=1``, ``swiglu_limit`` float32's largest
     number: a pre-activation reaching it, which only an infinite one does, would be clamped). The
     model is in the GPT's dtype, in eval mode, with eager attention.
@@ -99,10 +111,10 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
         swiglu_limit=_NO_LIMIT,
         sliding_window=c.window or c.context_len,  # gpt-oss builds the sliding mask even when no layer reads it
         layer_types=[kind] * c.n_layers,
-        rope_parameters={"rope_type": "default", "rope_theta": float(c.rotary_base)},
+        rope_parameters=_llama_rope_parameters(c),
         max_position_embeddings=c.context_len,
         rms_norm_eps=c.norm_eps,
-        attention_bias=False,
+        attention_bias=c.bias,
         tie_word_embeddings=c.tie_embeddings,
         bos_token_id=None,
         eos_token_id=None,
@@ -128,17 +140,27 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
                 sinks.detach() if sinks is not None else torch.full((c.n_heads,), -math.inf, dtype=q.dtype)
             ),
         }
+        if c.bias:
+            q_bias, k_bias, v_bias = book[_bias(names["attention", "qkv"])].split([c.d_model, n_kv * d_k, n_kv * d_k])
+            state |= {
+                hf + "self_attn.q_proj.bias": q_bias[q_back],
+                hf + "self_attn.k_proj.bias": k_bias[k_back],
+                hf + "self_attn.v_proj.bias": v_bias,
+                hf + "self_attn.o_proj.bias": book[_bias(names["attention", "out"])],
+            }
         state |= {hf + theirs: book[ours] for ours, theirs in zip(names["norms"], _LLAMA_NORMS, strict=True)}
-        gate, up, down = (book[names["feed_forward", role]] for role in ("gate", "in", "out"))  # (d_ff, d), (d, d_ff)
+        ff = [names["feed_forward", role] for role in ("gate", "in", "out")]
+        gate, up, down = (book[name] for name in ff)  # (d_ff, d), (d_ff, d), (d, d_ff)
+        gate_bias, up_bias, down_bias = (book.get(_bias(name), torch.zeros(len(book[name]))) for name in ff)
         gate_up = torch.stack([gate.t(), up.t()], dim=-1).reshape(c.d_model, 2 * d_ff)  # gate, up, gate, up, ...
-        gate_up_bias = torch.stack([torch.zeros(d_ff), -torch.ones(d_ff)], dim=-1).reshape(2 * d_ff)  # up + 1: up
+        gate_up_bias = torch.stack([gate_bias, up_bias - 1], dim=-1).reshape(2 * d_ff)  # gpt-oss's up + 1: the up
         state |= {
             hf + "mlp.router.weight": torch.zeros(1, c.d_model),
             hf + "mlp.router.bias": torch.zeros(1),
             hf + "mlp.experts.gate_up_proj": gate_up[None],
             hf + "mlp.experts.gate_up_proj_bias": gate_up_bias[None],
             hf + "mlp.experts.down_proj": down.t()[None],
-            hf + "mlp.experts.down_proj_bias": torch.zeros(1, c.d_model),
+            hf + "mlp.experts.down_proj_bias": down_bias[None],
         }
     dtype = book["tok_embed.weight"].dtype
     model = GptOssForCausalLM(cfg).to(dtype)

@@ -19,7 +19,9 @@ The book's recipe ``"gated_delta"`` is Llama's block (chapter 14) with Qwen3-Nex
   ``sigmoid(gate)``, the gate a second half of ``q_proj`` per head. Its weights are zero, so the
   gate is exactly 0.5, and ``o_proj`` is the book's times 2 (exact: a power of two);
 - **the rotary positions**: every dimension rotated (``partial_rotary_factor = 1``, Qwen3-Next's
-  default a quarter), the plain frequencies with the recipe's base; Qwen3-Next rotates dimension
+  default a quarter), the frequencies with the recipe's base, rescaled as Llama's
+  ``rope_parameters`` say where the recipe has a ``rope_scaling`` (chapter "Longer than trained",
+  :func:`~transformer_lib.pretrained_llama._llama_rope_parameters`); Qwen3-Next rotates dimension
   ``i`` with ``i + d_k / 2``, the book its neighbouring pairs, so the rows of each head of ``W_q``
   and ``W_k``, and the weights of the query and key norms, are reordered as for Llama
   (:func:`~transformer_lib.positional.half_split_rows`);
@@ -32,7 +34,7 @@ The book's recipe ``"gated_delta"`` is Llama's block (chapter 14) with Qwen3-Nex
 
 A setting Qwen3-Next cannot write is refused by name (``pretrained_llama.check_settings``): the
 recurrences ``"linear"`` and ``"delta"`` (Qwen3-Next's layer always decays), biases, a window,
-experts, a rotary rescaling. ``transformers`` is imported only when called.
+experts. ``transformers`` is imported only when called.
 """
 
 from __future__ import annotations
@@ -44,14 +46,17 @@ from .delta_net import GatedDeltaNet
 from .models import GPT
 from .parts import find_parts
 from .positional import half_split_rows
-from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, check_settings
+from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, _llama_rope_parameters, check_settings
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["QWEN3_NEXT_SETTINGS", "qwen3_next_from_gpt"]
 
 # What Qwen3-Next's format writes of each setting (check_settings): Llama's block with the gated delta
 # rule, any widths, any pattern of full-attention layers (those with query-key norms: checked apart).
-_QWEN3_NEXT_ANY = ("n_kv_heads", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "qk_norm")
+_QWEN3_NEXT_ANY = (
+    *("n_kv_heads", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "qk_norm"),
+    "rope_scaling",
+)
 QWEN3_NEXT_SETTINGS = (
     {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS}
     | dict.fromkeys((*_QWEN3_NEXT_ANY, "full_every"), ANY)
@@ -141,7 +146,7 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
         linear_key_head_dim=delta.d_k,
         linear_value_head_dim=delta.d_v,
         linear_conv_kernel_dim=delta.conv_kernel,
-        rope_parameters={"rope_type": "default", "rope_theta": float(c.rotary_base), "partial_rotary_factor": 1.0},
+        rope_parameters=_llama_rope_parameters(c) | {"partial_rotary_factor": 1.0},
         partial_rotary_factor=1.0,  # every dimension rotated, as the book does
         max_position_embeddings=c.context_len,
         rms_norm_eps=c.norm_eps,
