@@ -8,7 +8,8 @@ import torch
 
 import transformer_lib as tl
 from tests.test_cli import offline_one_thread  # noqa: F401 (autouse: offline, one thread)
-from tests.test_recipes_compose import ids, make
+from tests.test_recipes_compose import TOKENIZER, batches, ids, make, settings
+from transformer_lib import cli
 from transformer_lib.pretrained_gpt_oss import gpt_oss_from_gpt
 from transformer_lib.pretrained_qwen3_next import qwen3_next_from_gpt
 
@@ -132,3 +133,33 @@ def test_qwen3_next_settings_keep_every_mlp_dense_and_rotate_every_dimension():
 def test_each_new_format_refuses_by_name(convert, choices, message):
     with pytest.raises(ValueError, match=message):
         convert(make(choices, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("choices", [SINKS_MORE, HYBRID], ids=["sinks", "hybrid"])
+def test_transformers_greedy_decoding_with_its_cache_gives_the_books_tokens(choices, tmp_path):
+    """gpt-oss's sliding cache and Qwen3-Next's recurrent one, past the window, against the book's caches."""
+    gpt = randomised(choices)
+    loaded = read_back(tl.hf_model(gpt), tmp_path)
+    prompt = ids(1, 5)
+    ours = gpt.generate(prompt, 10, top_k=1, use_cache=True)
+    theirs = loaded.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(theirs, ours)
+
+
+def test_the_export_command_writes_a_hybrid_run_that_transformers_loads(tmp_path):
+    gpt = make({"recipe": "gated_delta", "full_every": 2, "qk_norm": True}, dtype=torch.float32)
+    tl.train(gpt, batches(), settings(tmp_path / "run", max_iters=1), tokenizer=TOKENIZER)
+    assert cli.main(["export", "--ckpt", str(tmp_path / "run"), "--out-dir", str(tmp_path / "hf")]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    x = torch.tensor([tokenizer("the cat sat")["input_ids"]])
+    assert x.tolist() == [TOKENIZER.encode("the cat sat")]
+    with torch.no_grad():
+        assert (loaded(x).logits - gpt.eval()(x)[0]).abs().max().item() < ATOL
+
+
+def test_a_float64_gpt_oss_runs_its_one_expert_in_float64():
+    gpt = randomised(SINKS_MORE).double()
+    hf = gpt_oss_from_gpt(gpt)
+    assert hf.model.layers[0].mlp.experts.down_proj.dtype == torch.float64
+    assert difference(hf, gpt) < ATOL  # transformers' norms and angles in float32: no closer

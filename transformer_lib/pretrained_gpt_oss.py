@@ -79,7 +79,9 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
     experts. Anything else raises a ``ValueError`` naming the setting. Each layer's
     SwiGLU becomes gpt-oss's one expert (``swiglu_alpha=1``, ``swiglu_limit`` float32's largest
     number: a pre-activation reaching it, which only an infinite one does, would be clamped). The
-    model is in the GPT's dtype, in eval mode, with eager attention.
+    model is in the GPT's dtype, in eval mode, with eager attention and experts (``transformers``'
+    default for the experts, a grouped matrix product, refuses float64: read a float64 model back
+    with ``from_pretrained(folder, experts_implementation="eager")``).
     """
     if not isinstance(gpt, GPT):
         inner = " (convert its .gpt: a classifier's head has no gpt-oss counterpart)" if hasattr(gpt, "gpt") else ""
@@ -120,6 +122,7 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
         eos_token_id=None,
         pad_token_id=None,
         attn_implementation="eager",
+        experts_implementation="eager",  # the loop over experts: PyTorch's grouped product takes no float64
     )
     q_back, k_back = torch.argsort(half_split_rows(c.n_heads, d_k)), torch.argsort(half_split_rows(n_kv, d_k))
     state = {
