@@ -163,3 +163,22 @@ def test_a_float64_gpt_oss_runs_its_one_expert_in_float64():
     hf = gpt_oss_from_gpt(gpt)
     assert hf.model.layers[0].mlp.experts.down_proj.dtype == torch.float64
     assert difference(hf, gpt) < ATOL  # transformers' norms and angles in float32: no closer
+
+
+def test_a_lora_sinks_run_is_merged_not_written_as_a_peft_adapter(tmp_path):
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. the dog sat on the log.\n" * 30)
+    flags = "--batch-size 4 --eval-interval 2 --eval-iters 1 --device cpu --no-progress --max-iters 2".split()
+    shape = "--n-layers 2 --n-heads 2 --d-model 16 --context-len 24 --tokenizer bpe --vocab-size 300".split()
+    train = ["train", "--preset", "llama-cpu", "--sinks", *shape, "--data", str(tmp_path / "text.txt")]
+    assert cli.main([*train, "--out-dir", str(tmp_path / "run"), *flags]) == 0
+    pairs = tl.write_pairs([("the cat", "sat"), ("the dog", "ran")] * 4, tmp_path / "pairs.jsonl")
+    finetune = ["finetune", "--ckpt", str(tmp_path / "run"), "--data", str(pairs), "--lora-rank", "2"]
+    assert cli.main([*finetune, "--lr", "0.05", "--out-dir", str(tmp_path / "lora"), *flags]) == 0
+    with pytest.raises(ValueError, match="written as a GptOssForCausalLM.*--merge-adapter"):
+        tl.export_hf(tmp_path / "lora", tmp_path / "hf", peft_adapter=True)
+    assert not (tmp_path / "hf").exists()
+    tl.export_hf(tmp_path / "lora", tmp_path / "hf", merge_adapter=True)
+    model, _, _ = tl.load_run(tmp_path / "lora")
+    tl.remove_lora(model, merge=True)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert difference(loaded, model.eval()) < ATOL

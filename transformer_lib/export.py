@@ -102,6 +102,8 @@ _PEFT_LLAMA = {
     "ff.down_proj.weight": "mlp.down_proj",
 }
 _QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Llama's three, fused in the book's in_proj
+# The models whose modules _PEFT_GPT2 and _PEFT_LLAMA name: a run written as another is merged, not adapted
+_PEFT_CLASSES = ("GPT2LMHeadModel", "LlamaForCausalLM")
 
 
 # What GPT-2's format writes of each setting (check_settings): ANY, or the one value it computes. Without
@@ -362,7 +364,8 @@ def export_hf(
     ``AutoTokenizer`` load offline. Returns the files written.
 
     A LoRA run needs ``merge_adapter`` (one model, the adapters merged into its weights) or
-    ``peft_adapter`` (its base model, and the adapters in ``folder/adapter`` in peft's format).
+    ``peft_adapter`` (its base model, and the adapters in ``folder/adapter`` in peft's format; a
+    GPT-2 or Llama model only: another format's modules are not the ones the adapter names).
     Everything is written to a temporary folder beside ``folder`` first, so a failure leaves
     ``folder`` as it was; a folder that holds files is refused unless ``force``, which replaces
     the files of those names only.
@@ -396,6 +399,12 @@ def export_hf(
         if token_rows(model) is not None:  # the token rows trained beside the adapters, into the embedding
             remove_token_rows(model, merge=True)
     hf = hf_model(base.eval())
+    if adapters and peft_adapter and type(hf).__name__ not in _PEFT_CLASSES:
+        raise ValueError(
+            f"{run} is written as a {type(hf).__name__}, whose modules are not the GPT-2 or Llama ones "
+            f"peft's adapter files name here (gpt-oss's feed-forward network is an expert, Qwen3-Next's "
+            f"query holds its gate): export it with --merge-adapter"
+        )
     _set_special_ids(hf, tokenizer)
     folder.parent.mkdir(parents=True, exist_ok=True)
     written = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
