@@ -155,8 +155,10 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
         ff = [names["feed_forward", role] for role in ("gate", "in", "out")]
         gate, up, down = (book[name] for name in ff)  # (d_ff, d), (d_ff, d), (d, d_ff)
         gate_bias, up_bias, down_bias = (book.get(_bias(name), torch.zeros(len(book[name]))) for name in ff)
-        gate_up = torch.stack([gate.t(), up.t()], dim=-1).reshape(c.d_model, 2 * d_ff)  # gate, up, gate, up, ...
-        gate_up_bias = torch.stack([gate_bias, up_bias - 1], dim=-1).reshape(2 * d_ff)  # gpt-oss's up + 1: the up
+        # (d, d_ff, 2) -> (d, 2 d_ff): the columns gate, up, gate, up, ...
+        gate_up = torch.stack([gate.t(), up.t()], dim=-1).reshape(c.d_model, 2 * d_ff)
+        # (d_ff, 2) -> (2 d_ff): the up bias 1 lower, since gpt-oss adds 1 to the up projection
+        gate_up_bias = torch.stack([gate_bias, up_bias - 1], dim=-1).reshape(2 * d_ff)
         state |= {
             hf + "mlp.router.weight": torch.zeros(1, c.d_model),
             hf + "mlp.router.bias": torch.zeros(1),

@@ -77,11 +77,13 @@ def _delta_net_state(layer: GatedDeltaNet, book: dict[str, Tensor], prefix: str)
     group = layer.n_heads // n_qk  # value heads per query-key head
     q, k, v = book[prefix + "in_proj.weight"].split([n_qk * d_k, n_qk * d_k, layer.n_heads * layer.d_v])
     z = book[prefix + "gate_proj.weight"]
-    qkvz = [t.reshape(n_qk, -1, D) for t in (q, k, v, z)]  # each query-key head's rows, side by side
-    ba = [book[prefix + n].reshape(n_qk, group, D) for n in ("beta_proj.weight", "decay_proj.weight")]
+    qkvz = [t.reshape(n_qk, -1, D) for t in (q, k, v, z)]  # (n_qk, d_k or group d_v, D): rows by query-key head
+    names = ("beta_proj.weight", "decay_proj.weight")
+    ba = [book[prefix + n].reshape(n_qk, group, D) for n in names]  # (n_qk, group, D) each
     return {
+        # (n_qk, 2 d_k + 2 group d_v, D) -> (rows, D): each query-key head's q, k, v, z side by side
         "in_proj_qkvz.weight": torch.cat(qkvz, dim=1).reshape(-1, D),
-        "in_proj_ba.weight": torch.cat(ba, dim=1).reshape(-1, D),
+        "in_proj_ba.weight": torch.cat(ba, dim=1).reshape(-1, D),  # (n_qk, 2 group, D) -> (2 n_heads, D)
         "conv1d.weight": book[prefix + "conv.weight"],
         "A_log": book[prefix + "log_rate"],
         "dt_bias": book[prefix + "step_bias"],
@@ -171,11 +173,11 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
             state |= {hf + "linear_attn." + k: v for k, v in _delta_net_state(layer, book, prefix).items()}
         else:
             q, k, v = book[names["attention", "qkv"]].split([c.d_model, n_kv * d_k, n_kv * d_k])
-            q = q[q_back].reshape(c.n_heads, d_k, c.d_model)
+            q = q[q_back].reshape(c.n_heads, d_k, c.d_model)  # (h d_k, d) -> (h, d_k, d)
             gated_q = torch.cat([q, torch.zeros_like(q)], dim=1)  # each head's query, then its gate's zero rows
             norm = prefix + "qk_transform.{}_norm.weight"
             state |= {
-                hf + "self_attn.q_proj.weight": gated_q.reshape(-1, c.d_model),
+                hf + "self_attn.q_proj.weight": gated_q.reshape(-1, c.d_model),  # (h, 2 d_k, d) -> (2 h d_k, d)
                 hf + "self_attn.k_proj.weight": k[k_back],
                 hf + "self_attn.v_proj.weight": v,
                 hf + "self_attn.o_proj.weight": 2 * book[names["attention", "out"]],  # sigmoid(0) = 1/2, undone
