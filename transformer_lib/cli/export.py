@@ -22,7 +22,10 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         "AutoTokenizer.from_pretrained load offline: a GPT-2-style model as GPT2LMHeadModel, a Llama-style one "
         "(--preset llama-cpu) as LlamaForCausalLM, one with experts routed as Mixtral's (--experts N) as "
         "MixtralForCausalLM, one with latent attention (--preset llama-cpu --attention latent --norm-eps 1e-6) "
-        "as a dense DeepseekV3ForCausalLM; any other block is refused by the setting no format writes. The "
+        "as a dense DeepseekV3ForCausalLM, one with attention sinks or a window (--sinks, --window N) as "
+        "GptOssForCausalLM, a hybrid of gated DeltaNet and multi-head layers with query-key norm (--attention "
+        "gated_delta --full-every N --qk-norm) as Qwen3NextForCausalLM; any other block is refused by the "
+        "setting no format writes. The "
         "end-of-text id is the tokenizer's <|endoftext|> (BPE runs), or none for a character run.",
     )
     parser.add_argument("--ckpt", required=True, help="the run's folder or checkpoint file (required)")
