@@ -9,10 +9,18 @@ import math
 import pytest
 import torch
 from _gpu import requires_cuda
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import transformer_lib as tl
 from transformer_lib.blocks import DecoderLayer
-from transformer_lib.delta_net import GatedDeltaNet, RecurrentState, gated_delta_net_from_qwen3_next
+from transformer_lib.delta_net import (
+    GatedDeltaNet,
+    RecurrentState,
+    decay_init,
+    gated_delta_net_from_qwen3_next,
+    keep_per_token,
+)
 from transformer_lib.inspect_heads import capture_attention
 from transformer_lib.kv_cache import DecoderCache
 from transformer_lib.linear_attention import (
@@ -519,3 +527,45 @@ def test_a_nan_in_one_value_reaches_the_outputs_the_module_docstring_says_in_eac
         out, _ = tl.linear_attention(q, k, v, form=form, chunk_size=2)
         reached[form] = torch.isnan(out[0, 0]).any(-1).nonzero().flatten().tolist()
     assert reached == {"recurrent": [5, 6, 7], "chunked": [4, 5, 6, 7], "parallel": list(range(8))}
+
+
+# ----- the decay's starting values -----
+
+
+@given(seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=20, deadline=None)
+def test_the_reference_init_keeps_most_of_the_state_and_transformers_init_almost_none(seed):
+    torch.manual_seed(seed)
+    reference = keep_per_token(GatedDeltaNet(32, 256, d_k=4))  # 256 heads: the median is stable
+    fresh = keep_per_token(GatedDeltaNet(32, 256, d_k=4, init="transformers"))
+    assert reference.median() > 0.5 and fresh.median() < 0.01
+    assert reference.max() < 1 and reference.min() >= math.exp(-16 * 0.1)  # A <= 16, dt <= 0.1
+
+
+def test_the_reference_init_inverts_softplus_and_draws_log_uniform_steps():
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(32, 4096, d_k=4)
+    dt = torch.nn.functional.softplus(layer.step_bias.detach().double())
+    assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
+    assert dt.log().median().item() == pytest.approx(math.log(1e-2), abs=0.1)  # the middle of the logs
+    rates = layer.log_rate.detach().exp()
+    assert rates.min() >= 0 and rates.max() <= 16 and rates.mean().item() == pytest.approx(8, abs=0.3)
+
+
+def test_a_gpt_builds_its_recurrences_from_the_init_decay_init_names():
+    config = tl.GPTConfig(10, 16, 2, 4, 32, attention="gated_delta")
+    with decay_init("transformers"):
+        inside = tl.GPT(config)
+    after = tl.GPT(config)
+    assert {layer.self_attn.init for layer in inside.decoder.layers} == {"transformers"}
+    assert {layer.self_attn.init for layer in after.decoder.layers} == {"reference"}
+    assert all((layer.self_attn.step_bias == 1).all() for layer in inside.decoder.layers)
+
+
+@pytest.mark.parametrize("init", ["mamba", "Reference", 1])
+def test_an_unknown_init_is_refused_by_name(init):
+    with pytest.raises(ValueError, match="init must be one of"):
+        GatedDeltaNet(32, 4, init=init)
+    with pytest.raises(ValueError, match="init must be one of"):
+        with decay_init(init):
+            pass

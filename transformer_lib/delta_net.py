@@ -21,6 +21,9 @@ the convolution, the same size after ten tokens or a million.
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,9 +32,41 @@ from ._checks import check_float_tensors, check_int
 from .linear_attention import delta_rule, delta_rule_weights, l2_normalize, linear_attention, linear_attention_weights
 from .modern_block import RMSNorm
 
-__all__ = ["DELTA_MODES", "GatedDeltaNet", "RecurrentState", "gated_delta_net_from_qwen3_next"]
+__all__ = [
+    "DECAY_INITS",
+    "DELTA_MODES",
+    "GatedDeltaNet",
+    "RecurrentState",
+    "decay_init",
+    "gated_delta_net_from_qwen3_next",
+    "keep_per_token",
+]
 
 DELTA_MODES = ("gated", "delta", "linear")
+DECAY_INITS = ("reference", "transformers")  # the starting values of log_rate and step_bias
+STEP_RANGE = (1e-3, 1e-1)  # the reference's time steps at the start, log-uniform
+STEP_FLOOR = 1e-4
+_default_init = ["reference"]  # what a layer built with init=None starts from (see decay_init)
+
+
+@contextlib.contextmanager
+def decay_init(init: str):
+    """Layers built inside ``with decay_init(init):`` with ``init=None`` (as a GPT builds them)
+    start from ``init`` (:data:`DECAY_INITS`); the default is ``"reference"`` again after it."""
+    _check_init(init)
+    before = _default_init[0]
+    _default_init[0] = init
+    try:
+        yield
+    finally:
+        _default_init[0] = before
+
+
+def keep_per_token(layer: GatedDeltaNet) -> Tensor:
+    """``(n_heads,)``: the share of its state each head of ``layer`` keeps per token when
+    ``decay_proj(x)`` is 0, ``exp(-exp(log_rate) softplus(step_bias))``."""
+    with torch.no_grad():
+        return torch.exp(-layer.log_rate.exp() * F.softplus(layer.step_bias))
 
 
 class RecurrentState:
@@ -97,7 +132,7 @@ class GatedDeltaNet(nn.Module):
     """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 19). Causal self-attention only.
 
     ``GatedDeltaNet(d_model, n_heads, *, n_qk_heads=None, d_k=None, d_v=None, conv_kernel=4,
-    mode="gated", chunk_size=64, eps=1e-6)``; ``n_heads`` value heads, ``n_qk_heads`` (default
+    mode="gated", chunk_size=64, eps=1e-6, init=None)``; ``n_heads`` value heads, ``n_qk_heads`` (default
     ``n_heads``, must divide it) query-key heads, ``d_k`` (default ``d_model // n_heads``) and ``d_v``
     (default ``d_k``) their widths. Its maps, none with a bias:
 
@@ -113,6 +148,20 @@ class GatedDeltaNet(nn.Module):
     ``step_bias`` unused); ``"linear"``, plain linear attention ``S_t = S_{t-1} + k_t v_t^T`` on the
     same queries, keys and values (``beta_proj`` unused too). Same parameters in every mode, so the
     three compare at equal size. ``chunk_size``: the blocks of the chunked form used for every call.
+
+    ``init`` (:data:`DECAY_INITS`; None: ``"reference"``, or what :func:`decay_init` sets), the
+    starting decay, drawn from torch's global generator:
+
+    - ``"reference"``, Gated DeltaNet's reference (flash-linear-attention, as in Mamba-2): rates
+      ``A ~ U(0, 16)``, ``log_rate = log(A)``; time steps ``dt = exp(U(log 1e-3, log 1e-1))``,
+      at least ``1e-4``, and ``step_bias = dt + log(-expm1(-dt))``, the inverse of softplus, so
+      that ``softplus(step_bias) = dt``. A head keeps ``exp(-A dt)`` of its state per token: a
+      median of about 0.94 (:func:`keep_per_token`);
+    - ``"transformers"``, a fresh ``transformers`` layer's: ``A ~ U(0.01, 16)``, ``step_bias = 1``,
+      ``dt = softplus(1) = 1.31``: a median head keeps about ``e^-10`` per token.
+
+    The two draw different numbers from the generator, so every weight built after the layer differs
+    too.
     """
 
     part_role = "attention"  # see parts.py
@@ -136,8 +185,11 @@ class GatedDeltaNet(nn.Module):
         mode: str = "gated",
         chunk_size: int = 64,
         eps: float = 1e-6,
+        init: str | None = None,
     ):
         super().__init__()
+        init = _default_init[0] if init is None else init
+        _check_init(init)
         check_int(d_model, "d_model")
         check_int(n_heads, "n_heads")
         for name, value in (("n_qk_heads", n_qk_heads), ("d_k", d_k), ("d_v", d_v)):
@@ -162,8 +214,8 @@ class GatedDeltaNet(nn.Module):
         self.conv = nn.Conv1d(self.channels, self.channels, conv_kernel, groups=self.channels, bias=False)
         self.beta_proj = nn.Linear(d_model, n_heads, bias=False)
         self.decay_proj = nn.Linear(d_model, n_heads, bias=False)
-        self.log_rate = nn.Parameter(torch.empty(n_heads).uniform_(0.01, 16).log())  # rates in [0.01, 16]
-        self.step_bias = nn.Parameter(torch.ones(n_heads))
+        self.log_rate, self.step_bias = (nn.Parameter(p) for p in _decay_start(n_heads, init))
+        self.init = init
         self.gate_proj = nn.Linear(d_model, n_heads * d_v, bias=False)
         self.norm = RMSNorm(d_v, eps=eps)
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=False)
@@ -296,6 +348,21 @@ class GatedDeltaNet(nn.Module):
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_qk_heads={self.n_qk_heads}, d_k={self.d_k}, "
             f"d_v={self.d_v}, conv_kernel={self.conv_kernel}, mode={self.mode!r}"
         )
+
+
+def _decay_start(n_heads: int, init: str) -> tuple[Tensor, Tensor]:
+    """``(log_rate, step_bias)``, each ``(n_heads,)``, as ``init`` draws them (see GatedDeltaNet)."""
+    if init == "transformers":
+        return torch.empty(n_heads).uniform_(0.01, 16).log(), torch.ones(n_heads)  # rates in [0.01, 16]
+    rate = torch.empty(n_heads).uniform_(0, 16)  # (n_heads,)
+    low, high = map(math.log, STEP_RANGE)
+    dt = torch.exp(torch.rand(n_heads) * (high - low) + low).clamp(min=STEP_FLOOR)  # (n_heads,)
+    return rate.log(), dt + torch.log(-torch.expm1(-dt))  # softplus(step_bias) = dt
+
+
+def _check_init(init) -> None:
+    if init not in DECAY_INITS:
+        raise ValueError(f"init must be one of {DECAY_INITS}, got {init!r}")
 
 
 def _check_mode(mode) -> None:

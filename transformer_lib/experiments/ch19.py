@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 
 import transformer_lib as tl
+from transformer_lib.delta_net import decay_init
 
 from .ch13 import run_settings, split_text
 from .recorder import Experiment, Part
@@ -78,6 +79,9 @@ LM = {"n_layers": 4, "n_heads": 4, "d_model": 64, "context_len": 128}
 LM_STEPS = 300
 MATCH = 0.02  # equal parameters: every model within 2 % of the largest
 LAST = 50  # the final training loss: the mean over the last LAST steps
+# The recorded parts were trained from a fresh transformers layer's decay (GatedDeltaNet's init):
+# the random numbers they drew, so their seeds' models, depend on it.
+RECORDED_INIT = "transformers"
 
 
 def n_params(config: tl.GPTConfig) -> int:
@@ -182,7 +186,8 @@ def recall_run(mixer: str, seed: int, steps: int | None = None, widths: dict | N
     """One model of the ``recall`` part: ``mixer`` (:data:`MIXERS`), seed ``seed``."""
     d_ff, params = (widths or recall_widths())[mixer]
     torch.manual_seed(seed)
-    model = tl.GPT(recall_config(mixer, d_ff))
+    with decay_init(RECORDED_INIT):
+        model = tl.GPT(recall_config(mixer, d_ff))
     losses = train_recall(model, seed, RECALL["steps"] if steps is None else steps)
     last = losses[-LAST:]
     return {
@@ -240,7 +245,8 @@ def lm_run(name: str, seed: int, steps: int | None = None, widths: dict | None =
     tokenizer, train_text, val_text = _data()
     d_ff, params = (widths or lm_widths(tokenizer.vocab_size))[name]
     options = {**LLAMA, **dict(LM_MODELS)[name], "d_ff": d_ff}
-    r = tl.token_run(tokenizer, train_text, val_text, seed, **lm_settings(steps), **options)
+    with decay_init(RECORDED_INIT):
+        r = tl.token_run(tokenizer, train_text, val_text, seed, **lm_settings(steps), **options)
     assert sum(p.numel() for p in r["model"].parameters()) == params
     last = r["losses"][-LAST:]
     return {
