@@ -12,6 +12,8 @@ The command line (``--dry-run`` prints and writes nothing)::
 
     # three seeds of both parts (about 30 minutes, 1 core)
     python -m transformer_lib.experiments ch19
+    # the learned recall part alone (about 15 minutes, 1 core)
+    python -m transformer_lib.experiments ch19 --parts recall_learned
     # seed 0 of the recall part, printed, nothing written
     python -m transformer_lib.experiments ch19 --parts recall --seeds 0 --dry-run
 
@@ -30,6 +32,15 @@ Parts:
   Shakespeare's characters (chapter 13's ``token_run``, AdamW at 3e-3): softmax attention, the
   three recurrences, and the hybrid (gated DeltaNet with ``full_every=4``: layers 0-2
   recurrent, layer 3 softmax, Qwen3-Next's 3:1); bits per byte on the last 10 %.
+
+* ``recall_learned``: a smaller recall task that softmax attention learns within the budget: 16
+  keys, 16 values, 2 to 16 pairs, a curriculum (:func:`curriculum`: the pair counts join one by
+  one over the first half of the run), 600 steps at 1e-3. Width 64 with 4 heads (``d_k = 16``)
+  and with 8 (``d_k = 8``): softmax attention, the three recurrences (the reference decay), and
+  gated DeltaNet from ``transformers``' decay too; each measured at every pair count. The
+  parameters are not matched (softmax attention has about 10 % fewer: no convolution, gate,
+  write-strength or decay maps); a recurrence's state is ``n_heads d_k^2`` numbers per layer,
+  1,024 with 4 heads and 512 with 8.
 
 The recall steps are what the budget (both parts in about half an hour on one core) allows, and
 they are far from enough. In the calibration runs, the softmax model stayed at what it can do
@@ -214,6 +225,106 @@ def recall(seeds: list[int], steps: int | None = None) -> dict:
     return {"recall": {"settings": settings, "runs": runs}}
 
 
+# ----- recall_learned -----
+
+# A setting where softmax attention learns recall (found on seed 0): 16 keys and 16 values, at
+# most 16 pairs, a curriculum over the pair counts, AdamW at 1e-3; width 64 with 4 heads
+# (d_k = 16, as many as the keys) or 8 (d_k = 8, half the most pairs). The models: (mixer, the
+# init of its decay; None for softmax attention, which has none).
+LEARNED_MODELS = [
+    ("multi_head", None),
+    ("linear", "reference"),
+    ("delta", "reference"),
+    ("gated_delta", "reference"),
+    ("gated_delta", "transformers"),
+]
+LEARNED_PAIRS = [2, 4, 8, 16]
+LEARNED_HEADS = [4, 8]  # d_k = d_model / n_heads: 16 and 8
+LEARNED = {
+    "n_layers": 2,
+    "d_model": 64,
+    "n_keys": 16,
+    "n_values": 16,
+    "steps": 600,
+    "lr": 1e-3,
+    "queries": 128,  # training queries of each pair count in each step
+    "eval_queries": 2048,  # held-out queries of each pair count
+}
+
+
+def learned_config(mixer: str, n_heads: int) -> tl.GPTConfig:
+    """The model of the ``recall_learned`` part: :data:`LEARNED`'s shape, ``n_heads`` heads."""
+    r = LEARNED
+    vocab = tl.recall_vocab_size(r["n_keys"], r["n_values"])
+    options = {**LLAMA, "attention": mixer}
+    return tl.GPTConfig(vocab, 4 * max(LEARNED_PAIRS), r["n_layers"], n_heads, r["d_model"], **options)
+
+
+def curriculum(step: int, steps: int) -> list[int]:
+    """The pair counts trained at ``step`` of ``steps``: the smallest of :data:`LEARNED_PAIRS` from
+    the start, the next one joining every ``steps / (2 len(LEARNED_PAIRS))`` steps, all of them for
+    the second half."""
+    k = len(LEARNED_PAIRS)
+    return LEARNED_PAIRS[: 1 + min(k - 1, step * k // max(1, steps // 2))]
+
+
+def learned_run(mixer: str, init: str | None, n_heads: int, seed: int, steps: int | None = None) -> dict:
+    """One model of the ``recall_learned`` part, trained on :func:`curriculum`'s pair counts (each
+    step one batch of ``queries / n`` sequences per count ``n``, the loss their mean), then
+    measured on held-out queries at each count of :data:`LEARNED_PAIRS`."""
+    r = LEARNED
+    steps = r["steps"] if steps is None else steps
+    data = {"n_keys": r["n_keys"], "n_values": r["n_values"]}
+    torch.manual_seed(seed)
+    with decay_init(init or "reference"):
+        model = tl.GPT(learned_config(mixer, n_heads))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=r["lr"], weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    for step in range(steps):
+        counts = curriculum(step, steps)
+        loss = 0.0
+        for n in counts:
+            b = tl.recall_batch(r["queries"] // n, n, **data, generator=generator)
+            loss = loss + model(b.idx, b.targets, loss_mask=b.loss_mask)[1] / len(counts)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    held_out = torch.Generator().manual_seed(10_000 + seed)
+    model.eval()
+    accuracy = {}
+    for n in LEARNED_PAIRS:
+        b = tl.recall_batch(-(-r["eval_queries"] // n), n, **data, generator=held_out)
+        accuracy[str(n)] = tl.recall_accuracy(model, b)
+    last = losses[-LAST:]
+    return {
+        "name": mixer,
+        "variant": init,
+        "seed": seed,
+        "params": sum(p.numel() for p in model.parameters()),
+        "memory": memory(model),
+        "accuracy": accuracy,
+        "final_loss": sum(last) / len(last),
+    }
+
+
+def recall_learned(seeds: list[int], steps: int | None = None) -> dict:
+    """The ``recall_learned`` part: every model of :data:`LEARNED_MODELS` at each head count of
+    :data:`LEARNED_HEADS`, for each seed; the runs of ``d_k`` under ``"d_k_<d_k>"``."""
+    out = {"settings": {**LEARNED, "n_heads": LEARNED_HEADS, "pairs": LEARNED_PAIRS, "curriculum": True, **LLAMA}}
+    for n_heads in LEARNED_HEADS:
+        runs = []
+        for mixer, init in LEARNED_MODELS:
+            for seed in seeds:
+                runs.append(learned_run(mixer, init, n_heads, seed, steps))
+                acc = " ".join(f"{a:.3f}" for a in runs[-1]["accuracy"].values())
+                print(f"recall_learned {n_heads} heads {mixer:>12} {init} seed {seed}: {acc}", flush=True)
+        out[f"d_k_{LEARNED['d_model'] // n_heads}"] = {"runs": runs}
+    return {"recall_learned": out}
+
+
 # ----- lm -----
 
 
@@ -270,4 +381,6 @@ def lm(seeds: list[int], steps: int | None = None) -> dict:
     return {"lm": {"settings": {**lm_settings(), **LLAMA}, "options": dict(LM_MODELS), "runs": runs}}
 
 
-EXPERIMENT = Experiment("ch19", {"recall": Part(recall, SEEDS), "lm": Part(lm, SEEDS)})
+EXPERIMENT = Experiment(
+    "ch19", {"recall": Part(recall, SEEDS), "lm": Part(lm, SEEDS), "recall_learned": Part(recall_learned, SEEDS)}
+)
