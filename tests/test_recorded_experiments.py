@@ -186,6 +186,62 @@ def test_chapter_17s_fixed_training_prompts_are_a_fixed_draw_of_training_dates()
     assert set(pairs) <= set(train) and pairs == ch17.train_prompts()
 
 
+def test_chapter_17s_dpo_pairs_runs_hold_every_kind_rate_and_seed():
+    part = recorded("ch17")["dpo_pairs"]
+    steps = list(range(0, ch17.SETTINGS["steps"] + 1, ch17.SETTINGS["eval_every"]))
+    assert part["settings"] == ch17.SETTINGS and part["dpo_pairs"] == ch17.DPO_PAIRS
+    expected = [
+        (f"{kind} lr {lr:g}", kind, lr, s)
+        for kind in ch17.DPO_PAIRS["pairs"]
+        for lr in ch17.DPO_PAIRS["lrs"]
+        for s in ch17.SEEDS
+    ]
+    runs = part["runs"]
+    assert sorted((r["name"], r["pairs"], r["lr"], r["seed"]) for r in runs) == sorted(expected)
+    for r in runs:
+        assert r["beta"] == ch17.DPO_PAIRS["beta"] and r["average"] is False
+        assert [p["step"] for p in r["curve"]] == steps, r["name"]
+        assert all(0 <= p["pass@1"] <= p["pass@8"] <= 1 and 0 <= p["format"] <= 1 for p in r["curve"])
+        assert all(p["kl"] >= 0 for p in r["curve"]) and r["curve"][0]["kl"] < 1e-6
+        assert set(r["held_logprobs"]) == {"start", "end"}
+    # every run starts from the same model, measured the same way
+    for key in ("pass@1", "pass@8", "format"):
+        assert len({r["curve"][0][key] for r in runs}) == 1, key
+    sampled = part["on_policy"]
+    assert 0 < sampled["kept"] <= sampled["prompts"] == len(ch15.date_splits()[0])
+    # a run-on right date is not a real date: the two counts do not overlap
+    assert sampled["rejected_right_date_run_on"] + sampled["rejected_real_date"] <= sampled["kept"]
+    for _, chosen, rejected in sampled["examples"]:
+        assert tl.data.exact_reward(rejected, chosen) == 0.0 and tl.data.format_reward(chosen, chosen) == 1.0
+
+
+def test_chapter_17s_on_policy_pairs_reject_the_models_own_wrong_answers():
+    model, tokenizer = ch17.start_model()
+    pairs = ch15.date_splits()[0][:24]
+    triples = ch17.on_policy_triples(model, tokenizer, pairs)
+    assert triples == ch17.on_policy_triples(model, tokenizer, pairs)  # seeded: the same pairs again
+    assert 0 < len(triples) <= len(pairs)
+    targets = dict(pairs)
+    assert [p for p, _, _ in triples] == [p for p, _ in pairs if p in {q for q, _, _ in triples}]
+    for prompt, chosen, rejected in triples:
+        assert chosen == targets[prompt] and rejected.strip() and rejected != chosen
+        assert tl.data.exact_reward(rejected, chosen) == 0.0
+    # each rejected answer is one the model wrote: it was among the start's sampled answers
+    answers = tl.sample_answers(
+        model,
+        tokenizer,
+        [p for p, _ in pairs],
+        ch17.SETTINGS["samples"],
+        temperature=ch17.SETTINGS["eval_temperature"],
+        max_new_tokens=ch17.SETTINGS["grpo"]["max_new_tokens"],
+        seed=ch17.DPO_PAIRS["sample_seed"],
+    )
+    written = {p: group for (p, _), group in zip(pairs, answers, strict=True)}
+    assert all(r in written[p] for p, _, r in triples)
+    left_out = [p for p in targets if p not in {q for q, _, _ in triples}]
+    assert all(tl.data.exact_reward(a, targets[p]) or not a.strip() for p in left_out for a in written[p])
+
+
 def test_chapter_18s_record_holds_every_part_and_seed():
     sweep = recorded("ch18")
     rows = sweep["cache"]["rows"]

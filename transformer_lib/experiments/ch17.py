@@ -29,7 +29,9 @@ answer's alone) and ``trl`` (needs ``trl``, from ``requirements-eval.txt``: TRL'
 losses on the fixed inputs of :data:`PARITY`, which the chapter computes again and compares)
 and ``grpo_lr`` (``grpo`` at each learning rate of :data:`GRPO_LR`, without the supervised
 baseline or report cards, every measurement adding the mean reward on a fixed draw of 16 training
-dates, :func:`train_prompts`, 8 answers each at the evaluation temperature).
+dates, :func:`train_prompts`, 8 answers each at the evaluation temperature) and ``dpo_pairs``
+(DPO beta 0.1, summed, at each rate of :data:`DPO_PAIRS` on task-built pairs and on on-policy
+ones, the start model's own wrong answers as the rejected side, :func:`on_policy_triples`).
 For seed 0 each run also records the answers to the first prompts at every measurement and its
 report card (bits per byte, greedy exact match on 200 dates) before and after.
 """
@@ -49,7 +51,17 @@ from . import ch15
 from .ch17_parity import trl_parity
 from .recorder import Experiment, Part
 
-__all__ = ["EXPERIMENT", "GRPO_LR", "SETTINGS", "dpo_run", "start_model", "train_prompts", "train_reward"]
+__all__ = [
+    "DPO_PAIRS",
+    "EXPERIMENT",
+    "GRPO_LR",
+    "SETTINGS",
+    "dpo_run",
+    "on_policy_triples",
+    "start_model",
+    "train_prompts",
+    "train_reward",
+]
 
 SEEDS = [0, 1, 2]
 SETTINGS = {
@@ -81,6 +93,9 @@ SETTINGS = {
 #: the ``grpo_lr`` part: GRPO as in ``grpo`` at its rate (run again: its held-out curve must equal
 #: the ``grpo`` part's) and two smaller ones, also measured on a fixed draw of training prompts
 GRPO_LR = {"lrs": [3e-3, 1e-3, 3e-4], "train_prompts": 16, "train_seed": 17, "sample_seed": 4321}
+#: the ``dpo_pairs`` part: DPO beta 0.1 on summed log-probabilities, as the ``dpo`` part's first
+#: run, on task-built pairs and on on-policy ones (:func:`on_policy_triples`), at each rate
+DPO_PAIRS = {"lrs": [1e-3, 3e-4], "pairs": ["task", "on-policy"], "beta": 0.1, "sample_seed": 2468}
 
 
 def start_model(adapter=None):
@@ -345,20 +360,57 @@ def _pair_logprobs(model, tokenizer, triples: list) -> dict:
     return {"chosen": float(logp[:n].mean()), "rejected": float(logp[n:].mean())}
 
 
-def dpo_run(name: str, beta: float, average: bool, seed: int, steps: int | None = None) -> dict:
-    """One DPO run of the ``dpo`` part: its curve, the held-out pairs' log-probabilities before and after."""
+def on_policy_triples(model, tokenizer, pairs: list) -> list:
+    """``(prompt, target, wrong)`` for each ``(prompt, target)`` of ``pairs`` where ``model`` writes
+    a wrong answer: ``SETTINGS["samples"]`` answers each at the evaluation temperature (seeded with
+    ``DPO_PAIRS["sample_seed"]``), the first non-empty one that is not ``target`` rejected. Prompts
+    it always gets right are left out."""
+    model.eval()
+    answers = tl.sample_answers(
+        model,
+        tokenizer,
+        [p for p, _ in pairs],
+        SETTINGS["samples"],
+        temperature=SETTINGS["eval_temperature"],
+        max_new_tokens=SETTINGS["grpo"]["max_new_tokens"],
+        seed=DPO_PAIRS["sample_seed"],
+    )
+    model.train()
+    out = []
+    for (prompt, target), group in zip(pairs, answers, strict=True):
+        wrong = [a for a in group if a.strip() and a != target and not tl.data.exact_reward(a, target)]
+        if wrong:
+            out.append((prompt, target, wrong[0]))
+    return out
+
+
+def dpo_run(
+    name: str,
+    beta: float,
+    average: bool,
+    seed: int,
+    steps: int | None = None,
+    triples: list | None = None,
+    lr: float | None = None,
+    cards: bool = True,
+) -> dict:
+    """One DPO run of the ``dpo`` part: its curve, the held-out pairs' log-probabilities before and
+    after. ``triples`` (default: task-built pairs drawn with ``seed``) and ``lr`` (default: the
+    ``dpo`` part's) are for the ``dpo_pairs`` part."""
     train_pairs, test_pairs = ch15.date_splits()
     test = test_pairs[: SETTINGS["eval_pairs"]]
     held = tl.data.preference_triples(test, seed=99)
     d, steps = SETTINGS["dpo"], steps or SETTINGS["steps"]
+    lr = d["lr"] if lr is None else lr
     start = time.perf_counter()
     model, tokenizer, reference = _policy(seed)
-    triples = tl.data.preference_triples(train_pairs, seed=seed)
+    if triples is None:
+        triples = tl.data.preference_triples(train_pairs, seed=seed)
     batches = tl.DPOBatches(
         tokenizer, triples, held, d["batch_size"], reference=reference, beta=beta, average=average, seed=seed
     )
     first = _pair_logprobs(model, tokenizer, held)
-    out = _run(model, reference, tokenizer, batches, d["lr"], d["batch_size"], steps, test, seed)
+    out = _run(model, reference, tokenizer, batches, lr, d["batch_size"], steps, test, seed, cards=cards)
     last = _pair_logprobs(model, tokenizer, held)
     return {
         "name": name,
@@ -377,6 +429,36 @@ def dpo(seeds: list[int], steps: int | None = None) -> dict:
         dpo_run(name, beta, average, seed, steps) for name, beta, average in SETTINGS["dpo"]["runs"] for seed in seeds
     ]
     return {"dpo": {"settings": SETTINGS, "runs": runs}}
+
+
+def dpo_pairs(seeds: list[int], steps: int | None = None) -> dict:
+    """DPO (``DPO_PAIRS["beta"]``, summed) on task-built pairs and on the start model's own wrong
+    answers (:func:`on_policy_triples` of chapter 15's training dates), at each of
+    ``DPO_PAIRS["lrs"]``, for ``seeds``, without report cards; the run's name holds its pairs and
+    rate."""
+    train_pairs = ch15.date_splits()[0]
+    model, tokenizer = start_model()
+    t0 = time.perf_counter()
+    own = on_policy_triples(model, tokenizer, train_pairs)
+    sampled = {
+        "prompts": len(train_pairs),
+        "kept": len(own),
+        # what the rejected answers are: the right date run on past its end, another real date
+        "rejected_right_date_run_on": sum(r.startswith(c) for _, c, r in own),
+        "rejected_real_date": sum(tl.data.format_reward(r, c) == 1.0 for _, c, r in own),
+        "examples": [list(t) for t in own[: SETTINGS["prompts_shown"] * 2]],
+        "seconds": time.perf_counter() - t0,
+    }
+    del model
+    runs = []
+    for kind in DPO_PAIRS["pairs"]:
+        for lr in DPO_PAIRS["lrs"]:
+            name = f"{kind} lr {lr:g}"
+            for seed in seeds:
+                triples = own if kind == "on-policy" else None
+                row = dpo_run(name, DPO_PAIRS["beta"], False, seed, steps, triples=triples, lr=lr, cards=False)
+                runs.append({**row, "pairs": kind, "lr": lr})
+    return {"dpo_pairs": {"settings": SETTINGS, "dpo_pairs": DPO_PAIRS, "on_policy": sampled, "runs": runs}}
 
 
 def hacking(seeds: list[int], steps: int | None = None) -> dict:
@@ -465,5 +547,6 @@ EXPERIMENT = Experiment(
         "scratchpad": Part(scratchpad, SEEDS),
         "trl": Part(trl_parity, [0]),
         "grpo_lr": Part(grpo_lr, SEEDS),
+        "dpo_pairs": Part(dpo_pairs, SEEDS),
     },
 )
