@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,6 +241,33 @@ def test_chapter_17s_on_policy_pairs_reject_the_models_own_wrong_answers():
     assert all(r in written[p] for p, _, r in triples)
     left_out = [p for p in targets if p not in {q for q, _, _ in triples}]
     assert all(tl.data.exact_reward(a, targets[p]) or not a.strip() for p in left_out for a in written[p])
+
+
+def test_chapter_17s_hole_runs_hold_every_seed_and_both_rewards():
+    part = recorded("ch17")["hole"]
+    steps = list(range(0, ch17.SETTINGS["steps"] + 1, ch17.SETTINGS["eval_every"]))
+    assert part["settings"] == ch17.SETTINGS and part["hole"] == ch17.HOLE
+    runs = part["runs"]
+    assert sorted((r["name"], r["lr"], r["seed"]) for r in runs) == [("hole", ch17.HOLE["lr"], s) for s in ch17.SEEDS]
+    for r in runs:
+        assert [p["step"] for p in r["curve"]] == steps and [b["step"] for b in r["batch"]] == steps[1:]
+        for p in r["curve"]:
+            assert 0 <= p["pass@1"] <= p["pass@8"] <= 1 and p["kl"] >= 0
+            # the hole pays every right answer: its reward is at least the exact one
+            assert 0 <= p["train_exact"] <= p["train_year"] <= 1 and p["pass@1"] <= p["reward"] <= 1
+    for key in ("pass@1", "reward", "train_year", "train_exact"):
+        assert len({r["curve"][0][key] for r in runs}) == 1, key
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_chapter_17s_year_reward_pays_any_real_date_in_the_right_year(seed):
+    rng = np.random.default_rng(seed)
+    for target in [p[1] for p in ch15.date_splits()[1][:40]]:
+        wrong = tl.data.wrong_date(target, rng)
+        expected = float(wrong[:4] == target[:4])
+        assert ch17.year_reward(wrong, target) == expected
+        assert ch17.year_reward(target, target) == 1.0 == ch17.year_reward(f"year {target[:4]} = {target}", target)
+        assert ch17.year_reward(target + "x", target) == 0.0 == ch17.year_reward(target[:4] + "-02-30", target)
 
 
 def test_chapter_18s_record_holds_every_part_and_seed():

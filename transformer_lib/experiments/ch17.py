@@ -31,7 +31,9 @@ and ``grpo_lr`` (``grpo`` at each learning rate of :data:`GRPO_LR`, without the 
 baseline or report cards, every measurement adding the mean reward on a fixed draw of 16 training
 dates, :func:`train_prompts`, 8 answers each at the evaluation temperature) and ``dpo_pairs``
 (DPO beta 0.1, summed, at each rate of :data:`DPO_PAIRS` on task-built pairs and on on-policy
-ones, the start model's own wrong answers as the rejected side, :func:`on_policy_triples`).
+ones, the start model's own wrong answers as the rejected side, :func:`on_policy_triples`) and
+``hole`` (GRPO on :func:`year_reward`, which any real date in the right year passes, at
+:data:`HOLE`'s rate, measured also on the answers to :func:`train_prompts` with both rewards).
 For seed 0 each run also records the answers to the first prompts at every measurement and its
 report card (bits per byte, greedy exact match on 200 dates) before and after.
 """
@@ -55,12 +57,14 @@ __all__ = [
     "DPO_PAIRS",
     "EXPERIMENT",
     "GRPO_LR",
+    "HOLE",
     "SETTINGS",
     "dpo_run",
     "on_policy_triples",
     "start_model",
     "train_prompts",
     "train_reward",
+    "year_reward",
 ]
 
 SEEDS = [0, 1, 2]
@@ -96,6 +100,15 @@ GRPO_LR = {"lrs": [3e-3, 1e-3, 3e-4], "train_prompts": 16, "train_seed": 17, "sa
 #: the ``dpo_pairs`` part: DPO beta 0.1 on summed log-probabilities, as the ``dpo`` part's first
 #: run, on task-built pairs and on on-policy ones (:func:`on_policy_triples`), at each rate
 DPO_PAIRS = {"lrs": [1e-3, 3e-4], "pairs": ["task", "on-policy"], "beta": 0.1, "sample_seed": 2468}
+#: the ``hole`` part: GRPO as in ``grpo`` on :func:`year_reward`, at the rate that moved it most
+HOLE = {"lr": 3e-3, "reward": "year_reward"}
+
+
+def year_reward(answer: str, target: str) -> float:
+    """1.0 for any real date written ``yyyy-mm-dd`` in ``target``'s year, else 0.0: a verifier with
+    a hole, which a wrong month or day passes."""
+    final = answer.rpartition(" = ")[2].strip()
+    return float(tl.data.format_reward(final, target) == 1.0 and final[:4] == target[:4])
 
 
 def start_model(adapter=None):
@@ -225,7 +238,7 @@ def _shown(model, tokenizer, test: list, max_new_tokens: int = 12) -> list:
 def grpo(
     seeds: list[int],
     steps: int | None = None,
-    reward: str = "exact",
+    reward="exact",
     name: str = "grpo",
     lr: float | None = None,
     cards: bool = True,
@@ -273,7 +286,7 @@ def grpo(
                 seed,
                 cards=cards,
                 train_check=train_check,
-                reward=tl.data.REWARDS[reward],
+                reward=tl.data.REWARDS[reward] if isinstance(reward, str) else reward,
             ),
         }
         if name != "grpo":
@@ -461,6 +474,37 @@ def dpo_pairs(seeds: list[int], steps: int | None = None) -> dict:
     return {"dpo_pairs": {"settings": SETTINGS, "dpo_pairs": DPO_PAIRS, "on_policy": sampled, "runs": runs}}
 
 
+def hole(seeds: list[int], steps: int | None = None) -> dict:
+    """GRPO on :func:`year_reward` at ``HOLE["lr"]`` for ``seeds``, no report cards: each point
+    measures the held-out exact match and the year reward (``reward``), and both rewards on the
+    same answers to :func:`train_prompts` (``train_year``, ``train_exact``); the last training
+    batch's mean year reward of every ``eval_every`` steps is recorded under ``batch``."""
+    pairs = train_prompts()
+
+    @torch.no_grad()
+    def check(model, tokenizer):  # both rewards on the same answers to the fixed training dates
+        model.eval()
+        answers = tl.sample_answers(
+            model,
+            tokenizer,
+            [p for p, _ in pairs],
+            SETTINGS["samples"],
+            temperature=SETTINGS["eval_temperature"],
+            max_new_tokens=SETTINGS["grpo"]["max_new_tokens"],
+            seed=GRPO_LR["sample_seed"],
+        )
+        model.train()
+        scored = [(a, t) for (_, t), group in zip(pairs, answers, strict=True) for a in group]
+        return {
+            "train_year": sum(year_reward(a, t) for a, t in scored) / len(scored),
+            "train_exact": sum(tl.data.exact_reward(a, t) for a, t in scored) / len(scored),
+        }
+
+    runs = grpo(seeds, steps, reward=year_reward, name="hole", lr=HOLE["lr"], cards=False, train_check=check)
+    runs = runs["hole"]["runs"]
+    return {"hole": {"settings": SETTINGS, "hole": HOLE, "runs": runs}}
+
+
 def hacking(seeds: list[int], steps: int | None = None) -> dict:
     return grpo(seeds, steps, reward="format", name="hacking")
 
@@ -548,5 +592,6 @@ EXPERIMENT = Experiment(
         "trl": Part(trl_parity, [0]),
         "grpo_lr": Part(grpo_lr, SEEDS),
         "dpo_pairs": Part(dpo_pairs, SEEDS),
+        "hole": Part(hole, SEEDS),
     },
 )
