@@ -323,6 +323,34 @@ def test_ch19_record_holds_every_mixer_seed_and_pair_count_at_equal_parameters()
     assert max(params) <= 1.02 * min(params)
 
 
+def test_ch19_learned_recall_record_holds_every_model_head_count_seed_and_pair_count():
+    part = recorded("ch19")["recall_learned"]
+    assert part["settings"] == {**ch19.LEARNED, "n_heads": ch19.LEARNED_HEADS, "pairs": ch19.LEARNED_PAIRS,
+                                "curriculum": True, **ch19.LLAMA}  # fmt: skip
+    for n_heads in ch19.LEARNED_HEADS:
+        d_k = ch19.LEARNED["d_model"] // n_heads
+        runs = part[f"d_k_{d_k}"]["runs"]
+        assert [(r["name"], r["variant"], r["seed"]) for r in runs] == [
+            (m, init, s) for m, init in ch19.LEARNED_MODELS for s in ch19.SEEDS
+        ]
+        for r in runs:
+            assert r["params"] == ch19.n_params(ch19.learned_config(r["name"], n_heads)), r["name"]
+            assert list(r["accuracy"]) == [str(n) for n in ch19.LEARNED_PAIRS]
+            assert all(0 <= a <= 1 for a in r["accuracy"].values()) and r["final_loss"] > 0
+            for m in r["memory"]:
+                held = m["state"] if r["name"] != "multi_head" else m["per_token"]
+                assert held == n_heads * (d_k * d_k if r["name"] != "multi_head" else 2 * d_k)
+
+
+@pytest.mark.parametrize("steps", [2, 3, 7, 8, 9, 100, 600, 601])
+def test_ch19s_curriculum_adds_the_pair_counts_in_order_and_trains_all_of_them_in_the_second_half(steps):
+    seen = [ch19.curriculum(step, steps) for step in range(steps)]
+    assert seen[0] == ch19.LEARNED_PAIRS[:1] and seen[-1] == ch19.LEARNED_PAIRS
+    assert all(seen[i] == ch19.LEARNED_PAIRS[: len(seen[i])] for i in range(steps))  # a prefix
+    assert all(len(a) <= len(b) for a, b in zip(seen, seen[1:], strict=False))  # never drops one
+    assert all(c == ch19.LEARNED_PAIRS for c in seen[steps // 2 :])
+
+
 def reproduce_ch12(record: dict) -> None:
     """Seed 0 of the repeat and agreement parts.
 
