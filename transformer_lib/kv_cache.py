@@ -5,6 +5,14 @@ token at every step. A :class:`KVCache` keeps one attention layer's; a :class:`L
 decoder layer's two (self- and cross-attention); a :class:`DecoderCache` holds a whole stack's and
 counts the positions it has seen. The attention layers read them
 (:meth:`~transformer_lib.multihead.MultiHeadAttention.forward`), the blocks and models pass them on.
+
+Every cache of the book answers the same questions, whatever it holds (keys and values, a latent,
+index keys, a recurrent state): ``position`` (tokens appended in all), ``length`` (positions held),
+``filled``, ``nbytes()`` (memory held), ``reset()`` (empty it), ``crop(n)`` (back to what it held
+after the first ``n`` tokens, so decoding can go on from there: speculative decoding, "regenerate
+from here") and ``select(rows)`` (keep these batch rows, in this order: beam search). A cache that
+cannot go back, because what it would need is gone (a window that dropped it, a state that mixed
+it in), refuses by name.
 """
 
 from __future__ import annotations
@@ -16,7 +24,50 @@ from torch import Tensor
 
 from ._checks import check_bool, check_int, check_window
 
-__all__ = ["DecoderCache", "KVCache", "LayerCache"]
+__all__ = ["DecoderCache", "KVCache", "LayerCache"]  # crop_positions, is_prefix, select_rows: for the other caches
+
+
+def crop_positions(position: int, length: int, n: int, *, window: int | None, keep_first: int = 0, what: str) -> Tensor:
+    """The indices, among the ``length`` positions a cache holds after ``position`` tokens, of those
+    it would hold after the first ``n`` tokens only (chapter 10): every position without a window;
+    with one, the last ``window - 1`` and the first ``keep_first``. Refuses an ``n`` outside
+    ``[0, position]``, and one whose positions a window has already dropped (``what`` names the cache)."""
+    check_int(n, "n", minimum=0)
+    if n > position:
+        raise ValueError(f"cannot crop {what} to n={n}: it holds {position} tokens (crop only goes back)")
+
+    def kept(total: int) -> list[int]:  # the positions a cache holds after `total` tokens
+        if window is None or total <= keep_first + window - 1:
+            return list(range(total))
+        return list(range(keep_first)) + list(range(total - (window - 1), total))
+
+    held = kept(position)
+    assert len(held) == length, (held, length)  # what the cache's own append keeps
+    where = {p: i for i, p in enumerate(held)}
+    need = kept(n)
+    lost = [p for p in need if p not in where]
+    if lost:
+        raise ValueError(
+            f"cannot crop {what} to n={n}: its window of {window} already dropped position {lost[0]}, which the "
+            f"first {n} tokens' cache holds (decode again from the prompt)"
+        )
+    return torch.tensor([where[p] for p in need], dtype=torch.long)
+
+
+def is_prefix(index: Tensor) -> bool:
+    """Whether ``index`` is ``0, 1, ..., len - 1``: a crop that keeps a prefix of what is held."""
+    return bool(torch.equal(index, torch.arange(index.numel())))
+
+
+def select_rows(rows, batch: int, what: str) -> Tensor:
+    """``rows`` (a list or 1-D tensor of batch indices, repeats allowed) as a long tensor, each checked to
+    be in ``[0, batch)`` (chapter 10)."""
+    index = torch.as_tensor(rows)
+    if index.dim() != 1 or index.dtype in (torch.bool, torch.float16, torch.float32, torch.float64, torch.bfloat16):
+        raise ValueError(f"select needs a 1-D list of batch rows (integers), got {rows!r}")
+    if index.numel() and (index.min() < 0 or index.max() >= batch):
+        raise ValueError(f"select: {what} holds a batch of {batch} rows, got rows {index.tolist()}")
+    return index.long()
 
 
 class KVCache:
@@ -168,6 +219,39 @@ class KVCache:
         self._buffers = None
         self.position = 0
 
+    def crop(self, n: int) -> None:
+        """Go back to what the cache held after its first ``n`` tokens (see the module): the keys and
+        values of later positions are dropped and ``position`` becomes ``n``. A static
+        (cross-attention) cache holds the source, not decoded tokens, and is left as it is."""
+        if self.static:
+            return
+        index = crop_positions(
+            self.position, self.length, n, window=self.window, keep_first=self.keep_first, what="this KVCache"
+        )
+        if is_prefix(index):
+            self._keep_prefix(index.numel())
+        else:
+            self._buffers = None
+            self.k, self.v = self.k[:, :, index], self.v[:, :, index]
+        self.position = n
+
+    def _keep_prefix(self, n_held: int) -> None:
+        """Keep the first ``n_held`` positions held (views of the same buffers: no copy)."""
+        if n_held == 0:
+            self.k = self.v = None
+            self._buffers = None
+        else:
+            self.k, self.v = self.k[:, :, :n_held], self.v[:, :, :n_held]
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` (indices, in that order, repeats allowed: beam search's
+        surviving beams), for every position held."""
+        if not self.filled:
+            return
+        index = select_rows(rows, self.k.shape[0], "this KVCache")
+        self._buffers = None
+        self.k, self.v = self.k[index], self.v[index]
+
     def __repr__(self) -> str:
         shape = None if self.k is None else tuple(self.k.shape)
         extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
@@ -233,6 +317,26 @@ class DecoderCache:
         counts them as it appends (:meth:`KVCache.append`), so this does nothing."""
         if not self.layers:
             self._no_layer_position += T_new
+
+    def crop(self, n: int) -> None:
+        """Every layer's caches back to what they held after the first ``n`` target tokens (the
+        module's protocol); cross-attention's source stays."""
+        for c in self.layers:
+            c.self_attn.crop(n)
+            if c.cross_attn is not None:
+                c.cross_attn.crop(n)
+        if not self.layers:
+            check_int(n, "n", minimum=0)
+            if n > self._no_layer_position:
+                raise ValueError(f"cannot crop this DecoderCache to n={n}: it holds {self._no_layer_position} tokens")
+            self._no_layer_position = n
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` in every layer's caches (the module's protocol)."""
+        for c in self.layers:
+            c.self_attn.select(rows)
+            if c.cross_attn is not None:
+                c.cross_attn.select(rows)
 
     def nbytes(self, *, cross: bool = True) -> int:
         """Bytes of every cached key and value; ``cross=False`` counts the self-attention only."""

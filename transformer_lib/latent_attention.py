@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
 from .attention import check_mask, scaled_dot_product_attention
+from .kv_cache import crop_positions, is_prefix, select_rows
 from .masks import causal_mask
 from .modern_block import RMSNorm
 from .multihead import MultiHeadAttention, merge_heads
@@ -113,6 +114,28 @@ class LatentCache:
         self.c = self.k_rope = None
         self._buffers = None
         self.position = 0
+
+    def crop(self, n: int) -> None:
+        """Back to what the cache held after its first ``n`` tokens (the protocol of chapter 10's caches,
+        :mod:`~transformer_lib.kv_cache`); a window that already dropped a needed position refuses."""
+        index = crop_positions(self.position, self.length, n, window=self.window, what="this LatentCache")
+        if index.numel() == 0:
+            self.c = self.k_rope = None
+            self._buffers = None
+        elif is_prefix(index):
+            self.c, self.k_rope = self.c[:, : index.numel()], self.k_rope[:, : index.numel()]
+        else:
+            self._buffers = None
+            self.c, self.k_rope = self.c[:, index], self.k_rope[:, index]
+        self.position = n
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` (indices, in that order, repeats allowed)."""
+        if self.c is None:
+            return
+        index = select_rows(rows, self.c.shape[0], "this LatentCache")
+        self._buffers = None
+        self.c, self.k_rope = self.c[index], self.k_rope[index]
 
     def __repr__(self) -> str:
         shapes = None if self.c is None else (tuple(self.c.shape), tuple(self.k_rope.shape))

@@ -45,7 +45,7 @@ from torch import Tensor
 from ._checks import check_bool, check_int, is_int
 from .blocks import Decoder
 from .encoder_decoder import Transformer
-from .kv_cache import DecoderCache, KVCache, LayerCache
+from .kv_cache import DecoderCache, KVCache, LayerCache, select_rows
 from .models import GPT
 
 __all__ = ["QuantizedKVCache", "new_quantized_cache", "quantized_kv_bytes"]
@@ -265,6 +265,44 @@ class QuantizedKVCache(KVCache):
         """Empty the cache (the settings stay)."""
         super().reset()
         self._clear()
+
+    def quantised_after(self, m: int) -> int:
+        """``T_q`` once ``m`` tokens are appended, in any chunks: none before ``residual_length`` wait, then
+        every whole group but the residual's ``residual_length - group`` to ``residual_length - 1``."""
+        R, G = self.residual_length, self.group
+        return 0 if m < R else m - (R - G + (m - R) % G)
+
+    def crop(self, n: int) -> None:
+        """Back to what the cache held after its first ``n`` tokens (chapter 10's protocol). Only the
+        residual can be cut: a position already quantised has lost its full-precision key, which the
+        first ``n`` tokens' cache may still hold, and with ``fixed_scale`` the scale came from the prompt."""
+        check_int(n, "n", minimum=0)
+        if n > self.position:
+            raise ValueError(f"cannot crop this QuantizedKVCache to n={n}: it holds {self.position} tokens")
+        if n == self.position:
+            return
+        if n == 0:
+            self.reset()
+            return
+        if self.fixed_scale or self.quantised_after(n) != self.quantised_length:
+            why = "its keys' scale came from the prompt" if self.fixed_scale else "they are already quantised"
+            raise ValueError(
+                f"cannot crop this QuantizedKVCache to n={n}: it would need positions {self.quantised_after(n)} to "
+                f"{n - 1} in full precision, and {why} (decode again from the prompt)"
+            )
+        keep = n - self.quantised_length
+        self._k_res, self._v_res = self._k_res[:, :, :keep], self._v_res[:, :, :keep]
+        self.position = n
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` of the codes, scales and residual."""
+        if not self.filled:
+            return
+        index = select_rows(rows, self._k_res.shape[0], "this QuantizedKVCache")
+        for name in ("_k_codes", "_k_scales", "_v_codes", "_v_scales", "_k_res", "_v_res"):
+            held = getattr(self, name)
+            if held is not None:
+                setattr(self, name, held[index])
 
     def __repr__(self) -> str:
         settings = f"bits={self.bits}, group={self.group}, residual_length={self.residual_length}"

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_layer_dtype, check_window, is_real
 from .attention import check_mask, masked_softmax, scaled_dot_product_attention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, crop_positions, is_prefix, select_rows
 from .masks import sliding_window_mask
 from .multihead import MultiHeadAttention, merge_heads
 from .positional import apply_rotary, half_split_rows
@@ -210,6 +210,27 @@ class SparseCache(KVCache):
         """Empty the cache."""
         super().reset()
         self.index_keys = self._index_buffer = None
+
+    def crop(self, n: int) -> None:
+        """Back to what the cache held after its first ``n`` tokens, index keys included (chapter 10's
+        protocol, :mod:`~transformer_lib.kv_cache`)."""
+        index = crop_positions(self.position, self.length, n, window=self.window, what="this SparseCache")
+        super().crop(n)
+        if index.numel() == 0:
+            self.index_keys = self._index_buffer = None
+        elif is_prefix(index):
+            self.index_keys = self.index_keys[:, : index.numel()]
+        else:
+            self._index_buffer = None
+            self.index_keys = self.index_keys[:, index]
+
+    def select(self, rows) -> None:
+        """Keep the batch rows ``rows`` of the keys, values and index keys."""
+        if self.index_keys is not None:
+            index = select_rows(rows, self.index_keys.shape[0], "this SparseCache")
+            self._index_buffer = None
+            self.index_keys = self.index_keys[index]
+        super().select(rows)
 
 
 class SparseAttention(MultiHeadAttention):
