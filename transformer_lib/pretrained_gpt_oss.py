@@ -27,7 +27,7 @@ made a dense SwiGLU network:
   the query's and key's reordered with their rows) and the SwiGLU's three are the expert's (the up
   bias minus 1); without, the expert's biases are zero but the up one's ``-1``;
 - **a rotary rescaling** (chapter "Longer than trained") is written as Llama's
-  ``rope_parameters`` (:func:`~transformer_lib.pretrained_llama._llama_rope_parameters`): gpt-oss
+  ``rope_parameters`` (the Llama converter's): gpt-oss
   computes its frequencies with the same functions;
 - the norms have the recipe's ``norm_eps``.
 

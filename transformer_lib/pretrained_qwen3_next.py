@@ -21,7 +21,7 @@ The book's recipe ``"gated_delta"`` is Llama's block (chapter 14) with Qwen3-Nex
 - **the rotary positions**: every dimension rotated (``partial_rotary_factor = 1``, Qwen3-Next's
   default a quarter), the frequencies with the recipe's base, rescaled as Llama's
   ``rope_parameters`` say where the recipe has a ``rope_scaling`` (chapter "Longer than trained",
-  :func:`~transformer_lib.pretrained_llama._llama_rope_parameters`); Qwen3-Next rotates dimension
+  the Llama converter's); Qwen3-Next rotates dimension
   ``i`` with ``i + d_k / 2``, the book its neighbouring pairs, so the rows of each head of ``W_q``
   and ``W_k``, and the weights of the query and key norms, are reordered as for Llama
   (:func:`~transformer_lib.positional.half_split_rows`);

@@ -14,7 +14,7 @@ What is scored, unless a flag says otherwise:
 
 - **text**: the run's validation split, the last ``val_fraction`` of the text file its record names
   (a fine-tuning run: its base's), if that file is there and unchanged; else the shipped Tiny
-  Shakespeare from :data:`~transformer_lib.data.mc_tasks.HELD_OUT_START` (91 % of its characters)
+  Shakespeare from ``tl.data.mc_tasks.HELD_OUT_START`` (91 % of its characters)
   on, the part no shipped model trained on (later, if a run kept less of it for validation);
 - **tasks**: ``speaker`` and ``cloze`` (:mod:`~transformer_lib.data.mc_tasks`), 100 items each,
   from that held-out part of the shipped Tiny Shakespeare;

@@ -23,7 +23,7 @@ seed it is fine-tuned on chapter 15's dates as chapter 15's sweep does: every we
 trained, per-channel int8 and NF4 (the attention and feed-forward matrices: the quantiser's
 default), each on the same items:
 
-- the held-out text (Tiny Shakespeare from :data:`transformer_lib.data.mc_tasks.HELD_OUT_START`,
+- the held-out text (Tiny Shakespeare from ``tl.data.mc_tasks.HELD_OUT_START``,
   91 % of its characters, on: no shipped model trained on it): loss, perplexity, bits per byte;
 - the two multiple-choice tasks of :mod:`transformer_lib.data.mc_tasks`, 200 items each, from
   the same held-out text;
