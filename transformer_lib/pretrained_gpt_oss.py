@@ -47,7 +47,15 @@ from torch import nn
 
 from .models import GPT
 from .positional import half_split_rows
-from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, _llama_rope_parameters, check_settings
+from .pretrained_llama import (
+    _LLAMA_NORMS,
+    ANY,
+    SETTINGS,
+    _layer_names,
+    _llama_rope_parameters,
+    check_convertible,
+    check_settings,
+)
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["GPT_OSS_SETTINGS", "gpt_oss_from_gpt"]
@@ -83,14 +91,7 @@ def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
     default for the experts, a grouped matrix product, refuses float64: read a float64 model back
     with ``from_pretrained(folder, experts_implementation="eager")``).
     """
-    if not isinstance(gpt, GPT):
-        inner = " (convert its .gpt: a classifier's head has no gpt-oss counterpart)" if hasattr(gpt, "gpt") else ""
-        raise TypeError(f"gpt_oss_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
-    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
-        raise ValueError(
-            "gpt_oss_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write them "
-            "into its weights first with remove_lora(gpt), which merges them"
-        )
+    check_convertible(gpt, "gpt_oss_from_gpt", "gpt-oss")
     c = gpt.config
     check_settings(c, GPT_OSS_SETTINGS, "gpt-oss's format", _WHY)
     from transformers import GptOssConfig, GptOssForCausalLM

@@ -33,7 +33,15 @@ from torch import nn
 from .latent_attention import LatentAttention
 from .models import GPT
 from .parts import find_parts
-from .pretrained_llama import _LLAMA_MATRICES, _LLAMA_NORMS, ANY, SETTINGS, _layer_names, check_settings
+from .pretrained_llama import (
+    _LLAMA_MATRICES,
+    _LLAMA_NORMS,
+    ANY,
+    SETTINGS,
+    _layer_names,
+    check_convertible,
+    check_settings,
+)
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["deepseek_v3_from_gpt"]
@@ -73,14 +81,7 @@ def deepseek_v3_from_gpt(gpt: GPT) -> nn.Module:
     raises a ``ValueError`` naming the setting. The model is in the GPT's dtype, in eval mode,
     with eager attention.
     """
-    if not isinstance(gpt, GPT):
-        inner = " (convert its .gpt: a classifier's head has no DeepSeek-V3 counterpart)" if hasattr(gpt, "gpt") else ""
-        raise TypeError(f"deepseek_v3_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
-    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
-        raise ValueError(
-            "deepseek_v3_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write "
-            "them into its weights first with remove_lora(gpt), which merges them"
-        )
+    check_convertible(gpt, "deepseek_v3_from_gpt", "DeepSeek-V3")
     c = gpt.config
     check_settings(c, DEEPSEEK_V3_SETTINGS, "DeepSeek-V3's format", _WHY)
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM

@@ -67,6 +67,21 @@ def missing_settings(table: dict) -> list[str]:
     return [name for name in SETTINGS if name not in table]
 
 
+def check_convertible(gpt, converter: str, counterpart: str) -> None:
+    """That ``gpt`` is a plain :class:`~transformer_lib.models.GPT` a converter to ``counterpart`` can
+    write (chapter 14): not a classifier around one, and no LoRA parametrization left unmerged."""
+    if not isinstance(gpt, GPT):
+        inner = ""
+        if hasattr(gpt, "gpt"):
+            inner = f" (convert its .gpt: a classifier's head has no {counterpart} counterpart)"
+        raise TypeError(f"{converter} takes a GPT, got a {type(gpt).__name__}{inner}")
+    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
+        raise ValueError(
+            f"{converter} takes a GPT without LoRA adapters (or other parametrizations): write them into its "
+            "weights first with remove_lora(gpt), which merges them"
+        )
+
+
 def check_settings(config, table: dict, who: str, why: dict[str, str] | None = None) -> None:
     """Refuse, with a ``ValueError`` naming it, the first setting of ``config`` (a ``GPTConfig``)
     that ``table`` fixes to another value; ``who`` starts the message ("GPT-2's format needs ..."),

@@ -46,7 +46,15 @@ from .delta_net import GatedDeltaNet
 from .models import GPT
 from .parts import find_parts
 from .positional import half_split_rows
-from .pretrained_llama import _LLAMA_NORMS, ANY, SETTINGS, _layer_names, _llama_rope_parameters, check_settings
+from .pretrained_llama import (
+    _LLAMA_NORMS,
+    ANY,
+    SETTINGS,
+    _layer_names,
+    _llama_rope_parameters,
+    check_convertible,
+    check_settings,
+)
 from .recipe import LLAMA_BLOCK
 
 __all__ = ["QWEN3_NEXT_SETTINGS", "qwen3_next_from_gpt"]
@@ -102,14 +110,7 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
     (Qwen3-Next always normalises their queries and keys). Anything else raises a ``ValueError``
     naming the setting. The model is in the GPT's dtype, in eval mode, with eager attention.
     """
-    if not isinstance(gpt, GPT):
-        inner = " (convert its .gpt: a classifier's head has no Qwen3-Next counterpart)" if hasattr(gpt, "gpt") else ""
-        raise TypeError(f"qwen3_next_from_gpt takes a GPT, got a {type(gpt).__name__}{inner}")
-    if any(".parametrizations." in name for name, _ in gpt.named_parameters()):
-        raise ValueError(
-            "qwen3_next_from_gpt takes a GPT without LoRA adapters (or other parametrizations): write "
-            "them into its weights first with remove_lora(gpt), which merges them"
-        )
+    check_convertible(gpt, "qwen3_next_from_gpt", "Qwen3-Next")
     c = gpt.config
     check_settings(c, QWEN3_NEXT_SETTINGS, "Qwen3-Next's format", _WHY)
     if not c.recipe.full_every:
