@@ -1,7 +1,11 @@
 """Checkpoints (chapter 9, "A GPT from scratch"): written atomically, read once, loaded with
 ``weights_only=True`` and checked against the SHA-256 of their tensors; the model registry that
-rebuilds a model from its saved config; and every random state a training step reads, so a
-resumed run equals one that never stopped.
+rebuilds a model from its saved config; the lock by which one process owns a folder; and every
+random state a training step reads, so a resumed run equals one that never stopped.
+
+These are the mechanics of one file. What a run's folder holds beside its checkpoint (the
+tokenizer, a LoRA run's adapter file), what a training checkpoint records, and how a run is
+loaded back are :mod:`transformer_lib.run`'s.
 """
 
 from __future__ import annotations
@@ -31,16 +35,15 @@ from .utils import atomic_write, check_writable
 __all__ = [
     "CHECKPOINT_NAME",
     "MODELS",
+    "build_model",
     "capture_rng",
     "checkpoint_file",
-    "load_checkpoint",
     "read_checkpoint",
     "restore_rng",
     "save_checkpoint",
 ]
 
-CHECKPOINT_NAME = "ckpt.pt"
-ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
+CHECKPOINT_NAME = "ckpt.pt"  # the checkpoint in a folder (checkpoint_file); a run's other files are run.py's
 
 # The model classes a checkpoint can hold, by name, with their config classes.
 MODELS: dict[str, tuple[type[nn.Module], type]] = {
@@ -119,13 +122,12 @@ def _save(state: dict, tmp: str) -> None:
         raise
 
 
-def prepare_folder(path: str | os.PathLike) -> list[Path]:
-    """Check that the folder of the checkpoint ``path`` can be written (making it if needed) and
-    delete the temporary files a killed writer left beside ``path`` and beside the LoRA adapter
-    file that a run rewrites with it (chapter 9); returns those."""
-    path = Path(path)
-    check_writable(path.parent)
-    orphans = sorted(p for name in (path.name, ADAPTER_NAME) for p in path.parent.glob(f"{name}.*.tmp"))
+def prepare_folder(*paths: str | os.PathLike) -> list[Path]:
+    """Check that the folder of the files ``paths`` can be written (making it if needed) and
+    delete the temporary files a killed writer left beside each of them (chapter 9); returns those."""
+    paths = [Path(p) for p in paths]
+    check_writable(paths[0].parent)
+    orphans = sorted(o for path in paths for o in path.parent.glob(f"{path.name}.*.tmp"))
     for orphan in orphans:
         orphan.unlink(missing_ok=True)
     return orphans
@@ -209,57 +211,6 @@ def own_folder(folder: str | os.PathLike):
         os.close(fd)
 
 
-class TrainingFile:
-    """Where :func:`~transformer_lib.train.train` keeps its checkpoint (chapter 9): ``out_dir/ckpt.pt``
-    (``out_dir`` None: nowhere), written by one process (``writer``, rank 0), the state it last
-    wrote, and where the last good state is, in words."""
-
-    def __init__(self, out_dir: str | os.PathLike | None, writer: bool = True):
-        self.path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
-        self.writer = writer and self.path is not None
-        self.saved = None  # (step, eval_pending) of the last checkpoint written or resumed from
-
-    @contextlib.contextmanager
-    def own(self):
-        """``with file.own():`` this process alone writes in the folder (:func:`own_folder`), whose
-        temporary files left by a killed writer are removed first (:func:`prepare_folder`)."""
-        if not self.writer:
-            yield
-            return
-        with own_folder(self.path.parent):
-            prepare_folder(self.path)
-            yield
-
-    def read(self) -> dict:
-        """The checkpoint to resume from."""
-        if self.path is None or not self.path.is_file():
-            raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.path} (config.out_dir)")
-        return read_checkpoint(self.path)
-
-    def resumed(self, mark) -> None:
-        """The run resumed the state ``mark`` (step, eval_pending): the one on disk, if there is one."""
-        if self.path is not None and self.path.is_file():
-            self.saved = mark
-
-    def write(self, state: dict, mark) -> bool:
-        """Write ``state``, whose mark (step, eval_pending) is ``mark``; False when there is nothing to write."""
-        if not self.writer or self.saved == mark:
-            return False
-        save_checkpoint(state, self.path)
-        self.saved = mark
-        return True
-
-    def last_good(self) -> str:
-        """Where the last good state is, in words."""
-        if not self.writer:
-            return "no checkpoint is written (no out_dir)"
-        if self.saved is not None:
-            return f"the checkpoint in {self.path} holds step {self.saved[0]}, the last good state"
-        if self.path.is_file():
-            return f"the checkpoint in {self.path} is left as it was"
-        return "no checkpoint was written"
-
-
 def checkpoint_file(path: str | os.PathLike) -> Path:
     """``path`` itself, or ``path/ckpt.pt`` when ``path`` is a folder (chapter 9)."""
     path = Path(path)
@@ -324,40 +275,23 @@ def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "mo
         )
 
 
-def load_checkpoint(
-    path: str | os.PathLike | dict, device: torch.device | str = "cpu"
-) -> tuple[nn.Module, CharTokenizer | BPETokenizer | None, dict]:
-    """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter 9).
-
-    ``path`` is a ``ckpt.pt``, its folder, or a checkpoint dict already read by
-    :func:`read_checkpoint`. Returns ``(model, tokenizer or None, checkpoint dict)``; the model is
-    on ``device`` in eval mode.
-    """
-    ckpt = path if isinstance(path, dict) else read_checkpoint(path)
-    if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter 15: an adapter, not a model
-        base = (ckpt.get("meta") or {}).get("base") or "its base"
-        raise ValueError(
-            f"{'the checkpoint' if isinstance(path, dict) else path} is a LoRA adapter file (adapters "
-            f"only, no model): load {base} and add the adapter with load_adapter"
-        )
-    check_recorded(ckpt, "the checkpoint" if isinstance(path, dict) else checkpoint_file(path))
+def build_model(
+    ckpt: dict, where: str | os.PathLike = "the checkpoint", device: torch.device | str = "cpu"
+) -> tuple[nn.Module, CharTokenizer | BPETokenizer | None]:
+    """The model and tokenizer (or None) that the checkpoint dict ``ckpt`` holds, rebuilt from its
+    model class and config (chapter 9), in the dtype it was saved in, on ``device`` in eval mode.
+    A missing or unknown setting, or weights that are not finite, is a ``ValueError`` naming ``where``.
+    Loading a run's folder, a LoRA run's included, is :func:`~transformer_lib.run.load_checkpoint`'s."""
+    check_recorded(ckpt, where)
     model_cls, config_cls = MODELS[ckpt["model_class"]]
     model = model_cls(config_cls(**ckpt["model_config"]))
-    where = "the checkpoint" if isinstance(path, dict) else checkpoint_file(path)
     bad = next((k for k, t in ckpt["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
     if bad is not None:
         raise ValueError(f"{where}: the model's {bad} holds values that are not finite (NaN or inf): a diverged model")
-    if any(".parametrizations." in k for k in ckpt["model"]):  # chapter 15: a model with LoRA adapters
-        base = (ckpt.get("meta") or {}).get("base") or "BASE"
-        raise ValueError(
-            f"{where} holds a model with LoRA adapters (a fine-tuning run's): load its base checkpoint and the "
-            f"adapter file beside it (load_adapter), or on the command line: python -m transformer_lib sample "
-            f"--ckpt {base} --adapter {Path(str(where)).parent / 'adapter.pt'}"
-        )
     floats = [t.dtype for t in ckpt["model"].values() if t.is_floating_point()]
     model.to(floats[0] if floats else torch.float32).load_state_dict(ckpt["model"])  # in the dtype it was saved in
     tokenizer = tokenizer_from_dict(ckpt["tokenizer"]) if ckpt.get("tokenizer") else None
-    return model.to(device).eval(), tokenizer, ckpt
+    return model.to(device).eval(), tokenizer
 
 
 def capture_rng(get_batch) -> dict:

@@ -1,14 +1,19 @@
 """A training run as one thing (chapter 9, "A GPT from scratch"; chapter 13's tokenizer file;
 chapter 15's fine-tuning runs; chapter 17's preference and reward runs): the folder a run
-writes, a typed record of what the run is, the rules for what ``--resume`` may change, and
+writes and what its checkpoint holds, a typed record of what the run is, the rules for what
+``--resume`` may change, :func:`start_model`, the model every command starts from, and
 :func:`load_run`, which gives a run back.
 
-A run folder holds::
+A run folder holds (its files' names are this module's, and only this module's)::
 
     ckpt.pt         the checkpoint, atomic and checksummed (checkpoint.py)
     ckpt.pt.lock    while a run writes in the folder
     tokenizer.json  a BPE run's tokenizer (chapter 13), or its base's
     adapter.pt      a LoRA run's adapters and token rows (chapter 15)
+
+The bytes of one checkpoint file (writing, reading, checksums, the lock, rebuilding a model from
+its config) are :mod:`transformer_lib.checkpoint`'s; what a training checkpoint holds is
+:class:`TrainingFile`'s, which :func:`~transformer_lib.train.train` writes and resumes.
 
 What the run is (its kind, tokenizer, base, data, LoRA rank, seed, split) is a frozen
 :class:`RunRecord`; on disk it is the checkpoint's ``meta`` dict, with the keys that earlier
@@ -24,34 +29,51 @@ adapter file merged into the start (``adapter``) and their objective's settings 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .checkpoint import (
-    ADAPTER_NAME,
     CHECKPOINT_NAME,
     LOCK_NAME,
+    build_model,
     check_recorded,
     checkpoint_file,
-    load_checkpoint,
     own_folder,
+    prepare_folder,
     read_checkpoint,
+    save_checkpoint,
 )
-from .data import load_tokenizer, save_tokenizer, tokenizer_checksum
+from .data import load_tokenizer, save_tokenizer, sha256_of, tokenizer_checksum
 from .lora import ADAPTER_FORMAT, add_lora, load_adapter, lora_weights, save_adapter
 from .token_rows import add_token_rows
-from .train import PROCESS_SETTINGS
 from .train_config import TrainConfig
 from .utils import pick_device
 
-__all__ = ["ADAPTER_NAME", "KINDS", "TOKENIZER_NAME", "RunFolder", "RunKind", "RunRecord", "load_run", "read_record"]
+__all__ = [
+    "ADAPTER_NAME",
+    "KINDS",
+    "PROCESS_SETTINGS",
+    "TOKENIZER_NAME",
+    "RunFolder",
+    "RunKind",
+    "RunRecord",
+    "load_checkpoint",
+    "load_run",
+    "read_record",
+    "start_model",
+]
 
+# The run folder's files beside the checkpoint and lock that any folder holding a checkpoint has (checkpoint.py)
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
+ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
 DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
+#: TrainConfig fields that describe this process rather than the run: free to differ on resume (chapter 9).
+PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
 
 
 @dataclass(frozen=True)
@@ -232,10 +254,173 @@ class RunFolder:
             return None
         return lambda: save_adapter(model, self.adapter, meta=record.adapter_meta(), force=True)
 
+    def resumed(self, kind: str, resume: bool, force: bool, start=None) -> tuple[dict | None, RunRecord | None]:
+        """The one resume rule of the commands that start from a checkpoint ``start`` (chapters 15
+        and 17): with ``resume``, the run's checkpoint (read once) and its record, refused unless
+        the run is of ``kind``; else ``(None, None)``, another run's checkpoint refused unless
+        ``force``, and a ``start`` that is this folder's own checkpoint refused by name."""
+        if not resume:
+            if start is not None and checkpoint_file(start).resolve() == self.checkpoint.resolve():
+                read_base(start, None, self.checkpoint)  # refuses an --out-dir that holds the start, by name
+            self.check_fresh(force)
+            return None, None
+        ckpt = read_checkpoint(self.checkpoint)
+        record = RunRecord.from_checkpoint(ckpt)
+        if record.kind != kind:
+            said, command = {"pretrain": "training", "finetune": "fine-tuning"}, {"pretrain": "train"}
+            raise ValueError(
+                f"{self.checkpoint} holds a {said.get(record.kind, record.kind)} run, not a {said.get(kind, kind)} "
+                f"run: continue it with python -m transformer_lib {command.get(record.kind, record.kind)} --resume "
+                f"--out-dir {self.path}"
+            )
+        return ckpt, record
+
+
+class TrainingFile:
+    """Where :func:`~transformer_lib.train.train` keeps its checkpoint (chapter 9): ``out_dir/ckpt.pt``
+    (``out_dir`` None: nowhere), written by one process (``writer``, rank 0), what it holds
+    (:meth:`state`, :data:`PARTS`), the state it last wrote, and where the last good state is, in words."""
+
+    #: The training objects whose ``state_dict`` a checkpoint holds under their names.
+    PARTS = ("model", "optimizer", "scheduler", "scaler")
+    #: What resuming reads: those, the step, whether it was evaluated, the history, every random state.
+    RESUMED = (*PARTS, "step", "eval_pending", "history", "rng")
+
+    def __init__(self, out_dir: str | os.PathLike | None, writer: bool = True):
+        self.path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
+        self.writer = writer and self.path is not None
+        self.saved = None  # (step, eval_pending) of the last checkpoint written or resumed from
+
+    @contextlib.contextmanager
+    def own(self):
+        """``with file.own():`` this process alone writes in the folder (:func:`own_folder`), whose
+        temporary files left by a killed writer are removed first (:func:`prepare_folder`)."""
+        if not self.writer:
+            yield
+            return
+        with own_folder(self.path.parent):
+            prepare_folder(self.path, self.path.parent / ADAPTER_NAME)  # the adapter file is rewritten with it
+            yield
+
+    def read(self) -> dict:
+        """The checkpoint to resume from."""
+        if self.path is None or not self.path.is_file():
+            raise FileNotFoundError(f"resume=True but there is no checkpoint at {self.path} (config.out_dir)")
+        return read_checkpoint(self.path)
+
+    def check(self, ckpt: dict) -> None:
+        """Refuse, naming the file and the part, a checkpoint that lacks a part resuming reads (:data:`RESUMED`)."""
+        check_recorded(ckpt, self.path or "the checkpoint", self.RESUMED)
+
+    @staticmethod
+    def state(parts: dict, model: nn.Module, step: int, eval_pending: bool, **rest) -> dict:
+        """The checkpoint of a training run: each of :data:`PARTS` (``parts``, by name) as its
+        ``state_dict``, the model's class, the step and whether it was evaluated, the model's
+        config, and ``rest`` (train_config, rng, tokenizer, history, meta, changes) as given (chapter 9)."""
+        state = {key: parts[key].state_dict() for key in TrainingFile.PARTS}
+        state |= {"model_class": type(model).__name__, "step": step, "eval_pending": eval_pending}
+        return state | {"model_config": asdict(model.config) if hasattr(model, "config") else None, **rest}
+
+    def resumed(self, mark) -> None:
+        """The run resumed the state ``mark`` (step, eval_pending): the one on disk, if there is one."""
+        if self.path is not None and self.path.is_file():
+            self.saved = mark
+
+    def write(self, state: dict, mark) -> bool:
+        """Write ``state``, whose mark (step, eval_pending) is ``mark``; False when there is nothing to write."""
+        if not self.writer or self.saved == mark:
+            return False
+        save_checkpoint(state, self.path)
+        self.saved = mark
+        return True
+
+    def last_good(self) -> str:
+        """Where the last good state is, in words."""
+        if not self.writer:
+            return "no checkpoint is written (no out_dir)"
+        if self.saved is not None:
+            return f"the checkpoint in {self.path} holds step {self.saved[0]}, the last good state"
+        if self.path.is_file():
+            return f"the checkpoint in {self.path} is left as it was"
+        return "no checkpoint was written"
+
 
 def read_record(folder: str | os.PathLike) -> RunRecord:
     """The :class:`RunRecord` of the run in ``folder`` (or of the checkpoint file ``folder``) (chapter 9)."""
     return RunRecord.from_checkpoint(read_checkpoint(folder))
+
+
+def load_checkpoint(
+    path: str | os.PathLike | dict, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, object, dict]:
+    """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter 9).
+
+    ``path`` is a ``ckpt.pt``, its folder, or a checkpoint dict already read. Returns ``(model,
+    tokenizer or None, checkpoint dict)``, the model on ``device`` in eval mode. A LoRA adapter file,
+    and a LoRA run's checkpoint, are refused with what loads them (:func:`load_run`, ``--adapter``).
+    """
+    ckpt = path if isinstance(path, dict) else read_checkpoint(path)
+    named = "the checkpoint" if isinstance(path, dict) else None
+    model, tokenizer = _model(ckpt, named or path, named or checkpoint_file(path), device)
+    return model, tokenizer, ckpt
+
+
+def _model(ckpt: dict, given, where, device) -> tuple[nn.Module, object]:
+    """:func:`load_checkpoint`'s model and tokenizer of ``ckpt``, given as ``given`` (its file ``where``)."""
+    if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter 15: an adapter, not a model
+        base = (ckpt.get("meta") or {}).get("base") or "its base"
+        raise ValueError(
+            f"{given} is a LoRA adapter file (adapters only, no model): load {base} and add the adapter with "
+            f"load_adapter"
+        )
+    check_recorded(ckpt, where)
+    if any(".parametrizations." in k for k in ckpt["model"]):  # chapter 15: a model with LoRA adapters
+        base = (ckpt.get("meta") or {}).get("base") or "BASE"
+        raise ValueError(
+            f"{where} holds a model with LoRA adapters (a fine-tuning run's): load its base checkpoint and the "
+            f"adapter file beside it (load_adapter), or on the command line: python -m transformer_lib sample "
+            f"--ckpt {base} --adapter {Path(str(where)).parent / ADAPTER_NAME}"
+        )
+    return build_model(ckpt, where, device)
+
+
+def start_model(ckpt: dict, file: Path, adapter=None, device="cpu", *, needs_end: bool = False):
+    """The model every command starts from (chapters 9, 15 and 17), and its tokenizer: the checkpoint
+    ``ckpt`` read from ``file``, on ``device`` in eval mode; a LoRA run's comes back as its base
+    model with its adapters and token rows loaded from its own checkpoint. A ``tokenizer.json``
+    beside ``file`` must hold the checkpoint's tokenizer, which with ``needs_end`` must have the end
+    token a tuning run ends every response with. The adapters (and token rows) of the adapter file
+    ``adapter`` are added, refused on a LoRA run or when trained on another base (:func:`add_adapter`).
+    """
+    record = RunRecord.from_checkpoint(ckpt)
+    state = ckpt.get("model") or {}
+    names = [k.removesuffix(".0.A").replace(".parametrizations.", ".") for k in state if k.endswith(".0.A")]
+    if names and record.lora_rank is not None:
+        if adapter is not None:
+            raise ValueError(f"{file} is a LoRA run, its adapters already in it: leave out --adapter, or give its base")
+        base = {
+            k.replace(".parametrizations.", ".").removesuffix(".original"): t
+            for k, t in state.items()
+            if not k.endswith((".0.A", ".0.B", ".0.delta", ".0.rows"))
+        }
+        model, tokenizer = _model({**ckpt, "model": base}, file, file, "cpu")
+        add_lora(model, names, rank=record.lora_rank, alpha=record.lora_alpha)
+        if record.token_rows:  # the embedding rows trained beside the adapters
+            add_token_rows(model, record.token_rows)
+        model.load_state_dict(state)
+        model = model.to(device).eval()
+    else:
+        model, tokenizer = _model(ckpt, file, file, device)
+    if tokenizer is not None:
+        tokenizer = RunFolder(Path(file).parent).checked_tokenizer(tokenizer)
+    if needs_end and getattr(tokenizer, "eos_id", None) is None:
+        raise ValueError(
+            f"{file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
+            f"with it; fine-tune a base trained with --tokenizer bpe"
+        )
+    if adapter is not None:
+        add_adapter(model, ckpt, Path(file), adapter)
+    return model, tokenizer
 
 
 def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> tuple[nn.Module, object, dict]:
@@ -246,28 +431,9 @@ def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> t
     :class:`~transformer_lib.lora.LoRA` (``{}`` for any other run), with the token rows trained
     beside them, if any. A ``tokenizer.json`` beside the checkpoint must hold the checkpoint's
     tokenizer. ``model(torch.tensor([tokenizer.encode("ROMEO:")]))`` then gives its logits.
+    This is :func:`start_model` of the run's checkpoint.
     """
-    run = RunFolder(folder if Path(folder).is_dir() else Path(folder).parent)
-    ckpt = read_checkpoint(folder)
-    record = RunRecord.from_checkpoint(ckpt)
-    state = ckpt.get("model") or {}
-    names = [k.removesuffix(".0.A").replace(".parametrizations.", ".") for k in state if k.endswith(".0.A")]
-    if names and record.lora_rank is not None:
-        base = {
-            k.replace(".parametrizations.", ".").removesuffix(".original"): t
-            for k, t in state.items()
-            if not k.endswith((".0.A", ".0.B", ".0.delta", ".0.rows"))
-        }
-        model, tokenizer, _ = load_checkpoint({**ckpt, "model": base})
-        add_lora(model, names, rank=record.lora_rank, alpha=record.lora_alpha)
-        if record.token_rows:  # the embedding rows trained beside the adapters
-            add_token_rows(model, record.token_rows)
-        model.load_state_dict(state)
-        model = model.to(device).eval()
-    else:
-        model, tokenizer, _ = load_checkpoint(folder, device)
-    if tokenizer is not None:
-        tokenizer = run.checked_tokenizer(tokenizer)
+    model, tokenizer = start_model(read_checkpoint(folder), checkpoint_file(folder), device=device)
     return model, tokenizer, lora_weights(model)
 
 
@@ -319,7 +485,7 @@ def resume_record(record: RunRecord, given: dict, file) -> RunRecord:
 
 def resume_config(config: TrainConfig, ckpt: dict | None, given: dict, file) -> TrainConfig:
     """The training settings: ``config`` (the defaults), then on resume the checkpoint's, then the
-    flags ``given``. A setting that describes the process (:data:`~transformer_lib.train.PROCESS_SETTINGS`)
+    flags ``given``. A setting that describes the process (:data:`PROCESS_SETTINGS`)
     is not taken from the checkpoint, except the device, dtype and compilation (see
     :func:`recorded_process`); another changed setting takes effect from the next step."""
     if ckpt is not None:
@@ -370,6 +536,19 @@ def resumed_data(given: str | None, record: RunRecord | None, file) -> str | Non
             f"text with --data FILE"
         )
     return record.data
+
+
+def resumed_file(given: str | None, record: RunRecord | None, file) -> tuple[str, str]:
+    """A tuning run's data file and its checksum: ``given``, or on resume the file the run records
+    (:func:`resumed_data`), refused when it is not the data the run was tuned on."""
+    data = resumed_data(given, record, file)
+    digest = sha256_of(data)
+    if record is not None and digest != record.data_sha256:
+        tuned = "fine-tuned" if record.kind == "finetune" else "tuned"
+        raise ValueError(
+            f"{data} is not the data the run in {file} was {tuned} on ({record.data}): give it with --data"
+        )
+    return data, digest
 
 
 def resumable_pretraining(ckpt: dict, file, data: str | None) -> dict:

@@ -11,8 +11,8 @@ tensor and is read (``.item()``) only every ``log_interval`` steps.
 Data-parallel training: when ``torch.distributed`` is initialised (for example under
 ``torchrun``), :func:`train` wraps the model in ``DistributedDataParallel``, averages evaluation
 losses over the ranks, and only rank 0 shows progress and writes checkpoints. What a run is and
-its folder (tokenizer, adapters, what a resumed run may change) are :mod:`transformer_lib.run`'s;
-the command line is in :mod:`transformer_lib.cli`.
+its folder (the checkpoint's file and what it holds, tokenizer, adapters, what a resumed run may
+change) are :mod:`transformer_lib.run`'s; the command line is in :mod:`transformer_lib.cli`.
 """
 
 from __future__ import annotations
@@ -27,25 +27,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import TrainingFile, capture_rng, check_recorded, restore_rng
+from .checkpoint import capture_rng, restore_rng
 from .cost import estimate_mfu, gpu_peak_flops
 from .data import tokenizer_from_dict
 from .experts import after_step as experts_after_step
+from .run import PROCESS_SETTINGS, TrainingFile
 from .train_config import TrainConfig, configure_optimizer, lr_at, make_scheduler
 from .utils import InterruptFlag, autocast, batch_on, pick_device, resolve_dtype, run_batch, world
 
 __all__ = [
-    "PROCESS_SETTINGS",
     "History",
     "batch_loss",
     "estimate_loss",
     "exact_match",
     "train",
 ]
-
-
-#: TrainConfig fields that describe this process rather than the run: free to differ on resume (chapter 9).
-PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
 
 
 @dataclass
@@ -154,9 +150,8 @@ class _Run:
     def resume(self, ckpt: dict | None) -> None:
         """Continue from ``ckpt`` (read from ``out_dir`` when None)."""
         ckpt = self.file.read() if ckpt is None else ckpt
-        parts = ("model", "optimizer", "scheduler", "scaler")
-        check_recorded(ckpt, self.file.path or "the checkpoint", (*parts, "step", "eval_pending", "history", "rng"))
-        for part in parts:
+        self.file.check(ckpt)
+        for part in self.file.PARTS:
             getattr(self, part).load_state_dict(ckpt[part])
         self.step, self.eval_pending, self.history = ckpt["step"], ckpt["eval_pending"], History(**ckpt["history"])
         restore_rng(ckpt["rng"], self.get_batch)
@@ -194,20 +189,18 @@ class _Run:
         if not self.file.writer or self.file.saved == (self.step, self.eval_pending):
             return
         self.check_finite()
-        parts = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
-        state = {key: part.state_dict() for key, part in parts.items()}
-        state |= {
-            "model_class": type(self.model).__name__,
-            "step": self.step,
-            "eval_pending": self.eval_pending,
-            "model_config": asdict(self.model.config) if hasattr(self.model, "config") else None,
-            "train_config": {**asdict(self.config), "device": str(self.device)},
-            "rng": rng,
-            "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
-            "history": asdict(self.history),
-            "meta": self.meta or {},
-            "changes": self.changes,
-        }
+        state = self.file.state(
+            {part: getattr(self, part) for part in self.file.PARTS},
+            self.model,
+            step=self.step,
+            eval_pending=self.eval_pending,
+            train_config={**asdict(self.config), "device": str(self.device)},
+            rng=rng,
+            tokenizer=self.tokenizer.to_dict() if self.tokenizer is not None else None,
+            history=asdict(self.history),
+            meta=self.meta or {},
+            changes=self.changes,
+        )
         self.file.write(state, (self.step, self.eval_pending))
         self.on_save()
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint import ADAPTER_NAME, CHECKPOINT_NAME, checkpoint_file, read_checkpoint
+from ..checkpoint import CHECKPOINT_NAME, checkpoint_file, read_checkpoint
 from ..data import SHIPPED_PATH, load_corpus, sha256_of
 from ..data import TINY_SHAKESPEARE_SHA256 as SHAKESPEARE
 from ..data.instructions import date_pairs, read_pairs
@@ -45,7 +45,7 @@ from ..evaluate import format_cards, report_card
 from ..lora import lora_weights, remove_lora
 from ..models import GPT
 from ..quantize import QUANT_METHODS, quantize_weights
-from ..run import RunRecord, add_adapter, load_run, read_record
+from ..run import ADAPTER_NAME, RunRecord, read_record, start_model
 from ..token_rows import remove_token_rows, token_rows
 from ..utils import atomic_write, pick_device
 from .settings import Parser, check_seed
@@ -171,7 +171,7 @@ def _load(path: str, adapter: str | None, flags=("--ckpt", "--adapter")) -> _Run
     record = RunRecord.from_checkpoint(ckpt)
     if adapter is not None and record.method == "lora":
         raise ValueError(f"{file} is a LoRA run, its adapters already in it: leave out {flags[1]}, or give its base")
-    model, tokenizer, _ = load_run(file, "cpu")
+    model, tokenizer = start_model(ckpt, file, adapter)  # the adapter file's adapters added
     if not isinstance(model, GPT) or tokenizer is None:
         raise ValueError(f"{file} does not hold a GPT with its tokenizer")
     kind = {None: "pretraining run", "full": "full fine-tuning run", "lora": "LoRA fine-tuning run"}[record.method]
@@ -179,7 +179,6 @@ def _load(path: str, adapter: str | None, flags=("--ckpt", "--adapter")) -> _Run
         kind = f"{record.kind.upper()} run ({'LoRA' if record.method == 'lora' else 'every weight'})"
     pairs_file = record.data if record.kind in ("finetune", "grpo") else None
     if adapter is not None:
-        add_adapter(model, ckpt, file, adapter)
         kind, pairs_file = kind + " + LoRA adapter", (read_checkpoint(adapter).get("meta") or {}).get("data")
     name = file.resolve().parent.name if file.name == CHECKPOINT_NAME else file.stem
     if adapter is not None:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
 from ..data import load_corpus, sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
 from ..finetune import lora_targets
@@ -33,7 +32,8 @@ from ..run import (
     read_base,
     resume_config,
     resume_record,
-    resumed_data,
+    resumed_file,
+    start_model,
 )
 from ..token_rows import add_token_rows, unseen_token_rows
 from ..train import train
@@ -223,37 +223,6 @@ def new_token_rows(base: dict, base_file: Path, tokenizer, data: str) -> list[in
     return rows
 
 
-def _resumed(args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
-    """With ``--resume``, the run's checkpoint (read once) and its record, refused when it is not
-    a fine-tuning run; else nothing, another run's checkpoint refused unless ``--force``."""
-    if not args.resume:
-        if args.ckpt is not None and checkpoint_file(args.ckpt).resolve() == folder.checkpoint.resolve():
-            read_base(args.ckpt, None, folder.checkpoint)  # refuses --out-dir holding the base, by name
-        folder.check_fresh(args.force)
-        return None, None
-    ckpt = read_checkpoint(folder.checkpoint)
-    record = RunRecord.from_checkpoint(ckpt)
-    if record.kind != "finetune":
-        raise ValueError(
-            f"{folder.checkpoint} holds a training run, not a fine-tuning run: continue it with python "
-            f"-m transformer_lib train --resume --out-dir {args.out_dir}"
-        )
-    return ckpt, record
-
-
-def _base_model(base: dict, base_file: Path):
-    """The base's model and tokenizer (checked against a ``tokenizer.json`` beside it), which must
-    have the end token every response ends with."""
-    model, tokenizer, _ = load_checkpoint(base)
-    tokenizer = RunFolder(base_file.parent).checked_tokenizer(tokenizer)
-    if getattr(tokenizer, "eos_id", None) is None:
-        raise ValueError(
-            f"{base_file}'s tokenizer has no end token (<|endoftext|>): fine-tuning ends every response "
-            f"with it; fine-tune a base trained with --tokenizer bpe"
-        )
-    return model, tokenizer
-
-
 def _adapt(model, record: RunRecord, new_rows: bool | None, find_rows) -> RunRecord:
     """A LoRA run's adapters on ``model`` and, with ``new_rows`` (or a resumed run's record), its
     trainable token rows, re-initialised (on resume the checkpoint's values replace them); the
@@ -274,17 +243,12 @@ def _adapt(model, record: RunRecord, new_rows: bool | None, find_rows) -> RunRec
 def _finetune_in_folder(args, folder: RunFolder) -> int:
     """The fine-tuning run of :func:`finetune_main`, inside the folder it owns."""
     file = folder.checkpoint
-    ckpt, resumed = _resumed(args, folder)
+    ckpt, resumed = folder.resumed("finetune", args.resume, args.force, start=args.ckpt)
     record = finetune_record(args, resumed, file)
     config = finetune_config(args, record, ckpt, file)
     base, base_file = read_base(args.ckpt, resumed, file)
-    data = resumed_data(args.data, resumed, file)
-    data_sha256 = sha256_of(data)
-    if resumed is not None and data_sha256 != resumed.data_sha256:
-        raise ValueError(
-            f"{data} is not the data the run in {file} was fine-tuned on ({resumed.data}): give that file with --data"
-        )
-    model, tokenizer = _base_model(base, base_file)
+    data, data_sha256 = resumed_file(args.data, resumed, file)
+    model, tokenizer = start_model(base, base_file, needs_end=True)
     train_pairs, val_pairs = _pairs(data, tokenizer, model.config.context_len, record.val_fraction)
     device = pick_device(config.device)
     set_seed(record.seed)

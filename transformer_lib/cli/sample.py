@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..checkpoint import checkpoint_file, load_checkpoint, read_checkpoint
+from ..checkpoint import checkpoint_file, read_checkpoint
 from ..data.instructions import PROMPT_END
 from ..models import GPT
-from ..run import RunFolder, RunRecord, add_adapter, load_run
+from ..run import RunRecord, start_model
 from ..sampling import generate_tokens
 from ..utils import pick_device
 from .settings import Parser, check_seed
@@ -83,19 +83,12 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
     device = pick_device(args.device)
     try:
-        model, tokenizer, ckpt = load_checkpoint(args.ckpt, device)
+        ckpt = read_checkpoint(args.ckpt)
     except FileNotFoundError as e:
         parser.error(str(e))
-    except ValueError:  # a LoRA run's checkpoint (chapters 15, 17) holds its base weights and adapters
-        ckpt = read_checkpoint(args.ckpt)
-        if args.adapter is not None or RunRecord.from_checkpoint(ckpt).method != "lora":
-            raise
-        model, tokenizer, _ = load_run(args.ckpt, device)
+    model, tokenizer = start_model(ckpt, checkpoint_file(args.ckpt), args.adapter, device)  # a LoRA run's too
     if not isinstance(model, GPT) or tokenizer is None:
         parser.error(f"{args.ckpt} does not hold a GPT with its tokenizer")
-    tokenizer = RunFolder(checkpoint_file(args.ckpt).parent).checked_tokenizer(tokenizer)
-    if args.adapter is not None:
-        add_adapter(model, ckpt, checkpoint_file(args.ckpt), args.adapter)
     model.eval()
     finetuned = args.adapter is not None or RunRecord.from_meta(ckpt.get("meta")).kind != "pretrain"
     generator = torch.Generator(device=device).manual_seed(args.seed)

@@ -20,19 +20,27 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..checkpoint import checkpoint_file, read_checkpoint
 from ..data import sha256_of, tokenizer_checksum
 from ..data.instructions import read_pairs
 from ..data.verifiable import REWARDS, read_preferences
 from ..lora import count_parameters
 from ..preference import ADVANTAGE_SCALES, GRPO_LOSS_TYPES
 from ..preference_runs import DPOBatches, GRPOBatches, make_policy
-from ..run import DEFAULTS, RunFolder, RunRecord, add_adapter, changed, read_base, resume_config, resume_record
+from ..run import (
+    DEFAULTS,
+    RunFolder,
+    RunRecord,
+    changed,
+    read_base,
+    resume_config,
+    resume_record,
+    resumed_file,
+    start_model,
+)
 from ..run import flag as _flag
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
-from .finetune import _base_model
 from .settings import (
     Parser,
     add_setting_flags,
@@ -240,23 +248,6 @@ def _record(kind: str, args, resumed: RunRecord | None, file: Path) -> RunRecord
     return RunRecord(kind=kind, objective=objective, **run)
 
 
-def _resumed(kind: str, args, folder: RunFolder) -> tuple[dict | None, RunRecord | None]:
-    if not args.resume:
-        if args.ckpt is not None and checkpoint_file(args.ckpt).resolve() == folder.checkpoint.resolve():
-            read_base(args.ckpt, None, folder.checkpoint)  # refuses --out-dir holding the start, by name
-        folder.check_fresh(args.force)
-        return None, None
-    ckpt = read_checkpoint(folder.checkpoint)
-    record = RunRecord.from_checkpoint(ckpt)
-    if record.kind != kind:
-        command = "train" if record.kind == "pretrain" else record.kind
-        raise ValueError(
-            f"{folder.checkpoint} holds a {record.kind} run, not a {kind} run: continue it with its "
-            f"own command (python -m transformer_lib {command} --resume)"
-        )
-    return ckpt, record
-
-
 def _read_lines(kind: str, data: str) -> list[tuple[str, ...]]:
     """The data file's lines: ``(prompt, chosen, rejected)`` for DPO, ``(prompt, target)`` for GRPO."""
     return read_pairs(data) if kind == "grpo" else read_preferences(data)
@@ -269,9 +260,7 @@ def _start(args, resumed: RunRecord | None, file: Path):
     adapter = args.adapter if args.adapter is not None or resumed is None else resumed.adapter
     if resumed is not None and (adapter and sha256_of(adapter)) != resumed.adapter_sha256:
         raise ValueError(f"--resume cannot change --adapter: the run in {file} starts from {resumed.adapter}")
-    model, tokenizer = _base_model(base, base_file)
-    if adapter:
-        add_adapter(model, base, base_file, adapter)
+    model, tokenizer = start_model(base, base_file, adapter or None, needs_end=True)
     fields = {
         "base": str(base_file.resolve()),
         "base_sha256": base["checksum"],
@@ -283,15 +272,13 @@ def _start(args, resumed: RunRecord | None, file: Path):
 
 def _tune_in_folder(kind: str, args, folder: RunFolder) -> int:
     file = folder.checkpoint
-    ckpt, resumed = _resumed(kind, args, folder)
+    ckpt, resumed = folder.resumed(kind, args.resume, args.force, start=args.ckpt)
     record = _record(kind, args, resumed, file)
     defaults = dict(TUNE_DEFAULTS[kind])
     lr = args.lr if args.lr is not None else defaults.pop("lr")[record.method]
     defaults.pop("lr", None)
     config = resume_config(TrainConfig(**defaults, lr=lr, min_lr=lr / 10), ckpt, training_flags(args), file)
-    data = args.data if args.data is not None or resumed is None else resumed.data
-    if resumed is not None and (not Path(data).is_file() or sha256_of(data) != resumed.data_sha256):
-        raise ValueError(f"{data} is not the data the run in {file} was tuned on ({resumed.data}): give that file")
+    data, data_sha256 = resumed_file(args.data, resumed, file)
     model, tokenizer, start = _start(args, resumed, file)
     lines = _read_lines(kind, data)
     n_val = max(1, int(len(lines) * record.val_fraction))
@@ -331,7 +318,7 @@ def _tune_in_folder(kind: str, args, folder: RunFolder) -> int:
         record,
         **start,
         data=str(Path(data).resolve()),
-        data_sha256=sha256_of(data),
+        data_sha256=data_sha256,
         corpus=Path(data).name,
         n_train=len(train_lines),
         n_val=len(val_lines),
