@@ -1,5 +1,5 @@
-"""Softmax attention against the recurrences of chapter 19, on the CPU or a CUDA GPU: the time of
-one causal forward against the length, the time of one decoding step against the context, and
+"""Softmax attention against the recurrences of chapter "Attention as a recurrence", on the CPU or a CUDA GPU: the time
+of one causal forward against the length, the time of one decoding step against the context, and
 the memory each holds.
 
 For each length ``T`` it times one call on ``q, k, v (1, h, T, d)`` (unit queries and keys):

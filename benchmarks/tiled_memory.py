@@ -1,5 +1,5 @@
 """Peak memory of attention against the sequence length on the CPU: the naive path, PyTorch's
-fused kernel and the library's tiled attention (chapter 11).
+fused kernel and the library's tiled attention (chapter "Long context and precision").
 
 For each ``T`` it runs one attention call of ``q, k, v (1, 1, T, d)`` (one head, float32,
 not causal) with :func:`tl.attention_peak_memory`, forward only and forward plus backward,

@@ -1,5 +1,5 @@
 """Byte-level BPE: the book's trainer against the naive reference and the Rust trainers, and its
-encoder against tiktoken (chapter 13).
+encoder against tiktoken (chapter "Tokens").
 
 ``naive_train_bpe`` is the reference: it recounts every pair of every chunk at every merge, which
 is what the book's incremental trainer must agree with, merge for merge.

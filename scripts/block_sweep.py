@@ -1,5 +1,5 @@
-"""Chapter 14's recorded experiment, under the name the chapter gives it: the same as
-``python -m transformer_lib.experiments ch14``, which runs it (see transformer_lib/experiments/ch14.py).
+"""Chapter "Today's block"'s recorded experiment, under the name the chapter gives it: the same as
+``python -m transformer_lib.experiments todays_block``, which runs it (see transformer_lib/experiments/todays_block.py).
 
     python scripts/block_sweep.py                  # everything, merged into transformer_lib/data/ch14/
     python scripts/block_sweep.py --parts lr --seeds 0 --dry-run
@@ -13,4 +13,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from transformer_lib.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["ch14", *sys.argv[1:]]))
+    sys.exit(main(["todays_block", *sys.argv[1:]]))

@@ -1,5 +1,5 @@
-"""Chapter 15's recorded experiment, under the name the chapter gives it: the same as
-``python -m transformer_lib.experiments ch15``, which runs it (see transformer_lib/experiments/ch15.py).
+"""Chapter "Fine-tuning"'s recorded experiment, under the name the chapter gives it: the same as
+``python -m transformer_lib.experiments fine_tuning``, which runs it (see transformer_lib/experiments/fine_tuning.py).
 
     python scripts/finetune_sweep.py                  # everything, merged into transformer_lib/data/ch15/
     python scripts/finetune_sweep.py --parts instructions --seeds 0 --dry-run
@@ -13,4 +13,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from transformer_lib.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["ch15", *sys.argv[1:]]))
+    sys.exit(main(["fine_tuning", *sys.argv[1:]]))

@@ -1,5 +1,6 @@
-"""Chapter 12's recorded experiment, under the name the chapter gives it: the same as
-``python -m transformer_lib.experiments ch12``, which runs it (see transformer_lib/experiments/ch12.py).
+"""Chapter "What attention learns"'s recorded experiment, under the name the chapter gives it: the same as
+``python -m transformer_lib.experiments what_attention_learns``, which runs it (see
+transformer_lib/experiments/what_attention_learns.py).
 
     python scripts/induction_sweep.py                  # everything, merged into transformer_lib/data/ch12/
     python scripts/induction_sweep.py --parts repeats --seeds 0 --dry-run
@@ -13,4 +14,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from transformer_lib.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["ch12", *sys.argv[1:]]))
+    sys.exit(main(["what_attention_learns", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""Chapter 15's pretrained GPT, made by the book's own training command and shipped with the package.
+"""Chapter "Fine-tuning"'s pretrained GPT, made by the book's own training command and shipped with the package.
 
 The chapter fine-tunes a model that has read Shakespeare; pretraining one takes minutes, more
 than a chapter's minute, so this script runs the training command once, on the training split

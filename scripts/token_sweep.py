@@ -1,5 +1,5 @@
-"""Chapter 13's recorded experiment, under the name the chapter gives it: the same as
-``python -m transformer_lib.experiments ch13``, which runs it (see transformer_lib/experiments/ch13.py).
+"""Chapter "Tokens"'s recorded experiment, under the name the chapter gives it: the same as
+``python -m transformer_lib.experiments tokens``, which runs it (see transformer_lib/experiments/tokens.py).
 
     python scripts/token_sweep.py                  # everything, merged into transformer_lib/data/ch13/
     python scripts/token_sweep.py --seeds 0 --dry-run
@@ -13,4 +13,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from transformer_lib.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["ch13", *sys.argv[1:]]))
+    sys.exit(main(["tokens", *sys.argv[1:]]))

@@ -1,12 +1,13 @@
-"""Test helpers shared by the parity tests against transformers (chapters 14 and 18)."""
+"""Test helpers shared by the parity tests against transformers (chapters "Today's block" and "Latent, sparse and sink
+attention")."""
 
 import torch
 
 
 def float64_rms_norm_and_rotary(monkeypatch, norm_class, rotary_class) -> None:
     """transformers computes its RMSNorm and its rotary angles in float32 even for float64 weights
-    (Llama's and DeepSeek-V3's, chapters 14 and 18): patch ``forward`` of ``norm_class`` and
-    ``rotary_class`` with the same functions in float64, for comparisons at 1e-10 and below."""
+    (Llama's and DeepSeek-V3's, chapters "Today's block" and "Latent, sparse and sink attention"): patch ``forward`` of
+    ``norm_class`` and ``rotary_class`` with the same functions in float64, for comparisons at 1e-10 and below."""
 
     def rms_norm(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))

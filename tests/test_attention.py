@@ -1,6 +1,6 @@
 """Tests for transformer_lib/attention.py: parity with PyTorch, masking, gradients, errors; the
 weight check, Luong and parameter-free attention, one head, the soft lookup; the softmax's
-entropy, Jacobian and temperature (chapter 3)."""
+entropy, Jacobian and temperature (chapter "Why divide by sqrt(d_k)")."""
 
 import math
 

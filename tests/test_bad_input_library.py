@@ -139,7 +139,7 @@ ERRORS = [
     ("learned positions negative dropout", lambda: tl.LearnedPositionalEmbedding(8, 4, dropout=-0.2), ValueError,
      "dropout"),
     ("sinusoidal encoding string width", lambda: tl.sinusoidal_encoding("8", 4), TypeError, "d_model"),
-    # chapter 10: grouped-query attention, sliding windows, caches, top-p
+    # chapter "Generation": grouped-query attention, sliding windows, caches, top-p
     ("mha n_kv_heads not dividing n_heads", lambda: tl.MultiHeadAttention(12, 6, n_kv_heads=4), ValueError,
      "divide"),
     ("mha zero n_kv_heads", lambda: tl.MultiHeadAttention(8, 2, n_kv_heads=0), ValueError, "n_kv_heads"),
@@ -316,7 +316,7 @@ def qkv4(T_q=6, T_k=6, d=4, dtype=torch.float32):
     return [torch.randn(2, 2, T, d, generator=g).to(dtype) for T in (T_q, T_k, T_k)]
 
 
-# chapter 10: tiled attention, the online softmax, the peak-memory probe, GPT-2's GELU
+# chapter "Generation": tiled attention, the online softmax, the peak-memory probe, GPT-2's GELU
 LONG_CONTEXT_ERRORS = [
     ("tiled 3-D q", lambda: tl.tiled_attention(*qkv()), ValueError, "(B, h, T, d)"),
     ("tiled q and k widths differ", lambda: tl.tiled_attention(qkv4(d=4)[0], *qkv4(d=5)[1:]), ValueError, "width"),
@@ -356,7 +356,7 @@ def test_bad_long_context_input_gives_a_clear_error(call, error, word):
     test_bad_input_gives_a_clear_error(call, error, word)
 
 
-# chapter 12: head indices, query and loss masks, token ids and targets, repeats that do not fit
+# chapter "What attention learns": head indices, query and loss masks, token ids and targets, repeats that do not fit
 def attention_only():
     torch.manual_seed(0)
     return tl.AttentionOnly(10, 16, n_layers=2, n_heads=2, d_model=8)

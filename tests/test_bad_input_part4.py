@@ -1,4 +1,4 @@
-"""Bad input to Part IV's library (chapters 13-15): the tokenizer, bits per byte, the Llama
+"""Bad input to Part IV's library (chapters "Tokens" to "Fine-tuning"): the tokenizer, bits per byte, the Llama
 converters, LoRA, the classifier and the prompt/response files, and the fine-tuning command's
 run folder. Each case names the exact error class and words its message must hold; where the
 input is legal (NumPy numbers, pairs from a generator), the behaviour it must give."""
@@ -71,7 +71,7 @@ def run_classifier(**changes):
 
 # (name, call, error class, words the message must hold)
 ERRORS = [
-    # the tokenizer (chapter 13): what would lose text is refused
+    # the tokenizer (chapter "Tokens"): what would lose text is refused
     ("bpe: an empty pattern", lambda: tl.train_bpe(TEXT, 270, pattern=""), ValueError, ["pattern ''", "empty string"]),
     ("bpe: a pattern of letters only", lambda: tl.train_bpe(TEXT, 270, pattern=r"\p{L}+"), ValueError,
      [r"'\\p{L}+'", "loses text", "' ' at index 5"]),
@@ -87,7 +87,7 @@ ERRORS = [
      ["specials must be a list", "'<|endoftext|>'", "['<|endoftext|>']"]),
     ("bpe tokenizer: specials as a string", lambda: tl.BPETokenizer([], specials="<eos>"), TypeError,
      ["specials must be a list", "'<eos>'"]),
-    # bits per byte (chapter 13)
+    # bits per byte (chapter "Tokens")
     ("bpb: a character tokenizer's lengths", lambda: bpb(lengths=tl.token_byte_lengths(CHARS)), ValueError,
      ["byte_lengths has shape (", "vocab_size=277", "another tokenizer"]),
     ("bpb: lengths one short", lambda: bpb(lengths=tl.token_byte_lengths(bpe())[:-1]), ValueError,
@@ -98,7 +98,7 @@ ERRORS = [
     ("bpb: special tokens only", lambda: bpb(ids=torch.full((10,), bpe().eos_id)), ValueError,
      ["0 bytes", "special tokens only"]),
     ("bpb: one token", lambda: bpb(ids=torch.tensor([5])), ValueError, ["N >= 2", "(1,)"]),
-    # LoRA (chapter 15)
+    # LoRA (chapter "Fine-tuning")
     ("lora: alpha NaN", lambda: adapted(alpha=NAN), ValueError, ["alpha", "nan"]),
     ("lora: alpha inf", lambda: adapted(alpha=INF), ValueError, ["alpha", "finite", "inf"]),
     ("lora: alpha -inf", lambda: adapted(alpha=-INF), ValueError, ["alpha", "-inf"]),
@@ -107,7 +107,7 @@ ERRORS = [
     ("lora: rank a NumPy float", lambda: adapted(rank=np.float64(2.0)), TypeError, ["rank", "2.0"]),
     ("lora: training after merge_lora", merged_then_trained, ValueError,
      ["merged LoRA adapter cannot be trained", "unmerge_lora", "remove_lora"]),
-    # the classifier (chapter 15)
+    # the classifier (chapter "Fine-tuning")
     ("classifier: lengths as a list", lambda: classifier()(X, lengths=[6, 6, 6, 6]), TypeError,
      ["lengths must be a tensor", "list"]),
     ("classifier: float lengths", lambda: classifier()(X, lengths=FULL.float()), TypeError, ["lengths", "float32"]),
@@ -143,7 +143,7 @@ ERRORS = [
     ("window_loss: a stream as long as the context", lambda: tl.window_loss(gpt(), torch.arange(8) % 5), ValueError,
      ["context_len + 1 = 9", "(8,)"]),
     ("window_loss: a list", lambda: tl.window_loss(gpt(), list(range(20))), TypeError, ["tokens must be a tensor"]),
-    # prompt/response pairs (chapter 15): what read_pairs would refuse is never written
+    # prompt/response pairs (chapter "Fine-tuning"): what read_pairs would refuse is never written
     ("write_pairs: dicts", lambda: write_pairs([{"prompt": "a", "response": "b"}], "never.jsonl"), TypeError,
      ["pairs[0] is a dict"]),
     ("write_pairs: a triple", lambda: write_pairs([("a", "b"), ("a", "b", "c")], "never.jsonl"), ValueError,
@@ -178,7 +178,7 @@ def test_bad_input_names_the_problem_and_the_value(call, error, words, tmp_path,
     assert not (tmp_path / "never.jsonl").exists()
 
 
-# The Llama converters (chapter 14): transformers' random Llama, its state dict and its config
+# The Llama converters (chapter "Today's block"): transformers' random Llama, its state dict and its config
 def llama():
     transformers = pytest.importorskip("transformers")
     sizes = dict(vocab_size=20, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4)

@@ -507,7 +507,7 @@ STAMP = {"python": "3.11.7", "torch": "2.13.0", "transformer_lib": "0.1.0", "thr
 
 
 def out_run(content, *flags):
-    """``python -m transformer_lib.experiments ch12 --parts fixed --seeds 0 --out mine.json`` on a
+    """``python -m transformer_lib.experiments what_attention_learns --parts fixed --seeds 0 --out mine.json`` on a
     file holding ``content``, through the command's main function: ``(exit status, stderr, the file
     after, parts run)``."""
 
@@ -517,7 +517,9 @@ def out_run(content, *flags):
         mine = tmp_path / "mine.json"
         mine.write_text(content)
         try:
-            status = experiments.main(["ch12", "--parts", "fixed", "--seeds", "0", "--out", str(mine), *flags])
+            status = experiments.main(
+                ["what_attention_learns", "--parts", "fixed", "--seeds", "0", "--out", str(mine), *flags]
+            )
         except SystemExit as stop:
             status = stop.code
         return status, capsys.readouterr().err, mine.read_text(), calls

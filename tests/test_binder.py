@@ -9,8 +9,8 @@ pip's configured indexes (on CI, the machine's wheel store holds the CPU build),
 checks that what was installed is a CPU build, as on Binder. Every other line is installed as
 written.
 
-Then chapter 1 and chapter 8 (which trains a small translation model) run top to bottom in a
-kernel of that environment (executed by nbconvert; any error fails the test), after a probe
+Then chapter "Why attention?" and chapter "Encoder-decoder and cross-attention" (which trains a small translation model)
+run top to bottom in a kernel of that environment (executed by nbconvert; any error fails the test), after a probe
 notebook shows that the kernel is the new environment's Python and imports the library from the
 copy, as postBuild installed it.
 

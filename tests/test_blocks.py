@@ -104,7 +104,7 @@ def test_layer_grad_norms_is_exported_from_blocks():
     assert tl.layer_grad_norms is layer_grad_norms
 
 
-# --- chapter 10: grouped-query attention, windows and caches through the blocks ---
+# --- chapter "Generation": grouped-query attention, windows and caches through the blocks ---
 
 
 def test_the_blocks_pass_n_kv_heads_and_window_on():

@@ -1,4 +1,4 @@
-"""Tests of transformer_lib/bpe.py and the tokenizer files (chapter 13): the incremental trainer
+"""Tests of transformer_lib/bpe.py and the tokenizer files (chapter "Tokens"): the incremental trainer
 equals the naive one merge for merge, the encoder equals tiktoken's and Hugging Face's given the
 same merges, decoding inverts encoding, special tokens never come from text unasked."""
 

@@ -1,4 +1,4 @@
-"""Tests of chapter 10's incremental decoding: the key-value cache, grouped-query attention and
+"""Tests of chapter "Generation"'s incremental decoding: the key-value cache, grouped-query attention and
 sliding windows. The central property: a model that reads its earlier keys and values from a
 cache computes the same function as one that recomputes them (same tokens, logits equal up to
 rounding), on both attention paths (hand-written with weights, fused), for every variant."""

@@ -1,4 +1,4 @@
-"""Tests for the evaluation command (transformer_lib/cli/evaluate.py, chapter 16): a report card
+"""Tests for the evaluation command (transformer_lib/cli/evaluate.py, chapter "Measuring a model"): a report card
 for every kind of run the book writes (character and BPE pretraining, GPT-2's block, a Llama block
 and a gated-DeltaNet hybrid, full and LoRA fine-tuning, a base with --adapter, the shipped
 checkpoints), two runs side by side with the difference and "told apart", the quantised copy
@@ -111,7 +111,10 @@ def test_every_kind_of_run_gets_a_card(runs, capsys, name):
     assert labels == expected + (["exact match"] if exact else [])
     assert "told apart" not in out and "scoring" in err  # one column; progress on stderr
     if exact:  # by default 200 dates, here 10, none of them a date the run was fine-tuned on
-        dates = "10 dates in chapter 15's formats (seed 16), none in chapter 15's training pairs or pairs.jsonl"
+        dates = (
+            '10 dates in the formats of chapter "Fine-tuning" (seed 16), '
+            'none in the training pairs of chapter "Fine-tuning" or pairs.jsonl'
+        )
         assert f"exact match: {dates}" in out
         assert float(row(out, "exact match")[1].split()[0]) >= 0
 
@@ -159,7 +162,7 @@ def test_the_shipped_checkpoints_side_by_side(runs, capsys):
 def test_the_shipped_base_with_chapter_16s_adapter(runs, capsys):
     adapter = getattr(tl_evaluate, "DATES_ADAPTER_PATH", None)
     if adapter is None or not adapter.is_file():
-        pytest.skip("chapter 16's shipped dates adapter is not there")
+        pytest.skip('chapter "Measuring a model"\'s shipped dates adapter is not there')
     code, out, err = evaluate(capsys, "--ckpt", tl.PRETRAINED_PATH, "--adapter", adapter, "--tasks", "none",
                               "--text", runs / "short.txt", "--dates", "20", "--samples", "2")  # fmt: skip
     assert code == 0, err
@@ -248,7 +251,7 @@ def test_the_default_text_says_when_the_runs_text_is_gone(runs):
 @pytest.mark.parametrize("path", [tl.PRETRAINED_PATH, CHAR_CKPT], ids=["bpe", "char"])
 def test_a_shipped_model_is_scored_on_the_text_no_shipped_model_trained_on(path):
     # the shipped checkpoints name no text file: their text and tasks are the shipped text from
-    # HELD_OUT_START on, after chapter 15's BPE model's training split (which ends past 90 %)
+    # HELD_OUT_START on, after chapter "Fine-tuning"'s BPE model's training split (which ends past 90 %)
     run = ev._load(str(path), None)
     start = ev._held_out_start([run])
     assert start == HELD_OUT_START

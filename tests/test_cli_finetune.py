@@ -1,4 +1,4 @@
-"""Tests for the fine-tuning command (transformer_lib/cli/finetune.py, chapter 15): full and LoRA
+"""Tests for the fine-tuning command (transformer_lib/cli/finetune.py, chapter "Fine-tuning"): full and LoRA
 runs on a tiny BPE base, the adapter file and ``sample --adapter``, resume (after Ctrl-C too)
 equal to an uninterrupted run bit for bit, and a one-line refusal with exit status 2 for every
 bad input. Offline, tiny models and a few steps, so they are fast."""

@@ -1,5 +1,5 @@
-"""Tests for the ``dpo`` and ``grpo`` commands (transformer_lib/cli/tune.py, chapter 17) on a tiny
-BPE base: the first-step invariants (DPO's loss ln 2, GRPO's 0), resume (after Ctrl-C too) equal
+"""Tests for the ``dpo`` and ``grpo`` commands (transformer_lib/cli/tune.py, chapter "Preferences and rewards") on a
+tiny BPE base: the first-step invariants (DPO's loss ln 2, GRPO's 0), resume (after Ctrl-C too) equal
 to an uninterrupted run bit for bit for LoRA and full tuning, the other tools on their runs, and a
 one-line refusal with exit status 2 for every bad input. Offline, tiny models, a few steps."""
 

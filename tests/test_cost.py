@@ -1,5 +1,5 @@
-"""Tests for transformer_lib/cost.py: receptive fields of convolution stacks (chapter 1), training
-FLOPs and MFU (chapter 9), and the peak-memory probe."""
+"""Tests for transformer_lib/cost.py: receptive fields of convolution stacks (chapter "Why attention?"), training
+FLOPs and MFU (chapter "A GPT from scratch"), and the peak-memory probe."""
 
 import pytest
 import torch

@@ -125,7 +125,7 @@ def test_course_notebook_of_a_small_chapter():
     cells = [
         cell("markdown", "```{exercise} Mask\n:label: ex-04-1\nWrite f.\n```"),
         cell("code", "def f(T):\n    return T\n", "solution", "hide-input"),
-        cell("code", "r = tl.exercises.ch04.check_causal_mask(f)\n"),
+        cell("code", "r = tl.exercises.masking.check_causal_mask(f)\n"),
         cell("markdown", "```{solution} ex-04-1\nEasy.\n```", "solution"),
         cell("markdown", "```{exercise} Why\n:label: ex-04-3\nExplain.\n```"),
         cell("code", "print(the_numbers_of_the_answer)\n", "solution-work", "hide-cell"),
@@ -138,7 +138,7 @@ def test_course_notebook_of_a_small_chapter():
     assert len(cells) == 5  # the coding exercise's written solution and the worked numbers are dropped
     assert "the_numbers_of_the_answer" not in str(cells)
     assert cells[1]["source"] == f"def f(T):\n    {BEGIN}\n    return T\n    {END}\n"
-    assert cells[2]["source"] == "result = tl.exercises.ch04.check_causal_mask(f)\nassert result, result.message"
+    assert cells[2]["source"] == "result = tl.exercises.masking.check_causal_mask(f)\nassert result, result.message"
     assert cells[4]["cell_type"] == "markdown" and cells[4]["source"] == "Because.\n"
     assert cells[4]["metadata"]["nbgrader"] == {
         "grade": True, "grade_id": "ex-04-3-answer", "locked": False, "schema_version": 3, "solution": True,

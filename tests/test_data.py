@@ -307,7 +307,8 @@ def test_seq2seq_batches_teacher_forcing_layout():
     assert all(tuple(r.tolist()) in val_rows for r in src)
 
 
-# --- date formats, field by field (chapter 8) --------------------------------------------------
+# --- date formats, field by field (chapter "Encoder-decoder and cross-attention")
+# --------------------------------------------------
 
 
 def test_date_field_spans_show_each_field_where_it_was_written():

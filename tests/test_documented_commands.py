@@ -296,7 +296,10 @@ RULES = [
     Rule(
         r"torchrun .* -m transformer_lib train --preset gpu --out-dir out/ddp",
         "help",
-        "torchrun is in the environment (several GPUs or machines are needed; chapter 9 runs two CPU processes)",
+        (
+            "torchrun is in the environment (several GPUs or machines are needed; "
+            'chapter "A GPT from scratch" runs two CPU processes)'
+        ),
         ".venv/bin/torchrun --help",
         r"nproc[_-]per[_-]node",
     ),

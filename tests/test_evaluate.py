@@ -1,4 +1,4 @@
-"""Tests of chapter 16's measurements (transformer_lib/evaluate.py, transformer_lib/data/mc_tasks.py):
+"""Tests of chapter "Measuring a model"'s measurements (transformer_lib/evaluate.py, transformer_lib/data/mc_tasks.py):
 multiple choice scored exactly as lm-eval scores it (its acc, acc_norm and every log-likelihood, on
 the same task file and the book's GPT through its transformers converter), pass@k against brute
 force, the intervals, the judge's position bias and the report card."""
@@ -154,14 +154,14 @@ def test_summed_and_normalised_scores_pick_differently_and_ties_go_first(monkeyp
 
 
 def test_the_recorded_lm_eval_scores_are_the_books(bpe_model, char_model):
-    """Chapter 16 compares the book's scores with lm-eval's recorded ones; here without lm-eval."""
-    from transformer_lib.experiments import ch16, recorded
+    """Chapter "Measuring a model" compares the book's scores with lm-eval's recorded ones; here without lm-eval."""
+    from transformer_lib.experiments import measuring_a_model, recorded
 
-    ref = recorded("ch16")["lm_eval"]
+    ref = recorded("measuring_a_model")["lm_eval"]
     n = ref["items"]
     tasks = {"book_speaker": speaker_choice_task(TEXT, n), "book_cloze": cloze_task(TEXT, n)}
     for name, model in (("bpe", bpe_model), ("char", char_model)):
-        assert name in ch16.SHIPPED
+        assert name in measuring_a_model.SHIPPED
         for task, items in tasks.items():
             ours, theirs = score_multiple_choice(*model, items), ref["models"][name][task]
             assert (ours["acc"], ours["acc_norm"]) == (theirs["acc"], theirs["acc_norm"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lib import exercises
+from transformer_lib import chapters, exercises
 from transformer_lib.exercises._core import (
     ExerciseFailure,
     call_student,
@@ -31,16 +31,6 @@ def _short(module) -> str:
     return module.__name__.rsplit(".", 1)[1]
 
 
-def chapter_numbers() -> dict[str, int]:
-    """Each exercise module's chapter, by the module's name: its notebook's number (``ch04`` and
-    ``chapters/04_masking.ipynb``: 4; ``experts`` and ``chapters/20_experts.ipynb``: 20). A module
-    named by its chapter's name whose notebook is still being written is the chapter after the last
-    notebook."""
-    numbers = {exercises.module_for(nb.name): int(nb.name[:2]) for nb in NOTEBOOKS}
-    following = max(numbers.values()) + 1
-    return numbers | {_short(m): following for m in CHAPTERS if _short(m) not in numbers}
-
-
 def test_every_chapter_module_is_found():
     assert len(NOTEBOOKS) >= 10  # one exercise module per chapter notebook
     for nb in NOTEBOOKS:
@@ -51,28 +41,30 @@ def test_every_chapter_module_is_found():
     assert len(written) == len(NOTEBOOKS), "two notebooks share an exercise module"
     ahead = [_short(m) for m in CHAPTERS if _short(m) not in written]
     assert len(ahead) <= 1, f"exercise modules without a notebook: {ahead}; only the chapter being written may be"
-    assert not any(re.fullmatch(r"ch\d\d", name) for name in ahead), (
-        f"{ahead} has no notebook: a chapter written now names its module after the chapter, not its number"
+    assert all(name in {c.slug for c in chapters.CHAPTERS} for name in map(_short, CHAPTERS)), (
+        "an exercise module is named by its chapter's slug, as transformer_lib/chapters.py lists it"
     )
 
 
-def test_a_notebook_finds_its_module_by_the_chapters_name_or_number():
-    assert exercises.module_for("04_masking.ipynb") == "ch04"
+def test_a_notebook_finds_its_module_by_the_chapters_name_whatever_its_number():
+    assert exercises.module_for("04_masking.ipynb") == "masking"
     assert exercises.module_for("chapters/20_experts.ipynb") == "experts"
+    assert exercises.module_for("05_masking.ipynb") == "masking"  # a chapter inserted before it
     assert exercises.module_for("99_not_written.ipynb") is None
     with pytest.raises(ValueError, match="NN_name.ipynb"):
         exercises.module_for("experts.ipynb")
-    assert chapter_numbers()["ch19"] == 19 and chapter_numbers()["experts"] == 20
-    # chapter 21's module, before and after its notebook chapters/21_longer_than_trained.ipynb is written
-    assert exercises.module_for("21_longer_than_trained.ipynb") == "longer_than_trained"
-    assert chapter_numbers()["longer_than_trained"] == 21
+    # the old names by number are the same modules
+    assert exercises.ch04 is exercises.masking
+    from transformer_lib.exercises.ch14 import check_rms_norm
+
+    assert check_rms_norm is exercises.todays_block.check_rms_norm
 
 
 @pytest.mark.parametrize(("module", "name", "fn"), CHECKS, ids=[f"{m.__name__}.{n}" for m, n, _ in CHECKS])
 def test_check_docstring_names_its_chapter_exercise_and_shapes(module, name, fn):
-    chapter = chapter_numbers()[_short(module)]
+    title = chapters.title(_short(module))
     doc = inspect.getdoc(fn)
-    assert re.match(rf"Chapter {chapter}, exercise {chapter}\.\d+: ", doc), doc
+    assert re.match(rf'Chapter "{re.escape(title)}", exercise \d+: ', doc), doc
     assert "fn" in doc and "given" in doc, "the docstring says what the student's function is given"
 
 

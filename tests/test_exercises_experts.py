@@ -16,7 +16,7 @@ FIRST_ROUTE = "for 3 tokens, 4 experts, k = 2"  # the smallest case; every named
 BALANCED = "for a perfectly balanced router"
 
 
-# --- exercise 20.1: the router's choice and weights --------------------------------------------
+# --- exercise 1 of chapter "Experts": the router's choice and weights --------------------------------------------
 
 
 def _renormalised(values):
@@ -203,7 +203,7 @@ def test_qwen3_moes_router_passes_and_without_renormalising_is_named():
     assert "left the weights unnormalised" in result.message, result.message
 
 
-# --- exercise 20.2: the Switch Transformer's load-balancing loss -------------------------------
+# --- exercise 2 of chapter "Experts": the Switch Transformer's load-balancing loss -------------------------------
 
 
 def _counts(chosen, E):

@@ -23,10 +23,11 @@ def _pairs(d):
 
 
 def _plain(d, base):
-    return base ** -_pairs(d)  # (d/2,): the rotary frequencies of chapter 6
+    return base ** -_pairs(d)  # (d/2,): the rotary frequencies of chapter "Positional encoding"
 
 
-# --- exercise 21.1: NTK-aware scaling ----------------------------------------------------------
+# --- exercise 1 of chapter "Longer than trained": NTK-aware scaling
+# ----------------------------------------------------------
 
 
 @CASES.add(NTK, "passed")
@@ -158,7 +159,8 @@ def test_ntk_through_transformers_dynamic_rope_passes():
     assert result, result.message
 
 
-# --- exercise 21.2: YaRN -----------------------------------------------------------------------
+# --- exercise 2 of chapter "Longer than trained": YaRN
+# -----------------------------------------------------------------------
 
 
 def _yarn(d, base, factor, L, beta_fast, beta_slow, *, truncate=True, reverse=False, guard=0.001):

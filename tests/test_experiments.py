@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lib import experiments
+from transformer_lib import chapters, experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = list(experiments.RECORDS)
@@ -19,14 +19,27 @@ REAL = experiments.experiment  # before any test replaces it
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_recorded_reads_the_shipped_record(chapter):
-    path = ROOT / "transformer_lib" / "data" / chapter / experiments.RECORDS[chapter]
+    path = chapters.data_folder(chapter) / experiments.RECORDS[chapter]
+    assert path.parent.parent == ROOT / "transformer_lib" / "data"
     assert experiments.record_path(chapter) == path
     assert experiments.recorded(chapter) == json.loads(path.read_text())
 
 
 def test_recorded_names_the_chapters_it_knows():
-    with pytest.raises(ValueError, match="'ch01'.*" + ", ".join(CHAPTERS)):
-        experiments.recorded("ch01")
+    with pytest.raises(ValueError, match="'why_attention'.*" + ", ".join(CHAPTERS)):
+        experiments.recorded("why_attention")
+    with pytest.raises(ValueError, match="'no_such_chapter'.*" + ", ".join(CHAPTERS)):
+        experiments.recorded("no_such_chapter")
+
+
+def test_a_record_and_an_experiment_answer_to_their_chapters_old_name():
+    # the names by number the library had before its chapters were named: the same record and module
+    assert experiments.record_path("ch14") == experiments.record_path("todays_block")
+    assert experiments.recorded("ch14") == experiments.recorded("todays_block")
+    assert experiments.experiment("todays_block") is experiments.experiment("ch14")
+    from transformer_lib.experiments import ch15_diagnosis, fine_tuning_diagnosis
+
+    assert ch15_diagnosis is fine_tuning_diagnosis and fine_tuning_diagnosis.__spec__.name.endswith("diagnosis")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -80,11 +93,20 @@ def test_a_smoke_run_leaves_the_record_byte_for_byte(chapter, monkeypatch, capsy
 
 
 def test_a_real_smoke_run_on_the_command_line_writes_nothing():
-    # chapter 12's cheapest part, two steps: it trains, prints, and leaves the record alone
-    path = experiments.record_path("ch12")
+    # chapter "What attention learns"'s cheapest part, two steps: it trains, prints, and leaves the record alone
+    path = experiments.record_path("what_attention_learns")
     before = path.read_bytes()
     done = subprocess.run(
-        [sys.executable, "-m", "transformer_lib.experiments", "ch12", "--parts", "fixed", "--seeds", "0"]
+        [
+            sys.executable,
+            "-m",
+            "transformer_lib.experiments",
+            "what_attention_learns",
+            "--parts",
+            "fixed",
+            "--seeds",
+            "0",
+        ]
         + ["--steps", "2", "--dry-run"],
         capture_output=True,
         text=True,
@@ -97,19 +119,19 @@ def test_a_real_smoke_run_on_the_command_line_writes_nothing():
 
 
 BAD = [
-    (["ch14", "--steps", "2"], "--steps changes the recorded result"),
-    (["ch14", "--parts", "lr", "wd"], "ch14 has no part 'wd'; its parts are ablation, lr"),
-    (["ch14", "--seeds", "-1", "--dry-run"], "seeds must be whole numbers from 0"),
-    (["ch14", "--steps", "0", "--dry-run"], "--steps must be at least 1"),
+    (["todays_block", "--steps", "2"], "--steps changes the recorded result"),
+    (["todays_block", "--parts", "lr", "wd"], "todays_block has no part 'wd'; its parts are ablation, lr"),
+    (["todays_block", "--seeds", "-1", "--dry-run"], "seeds must be whole numbers from 0"),
+    (["todays_block", "--steps", "0", "--dry-run"], "--steps must be at least 1"),
     (["ch9"], "no recorded experiment for 'ch9'"),
-    (["ch14", "--seeds", "one"], "invalid int value"),
+    (["todays_block", "--seeds", "one"], "invalid int value"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_requests_are_refused_before_any_training(argv, message, monkeypatch, capsys):
     calls = []
-    path = experiments.record_path("ch14")
+    path = experiments.record_path("todays_block")
     before = path.read_bytes()
     monkeypatch.setattr(experiments, "experiment", lambda name: fake(name, calls))
     with pytest.raises(SystemExit) as stop:
@@ -121,7 +143,7 @@ def test_bad_requests_are_refused_before_any_training(argv, message, monkeypatch
 
 def test_the_command_line_refuses_in_one_line_on_stderr():
     done = subprocess.run(
-        [sys.executable, "-m", "transformer_lib.experiments", "ch14", "--steps", "5"],
+        [sys.executable, "-m", "transformer_lib.experiments", "todays_block", "--steps", "5"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -175,11 +197,11 @@ def test_a_run_replaces_the_recorded_one_whole():
 
 def test_a_written_run_is_merged_and_stamped(tmp_path, monkeypatch):
     path = tmp_path / "block_sweep.json"
-    path.write_text(experiments.record_path("ch14").read_text())
+    path.write_text(experiments.record_path("todays_block").read_text())
     calls = []
     monkeypatch.setattr(experiments, "experiment", lambda name: fake(name, calls))
-    experiments.main(["ch14", "--parts", "lr", "--seeds", "7", "--out", str(path)])
-    old, new = experiments.recorded("ch14"), json.loads(path.read_text())
+    experiments.main(["todays_block", "--parts", "lr", "--seeds", "7", "--out", str(path)])
+    old, new = experiments.recorded("todays_block"), json.loads(path.read_text())
     assert "torch" not in new and "threads" not in new  # the stamp before "versions", dropped on writing
     stamp = new["versions"]
     assert set(stamp) == {"python", "torch", "transformer_lib", "threads"} and stamp["threads"] == 1
@@ -188,7 +210,12 @@ def test_a_written_run_is_merged_and_stamped(tmp_path, monkeypatch):
 
 
 def test_the_scripts_are_the_package_under_their_old_names():
-    scripts = {"induction_sweep": "ch12", "token_sweep": "ch13", "block_sweep": "ch14", "finetune_sweep": "ch15"}
+    scripts = {
+        "induction_sweep": "what_attention_learns",
+        "token_sweep": "tokens",
+        "block_sweep": "todays_block",
+        "finetune_sweep": "fine_tuning",
+    }
     for script, chapter in scripts.items():
         text = (ROOT / "scripts" / f"{script}.py").read_text()
         assert f'main(["{chapter}", *sys.argv[1:]])' in text
@@ -210,9 +237,9 @@ def test_an_out_file_that_is_not_a_record_is_kept_and_refused_before_any_trainin
     mine.write_text(content)
     monkeypatch.setattr(experiments, "experiment", lambda name: fake(name, calls))
     with pytest.raises(SystemExit) as stop:
-        experiments.main(["ch14", "--out", str(mine)])
+        experiments.main(["todays_block", "--out", str(mine)])
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.count("\n") == 1 and "something other than a record of ch14" in err, err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "something other than a record of todays_block" in err, err
     assert calls == [] and mine.read_text() == content
 
 

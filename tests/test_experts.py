@@ -273,9 +273,10 @@ def test_active_parameters_leave_out_the_experts_a_token_does_not_use():
 
 def test_the_first_dense_layers_and_the_per_layer_recipe():
     recipe = tl.as_recipe("experts", experts={"n_experts": 4, "dense_layers": 2})
-    assert [recipe.for_layer(i).experts is None for i in range(4)] == [True, True, False, False]
-    hybrid = dataclasses.replace(recipe, attention="gated_delta", full_every=2)
-    layers = [(hybrid.for_layer(i).attention, hybrid.for_layer(i).experts is None) for i in range(4)]
+    dense = [recipe.for_layer(i).ffn.kind != "experts" for i in range(4)]
+    assert dense == [True, True, False, False]
+    hybrid = tl.as_recipe(recipe, attention="gated_delta", full_every=2)
+    layers = [(hybrid.for_layer(i).attention.kind, hybrid.for_layer(i).ffn.kind != "experts") for i in range(4)]
     assert layers == [("gated_delta", True), ("multi_head", True), ("gated_delta", False), ("multi_head", False)]
 
 

@@ -1,4 +1,4 @@
-"""The chat template an instruction run's exported tokenizer carries (chapter 15): transformers'
+"""The chat template an instruction run's exported tokenizer carries (chapter "Fine-tuning"): transformers'
 ``apply_chat_template`` writes a user's message exactly as the book writes a prompt
 (``prompt + PROMPT_END``) and a conversation as the book's fine-tuning rows; an exported
 instruction run carries it, a pretraining run none."""

@@ -9,7 +9,7 @@ and the export command writes a tiny trained experts run into a folder that
 no download, tiny models.
 
 transformers computes Mixtral's RMSNorm and rotary angles in float32 even for float64 weights; the
-float64 tests put the same functions in float64 in their place (as chapter 14's Llama tests do).
+float64 tests put the same functions in float64 in their place (as chapter "Today's block"'s Llama tests do).
 What is left in float32 is Mixtral's router: it rounds the logits to float32 and takes the softmax
 and the top k weights there, so each expert's weight is off by up to float32's rounding, about
 6e-8 of itself, and the logits by less than that of their size (seen: 1e-9 to 5e-9 of the

@@ -64,10 +64,10 @@ def test_every_recipe_is_exported_with_equal_logits_or_refused_by_name(name, tmp
     assert difference < ATOL, f"{name}: {type(loaded).__name__} differs from the GPT by {difference}"
 
 
-# Recipes a format writes: the book's named ones, chapter 18's latent attention with the eps that
-# DeepSeek-V3's latent norms keep (1e-6), with a full query projection and with a query latent, its
+# Recipes a format writes: the book's named ones, chapter "Latent, sparse and sink attention"'s latent attention with
+# the eps that DeepSeek-V3's latent norms keep (1e-6), with a full query projection and with a query latent, its
 # sinks with a window, grouped-query attention and an untied head (gpt-oss), Llama's block with a
-# window (gpt-oss without sinks), and chapter 19's hybrid with query-key norms (Qwen3-Next)
+# window (gpt-oss without sinks), and chapter "Attention as a recurrence"'s hybrid with query-key norms (Qwen3-Next)
 EXPORTED = {name: RECIPES[name] for name in ("gpt2", "llama", "experts", "rope-yarn", "sinks")} | {
     "sinks-window-gqa-untied": {"recipe": "sinks", "window": 4, "n_kv_heads": 1, "tie_embeddings": False},
     "llama-window": {"recipe": "llama", "window": 4},

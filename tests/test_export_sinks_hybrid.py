@@ -1,6 +1,6 @@
-"""Chapter 18's sinks written as gpt-oss and chapter 19's hybrid as Qwen3-Next: with every weight drawn
-at random (sinks and norms included, which the recipes start at 0 and 1), the model read back by
-``AutoModelForCausalLM`` computes the GPT's logits (float32, 1e-5), each weight that only these
+"""Chapter "Latent, sparse and sink attention"'s sinks written as gpt-oss and chapter "Attention as a recurrence"'s
+hybrid as Qwen3-Next: with every weight drawn at random (sinks and norms included, which the recipes start at 0 and 1),
+the model read back by ``AutoModelForCausalLM`` computes the GPT's logits (float32, 1e-5), each weight that only these
 formats hold reaches the logits, and the settings that make them exact are the ones written."""
 
 import pytest

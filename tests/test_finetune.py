@@ -1,4 +1,4 @@
-"""Chapter 15's fine-tuning pieces, as properties: the masked loss counts exactly the marked
+"""Chapter "Fine-tuning"'s fine-tuning pieces, as properties: the masked loss counts exactly the marked
 targets, a classifier's padding changes nothing, each method trains exactly its parameters,
 the labelled tasks are what they say, prompt/response files are read or refused by line, and
 the shipped pretrained model loads and reaches its recorded loss."""

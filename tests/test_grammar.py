@@ -1,4 +1,5 @@
-"""Tests for chapter 9's toy grammar (transformer_lib/data/grammar.py) and chapter 8's alignment statistics."""
+"""Tests for chapter "A GPT from scratch"'s toy grammar (transformer_lib/data/grammar.py) and chapter "Encoder-decoder
+and cross-attention"'s alignment statistics."""
 
 import itertools
 import math
@@ -98,7 +99,8 @@ def test_bad_grammars_and_arguments_are_named(make, message):
 
 
 # --------------------------------------------------------------------------------------------
-# date_field_shares (chapter 8's alignment statistics; in transformer_lib/data/tasks.py)
+# date_field_shares (chapter "Encoder-decoder and cross-attention"'s alignment statistics; in
+# transformer_lib/data/tasks.py)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The held-out part of the shipped Tiny Shakespeare (chapter 16) holds no character that a shipped
+"""The held-out part of the shipped Tiny Shakespeare (chapter "Measuring a model") holds no character that a shipped
 model trained on: each model's training split is found through its own tokenizer, not typed."""
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib.data.corpus import sha256_of
 from transformer_lib.data.mc_tasks import HELD_OUT_START, held_out_text
-from transformer_lib.experiments.ch13 import split_text
+from transformer_lib.experiments.tokens import split_text
 
 DATA = Path(tl.__file__).parent / "data"
 TEXT = tl.data.SHIPPED_PATH.read_text(encoding="utf-8")
@@ -31,7 +31,7 @@ def shakespeare_checkpoints() -> list[Path]:
 def trained_up_to(path: Path) -> int:
     """How many leading characters of the text the checkpoint at ``path`` trained on, whichever way
     its split was made: the first ``1 - val_fraction`` of the characters (today's ``train``) or of
-    the whole text's tokens (how chapter 15's BPE model was split), through its own tokenizer."""
+    the whole text's tokens (how chapter "Fine-tuning"'s BPE model was split), through its own tokenizer."""
     _, tokenizer, _ = tl.load_checkpoint(path)
     fraction = 1.0 - torch.load(path, map_location="cpu", weights_only=False)["meta"]["val_fraction"]
     ids = tokenizer.encode(TEXT)
@@ -40,7 +40,7 @@ def trained_up_to(path: Path) -> int:
 
 
 def test_the_shipped_pretrained_models_are_found():
-    # chapter 12's character model and chapter 15's BPE model, at least
+    # chapter "What attention learns"'s character model and chapter "Fine-tuning"'s BPE model, at least
     names = {p.relative_to(DATA).as_posix() for p in shakespeare_checkpoints()}
     assert {"ch12/shakespeare_ckpt.pt", "ch15/pretrained.pt"} <= names
 
@@ -53,7 +53,7 @@ def test_no_shipped_model_trained_on_the_held_out_text(path):
 
 
 def test_the_character_experiments_split_before_the_held_out_text():
-    # the Experts and Longer-than-trained models train on chapter 13's split
+    # the Experts and Longer-than-trained models train on chapter "Tokens"'s split
     train_text, _ = split_text()
     assert TEXT.startswith(train_text) and len(train_text) <= HELD_FROM
 

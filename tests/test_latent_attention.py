@@ -1,5 +1,5 @@
-"""Chapter 18's multi-head latent attention as properties: it computes what transformers'
-DeepseekV3Attention computes on the same random weights, caches only a latent and a rotary key per
+"""Chapter "Latent, sparse and sink attention"'s multi-head latent attention as properties: it computes what
+transformers' DeepseekV3Attention computes on the same random weights, caches only a latent and a rotary key per
 token, decodes from that cache as it computes without, and its folded path is the same function."""
 
 import pytest
@@ -309,8 +309,9 @@ def test_bad_calls_are_refused_by_name():
 
 @pytest.mark.parametrize("kind", ["latent", "gated_delta"])
 def test_an_empty_sequence_gives_an_empty_output_and_leaves_the_cache_as_it_was(kind):
-    # multi-head attention maps (B, 0, d) to (B, 0, d); so do the layers of chapters 18 and 19, with
-    # or without a cache, and decoding after an empty step equals decoding without one
+    # multi-head attention maps (B, 0, d) to (B, 0, d); so do the layers of chapters "Latent, sparse and sink attention"
+    # and "Attention as a recurrence", with or without a cache, and decoding after an empty step equals decoding without
+    # one
     from transformer_lib.delta_net import GatedDeltaNet
 
     torch.manual_seed(0)

@@ -1,5 +1,7 @@
 """Tests of the library's layout: one flat namespace, imports without cycles that follow the
-chapters, every public name's docstring naming its chapter, and the PyTorch range written once."""
+chapters, every public name's docstring naming its chapter by name, the chapters listed once
+(transformer_lib/chapters.py) and every list a chapter joins agreeing with it, so that a chapter
+inserted changes no file of the library, and the PyTorch range written once."""
 
 import ast
 import importlib
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import transformer_lib as tl
+from transformer_lib import chapters
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer_lib"
@@ -174,30 +177,174 @@ def test_importing_the_package_loads_no_command_line_trainer_or_plotting():
     assert loaded == [], f"import transformer_lib loaded {loaded}"
 
 
-def _chapter_titles() -> set[str]:
-    """Each chapter's title, its notebook's first heading: a chapter named by its title is known by name."""
-    titles = set()
-    for notebook in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
-        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-        text = next(t for c in cells if c["cell_type"] == "markdown" and (t := "".join(c["source"])).startswith("# "))
-        titles.add(text.splitlines()[0].removeprefix("# ").strip())
-    return titles
+def _notebook_title(notebook: Path) -> str:
+    """A chapter's title, its notebook's first heading, as plain text ($\\sqrt{d_k}$ as sqrt(d_k))."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    text = next(t for c in cells if c["cell_type"] == "markdown" and (t := "".join(c["source"])).startswith("# "))
+    title = text.splitlines()[0].removeprefix("# ").strip()
+    return re.sub(r"\$\\sqrt\{([^}]*)\}\$", r"sqrt(\1)", title)
 
 
-CHAPTER_TITLES = _chapter_titles()
+def toc_notebooks(root: Path = ROOT) -> list[str]:
+    """The chapters' notebooks in the table of contents (``_toc.yml``), in its order: ``NN_slug``."""
+    return re.findall(r"^\s*- file: chapters/(\d\d_\w+)\s*$", (root / "_toc.yml").read_text(), flags=re.M)
 
 
-def test_every_public_function_and_class_names_its_chapter():
-    missing = []
+CHAPTER_TITLES = {c.title for c in chapters.CHAPTERS}
+#: Modules being rewritten as this is written, whose docstrings still name chapters by number
+#: until ``python scripts/name_chapters.py FILE ...`` is run on them; then this is empty again.
+NOT_YET_NAMED = set(
+    "_specs blocks checkpoint delta_net experts export finetune latent_attention models modern_block multihead "
+    "positional pretrained pretrained_experts pretrained_gpt_oss pretrained_latent pretrained_llama "
+    "pretrained_qwen3_next recipe rope_scaling run sinks sparse_attention train train_config cli.finetune "
+    "cli.settings cli.tune".split()
+)
+
+
+def test_the_chapters_are_listed_once_in_the_order_of_the_table_of_contents():
+    # transformer_lib/chapters.py is the one list: the table of contents, the notebooks' file names
+    # and their first headings agree with it; numbers appear only in the file names
+    listed = [c.slug for c in chapters.CHAPTERS]
+    assert [name[3:] for name in toc_notebooks()] == listed, "chapters.CHAPTERS and _toc.yml disagree"
+    notebooks = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    assert [nb.stem[3:] for nb in notebooks] == listed, "the notebooks' file names and chapters.CHAPTERS disagree"
+    assert [nb.stem for nb in notebooks] == toc_notebooks()
+    assert [_notebook_title(nb) for nb in notebooks] == [c.title for c in chapters.CHAPTERS]
+    assert set(chapters.OLD_NAMES.values()) <= set(listed)
+    assert chapters.slug("ch14") == chapters.slug("todays_block") == "todays_block"
+    with pytest.raises(ValueError, match="no chapter is called 'ch99'"):
+        chapters.slug("ch99")
+
+
+def test_every_public_function_and_class_names_its_chapter_by_name():
+    missing, numbered = [], []
     for name in tl.__all__:
         obj = getattr(tl, name)
         if not callable(obj) or isinstance(obj, type(tl)):
             continue  # constants and modules
-        doc = obj.__doc__ or ""
-        named = set(re.findall(r'\b[Cc]hapter\s+"([^"]+)"', doc))
-        if not re.search(r"\b[Cc]hapters? \d", doc) and not named & CHAPTER_TITLES:
+        doc = " ".join((obj.__doc__ or "").split())
+        named = set()
+        for names in re.findall(r'\b[Cc]hapters? ((?:"[^"]+"(?:,? and |, | to )?)+)', doc):
+            named |= set(re.findall(r'"([^"]+)"', names))
+        if named - CHAPTER_TITLES:
+            missing.append(f"{name} names {sorted(named - CHAPTER_TITLES)}, which is no chapter's title")
+        owner = getattr(obj, "__module__", "").removeprefix("transformer_lib.")
+        by_number = re.search(r"\b[Cc]hapters? \d", doc)
+        if by_number and owner not in NOT_YET_NAMED:
+            numbered.append(name)
+        if not named & CHAPTER_TITLES and not (by_number and owner in NOT_YET_NAMED):
             missing.append(name)
-    assert not missing, f"docstrings that do not say which chapter introduces them: {missing}"
+    assert not missing, f"docstrings that do not say by name which chapter introduces them: {missing}"
+    assert not numbered, f"docstrings that name a chapter by its number, which moves: {numbered}"
+
+
+def chapter_modules(package: str) -> list[str]:
+    """The modules of ``transformer_lib.<package>`` other than its machinery (``_core``, ``recorder``)."""
+    machinery = ("__init__", "__main__", "_core", "recorder")
+    return sorted(p.stem for p in (PACKAGE / package).glob("*.py") if p.stem not in machinery)
+
+
+def test_every_list_a_chapter_joins_agrees_with_the_one_list():
+    # A new chapter joins these lists by its slug alone; none is kept by hand in chapter numbers.
+    from transformer_lib.experiments import RECORDS, record_path
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import api_pages
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    slugs = [c.slug for c in chapters.CHAPTERS]
+
+    def owner(module: str) -> str | None:  # the chapter a module is named after: its slug, or slug_suffix
+        return next(
+            (s for s in sorted(slugs, key=len, reverse=True) if module == s or module.startswith(s + "_")), None
+        )
+
+    # exercise checks: one module per chapter, named by its slug
+    assert chapter_modules("exercises") == sorted(slugs), "each chapter has transformer_lib/exercises/<slug>.py"
+    # recorded experiments: a module and a record per chapter that has one, by slug, in the book's order
+    experiments = chapter_modules("experiments")
+    assert all(owner(m) for m in experiments), f"experiment modules not named by a chapter: {experiments}"
+    assert list(RECORDS) == [s for s in slugs if s in RECORDS], "RECORDS is in the book's order"
+    assert set(RECORDS) <= set(experiments) and all(record_path(s).is_file() for s in RECORDS)
+    # the data folders: each is a chapter's, by its slug or its old name
+    folders = [p.name for p in (PACKAGE / "data").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert all(f in slugs or f in chapters.OLD_NAMES for f in folders), folders
+    assert all(chapters.data_folder(f).name == f for f in folders)
+    # the package data: patterns that name no chapter, so that every folder's files install
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert not re.search(r'"(?:ch\d\d|' + "|".join(slugs) + r")/", pyproject), "package-data names a chapter's folder"
+    # the API pages: the experiments and exercises pages list every chapter's module
+    documented = api_pages.documented_modules()
+    for package in ("experiments", "exercises"):
+        missing = [m for m in chapter_modules(package) if f"transformer_lib.{package}.{m}" not in documented]
+        assert not missing, f"modules with no API page: {missing}"
+    for _, _, named, _ in api_pages.PAGES:
+        assert named in api_pages.SPECIAL or set(named.split()) - {"to"} <= set(slugs), named
+    # the README's table of chapters: the titles in the book's order
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| \d+ \| ([^|]+) \|", readme, flags=re.M)
+    assert [r.strip() for r in rows] == [c.title for c in chapters.CHAPTERS], "README's table of chapters"
+
+
+# Where the library may still write an old name by number (``ch14``): the modules that document
+# the old names as aliases, and a data folder's path (``data/ch14``), which keeps its name.
+OLD_NAME_ALLOWED = {"chapters.py", "exercises/__init__.py", "experiments/__init__.py", "experiments/recorder.py"}
+DATA_FOLDER = re.compile(r"""data/ch\d\d/|["']data["'] / ["']ch\d\d["']""")
+
+
+def numbered_references(package: Path, notebooks: list[str]) -> list[str]:
+    """Every place in the library's files under ``package`` that would move when a chapter is
+    inserted: a chapter by number ("chapter 14", "chapters 2-3"), a module or record by its old
+    name outside :data:`OLD_NAME_ALLOWED` and the data folders' paths, and a notebook's file name
+    (``notebooks``: ``14_todays_block``) outside ``exercises/__init__.py``, whose
+    ``module_for`` takes one."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if module_name(path).removesuffix(".__init__") in NOT_YET_NAMED:
+            continue
+        text = DATA_FOLDER.sub("", path.read_text(encoding="utf-8"))
+        for number, line in enumerate(text.splitlines(), 1):
+            hits = re.findall(r"\b[Cc]hapters? \d+\b(?!_)", line)
+            if where not in OLD_NAME_ALLOWED:
+                hits += re.findall(r"\bch\d\d\b", line)
+            if where != "exercises/__init__.py":
+                hits += [n for n in notebooks if n in line]
+            found += [f"{where}:{number}: {hit}" for hit in hits]
+    return found
+
+
+def test_no_library_file_names_a_chapter_by_its_number():
+    notebooks = [p.stem for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")]
+    found = numbered_references(PACKAGE, notebooks)
+    assert not found, f"the library names chapters by number, which an inserted chapter changes: {found}"
+
+
+def test_a_trial_insertion_changes_no_library_file(tmp_path):
+    # Insert a chapter before "Today's block" in a copy of the book's frame: its notebook and the
+    # later ones are renumbered, and the table of contents follows. Nothing in the library names
+    # the old file names or numbers, so its files stay as they are; the one list gains a line.
+    slugs = [c.slug for c in chapters.CHAPTERS]
+    at = slugs.index("todays_block")
+    new_order = [*slugs[:at], "inserted", *slugs[at:]]
+    renamed = {f"{i + 1:02d}_{s}": f"{new_order.index(s) + 1:02d}_{s}" for i, s in enumerate(slugs)}
+    assert renamed["14_todays_block"] == "15_todays_block" and renamed["13_tokens"] == "13_tokens"
+    toc = (ROOT / "_toc.yml").read_text()
+    for old, new in sorted(renamed.items(), reverse=True):
+        toc = toc.replace(f"chapters/{old}\n", f"chapters/{new}\n")
+    toc = toc.replace("chapters/15_todays_block\n", "chapters/14_inserted\n      - file: chapters/15_todays_block\n")
+    (tmp_path / "_toc.yml").write_text(toc)
+    after = toc_notebooks(tmp_path)
+    assert after[at] == "14_inserted" and after[at + 1] == "15_todays_block" and len(after) == len(slugs) + 1
+    moved = [old for old, new in renamed.items() if old != new]
+    assert "14_todays_block" in moved and "20_experts" in moved
+    # what the library would have to change: every mention of a moved notebook or of a number
+    assert numbered_references(PACKAGE, moved) == []
+    # the library finds each chapter's modules by its slug, whatever the file's number
+    from transformer_lib import exercises
+
+    assert exercises.module_for("15_todays_block.ipynb") == exercises.module_for("14_todays_block.ipynb")
 
 
 # a shape as the docstrings write it: "(B, T, d_model)", "(..., T_q, T_k)", "(N,)"

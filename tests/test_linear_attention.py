@@ -1,5 +1,5 @@
-"""Chapter 19's recurrences as properties: linear attention and the (gated) delta rule give the same
-outputs and states in their parallel, recurrent and chunked forms; the delta rule computes what
+"""Chapter "Attention as a recurrence"'s recurrences as properties: linear attention and the (gated) delta rule give the
+same outputs and states in their parallel, recurrent and chunked forms; the delta rule computes what
 transformers' Qwen3-Next kernels compute, and GatedDeltaNet what Qwen3NextGatedDeltaNet computes, with
 and without a cache; a cache of constant size decodes as the full forward; plain linear attention's
 state grows without bound, the normalised outputs and the delta rule's state do not."""

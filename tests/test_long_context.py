@@ -1,4 +1,4 @@
-"""Tests of transformer_lib/long_context.py (chapter 10): the online softmax equals the softmax, and
+"""Tests of transformer_lib/long_context.py (chapter "Generation"): the online softmax equals the softmax, and
 tiled attention equals PyTorch's fused attention in its output and in its gradients, while its
 peak memory grows linearly with the sequence length where the naive path's grows quadratically."""
 

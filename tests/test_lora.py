@@ -1,4 +1,4 @@
-"""LoRA (chapter 15): a zero adapter changes nothing, merged equals unmerged, unmerge restores
+"""LoRA (chapter "Fine-tuning"): a zero adapter changes nothing, merged equals unmerged, unmerge restores
 the weights bit for bit, gradients reach only the adapters, saved adapters load and refuse a
 model of another shape, and the adapted model equals ``peft``'s LoRA on the same GPT-2."""
 

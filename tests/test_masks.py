@@ -214,7 +214,7 @@ def test_seq2seq_masks_batch_mismatch():
         seq2seq_masks([4, 2], [3], T_src=4, T_tgt=3)
 
 
-# --- sliding windows, chapter 10 ---
+# --- sliding windows, chapter "Generation" ---
 
 
 @pytest.mark.parametrize(("T_q", "T_k"), [(1, 1), (5, 5), (1, 7), (3, 8), (6, 6)])

@@ -152,7 +152,7 @@ def test_gpt_bias_flag_removes_every_bias():
     assert logits.shape == (1, 4, 11)
 
 
-# --- chapter 10: n_kv_heads and window in the configs; caches (more in tests/test_cache.py) ---
+# --- chapter "Generation": n_kv_heads and window in the configs; caches (more in tests/test_cache.py) ---
 
 
 def test_default_configs_build_the_same_models_as_before():
@@ -209,7 +209,7 @@ def test_a_subclass_whose_decode_takes_no_cache_still_greedy_decodes():
 @pytest.mark.parametrize("d_model", [32, 64, 128])
 def test_transformer_token_embeddings_match_the_positional_scale(d_model):
     # After the sqrt(d_model) factor a token vector must be of the same order as its sinusoidal
-    # position vector (chapter 7): E|sqrt(d) E[id]|^2 = d with std 1/sqrt(d), |PE(t)|^2 = d / 2,
+    # position vector (chapter "The transformer block"): E|sqrt(d) E[id]|^2 = d with std 1/sqrt(d), |PE(t)|^2 = d / 2,
     # so the ratio is 2 (std 0.02 would give 0.0008 d: 0.05 at d_model = 64).
     model = tiny_transformer(d_model=d_model, src_vocab_size=500, tgt_vocab_size=400, context_len=64)
     pe_sq = model.src_pos.pe.double().pow(2).sum(-1).mean().item()

@@ -172,7 +172,7 @@ def test_multihead_cost_rejects_bad_heads():
         multihead_cost(10, 3, T_q=4)
 
 
-# --- grouped-query attention, chapter 10 (equivalence tests: tests/test_cache.py) ---
+# --- grouped-query attention, chapter "Generation" (equivalence tests: tests/test_cache.py) ---
 
 
 def test_the_default_is_standard_multi_head_attention_with_the_fused_layout():

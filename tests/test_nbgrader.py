@@ -1,4 +1,4 @@
-"""End to end with real nbgrader, offline, on chapter 4: write the course, release the
+"""End to end with real nbgrader, offline, on chapter "Masking": write the course, release the
 assignment (no solution text left in it), submit a right and a wrong copy, autograde both, read
 nbgrader's own gradebook, and generate the feedback.
 
@@ -198,7 +198,7 @@ def test_nbgrader_end_to_end(tmp_path, nbgrader_env):
 
     # The feedback of the wrong answer holds the check's own explanation.
     wrong_mask = lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-1)
-    explanation = tl.exercises.ch04.check_causal_mask(wrong_mask, verbose=False).message
+    explanation = tl.exercises.masking.check_causal_mask(wrong_mask, verbose=False).message
     assert explanation.startswith("Not yet: ")
     feedback = html.unescape((course / "feedback" / "wrong" / CHAPTER / f"{CHAPTER}.html").read_text())
     assert explanation in re.sub(r"<[^>]+>", "", feedback)

@@ -61,7 +61,7 @@ def formula64(positions, d_model, base=10000.0):
     )
 
 
-# --- sinusoidal_encoding (chapter 6) -----------------------------------------------------------
+# --- sinusoidal_encoding (chapter "Positional encoding") -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("d_model", [1, 2, 3, 8, 9, 32])

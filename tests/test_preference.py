@@ -1,6 +1,6 @@
 """Tests of the chapter on preferences and rewards (transformer_lib/preference.py): an answer's
 log-probability, DPO's loss and GRPO's, each equal to TRL 1.16's ``DPOTrainer`` and
-``GRPOTrainer`` on chapter 15's shipped GPT (exported to ``transformers``), and their properties:
+``GRPOTrainer`` on chapter "Fine-tuning"'s shipped GPT (exported to ``transformers``), and their properties:
 ``ln 2`` at the start, the prompt and the padding never counted, a LoRA policy's reference equal to
 its base model bit for bit, zero advantages for a group of equal rewards, the k3 estimator against
 the exact KL, and what GRPO's loss is at its first step.
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 LN2 = math.log(2)
 LN2_FLOAT32 = float(torch.tensor(LN2, dtype=torch.float32))
-# chapter 15's dates: the answers start with a digit, so that the prompt's last token (the space of
+# chapter "Fine-tuning"'s dates: the answers start with a digit, so that the prompt's last token (the space of
 # PROMPT_END) never merges with the answer's first when TRL tokenises prompt + answer whole
 TRIPLES = [
     ("3 March 2021", "2021-03-03", "2021-03-30"),
@@ -84,7 +84,7 @@ def perturbed(model, seed, scale=0.02):
 
 
 def pair_batches(tokenizer, triples=TRIPLES):
-    """``(chosen, rejected)``, each ``(ids, n_prompt, lengths)`` from chapter 15's layout."""
+    """``(chosen, rejected)``, each ``(ids, n_prompt, lengths)`` from chapter "Fine-tuning"'s layout."""
     chosen = pad_rows([tl.encode_pair(tokenizer, p, c) for p, c, _ in triples], tokenizer.eos_id)
     rejected = pad_rows([tl.encode_pair(tokenizer, p, r) for p, _, r in triples], tokenizer.eos_id)
     return chosen, rejected

@@ -1,4 +1,4 @@
-"""Tests of transformer_lib/pretrained.py (chapter 10): a GPT-2 in Hugging Face's layout, and a
+"""Tests of transformer_lib/pretrained.py (chapter "Generation"): a GPT-2 in Hugging Face's layout, and a
 nanoGPT checkpoint made from it, loaded into the book's GPT give the same logits (float64, no
 download), and what the book's GPT cannot express is refused with a clear error. Also GPT-2's
 tanh GELU in the feed-forward layer."""

@@ -1,4 +1,4 @@
-"""Weight quantisation (chapter 16): per-channel int8 equals PyTorch's own quantisation bit for bit,
+"""Weight quantisation (chapter "Measuring a model"): per-channel int8 equals PyTorch's own quantisation bit for bit,
 NF4's codebook, codes and dequantised weights equal bitsandbytes' (and torchao's to its printed
 decimals), every weight is within half a step of its dequantised value, NF4 and narrow-range int8
 are idempotent, and a model of every recipe quantises into a copy that computes nearly the same."""

@@ -1,4 +1,4 @@
-"""Chapter 19's associative recall task: the layout of a sequence, the answers it scores, the
+"""Chapter "Attention as a recurrence"'s associative recall task: the layout of a sequence, the answers it scores, the
 checks of its settings, and an accuracy that a model reading the pairs can reach."""
 
 import pytest

@@ -11,7 +11,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib.experiments import experts as X
 from transformer_lib.experiments import recorded
-from transformer_lib.experiments.ch09 import weights_sha256
+from transformer_lib.experiments.gpt import weights_sha256
 from transformer_lib.experts import active_parameters, experts_layers
 
 

@@ -1,7 +1,7 @@
 """The record chapter "Longer than trained" reads (``transformer_lib.experiments.longer_than_trained``):
 it holds every kind of positions, condition, rescaling and seed at the module's settings, read at
 the lengths the module names; its two parts agree where they read the same model; the tools it was
-measured with do what they say (a loss by position that sums to chapter 13's bits per byte, a
+measured with do what they say (a loss by position that sums to chapter "Tokens"'s bits per byte, a
 longer model that reads its first positions as the trained one did, a learned table extended by
 seeded draws); the shipped checkpoint is seed 0's rotary model; and seed 0, re-run, reproduces the
 record (slow)."""
@@ -14,7 +14,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib.experiments import longer_than_trained as X
 from transformer_lib.experiments import recorded
-from transformer_lib.experiments.ch09 import weights_sha256
+from transformer_lib.experiments.gpt import weights_sha256
 
 S = X.SETTINGS
 LENGTHS = [S["context_len"], S["long_context"], S["longest"]]

@@ -293,7 +293,7 @@ def test_a_hybrids_multi_head_layers_take_the_rescaling():
 def test_a_checkpoints_dict_and_the_flat_settings_give_the_same_recipe(kind):
     spec = {"kind": kind, "factor": 4.0, "original_context": 8, "beta_fast": 4.0, "truncate": False}
     config = tl.GPTConfig(20, 32, 2, 2, 16, recipe="llama", rope_scaling=spec)
-    assert config.recipe.rope_scaling == RopeScaling(**spec)
+    assert config.recipe.positions.scaling == RopeScaling(**spec)
     assert tl.GPTConfig(**config.to_dict()).recipe == config.recipe
     flat = config.settings()
     assert (flat["rope_scaling"], flat["rope_factor"], flat["rope_truncate"]) == (kind, 4.0, False)
@@ -314,6 +314,7 @@ def test_a_checkpoints_dict_and_the_flat_settings_give_the_same_recipe(kind):
 
 def _unscaled(model):
     c = model.config
-    plain = tl.GPT(tl.GPTConfig(**{**c.to_dict(), "recipe": dataclasses.replace(c.recipe, rope_scaling=None)}))
+    unscaled = dataclasses.replace(c.recipe, positions=dataclasses.replace(c.recipe.positions, scaling=None))
+    plain = tl.GPT(tl.GPTConfig(**{**c.to_dict(), "recipe": unscaled}))
     plain.load_state_dict(model.state_dict())
     return plain.double().eval()

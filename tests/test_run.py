@@ -1,5 +1,5 @@
-"""Tests for transformer_lib/run.py (chapters 9 and 15): load_run gives back what the commands
-wrote (a pretraining run and a LoRA run, the same logits), a run's record round-trips through
+"""Tests for transformer_lib/run.py (chapters "A GPT from scratch" and "Fine-tuning"): load_run gives back what the
+commands wrote (a pretraining run and a LoRA run, the same logits), a run's record round-trips through
 the checkpoint's meta, an old checkpoint's meta reads as a record, and the resume rules refuse a
 changed setting by name."""
 

@@ -1,4 +1,5 @@
-"""Tests for transformer_lib/sampling.py: top-k, temperature, and generation from a prompt (chapter 9)."""
+"""Tests for transformer_lib/sampling.py: top-k, temperature, and generation from a prompt (chapter "A GPT from
+scratch")."""
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ def test_generate_text_continues_the_prompt_and_restores_the_mode():
         tl.generate_text(model, tok, "")
 
 
-# --- nucleus (top-p) sampling, chapter 10 ---
+# --- nucleus (top-p) sampling, chapter "Generation" ---
 
 
 def nucleus_mass(logits, kept):

@@ -1,5 +1,5 @@
-"""Tests of attention sinks (chapter 18): the sink logit in the online softmax, in tiled attention
-(forward and hand-written backward) and in :class:`SinkAttention`; the first keys kept by the
+"""Tests of attention sinks (chapter "Latent, sparse and sink attention"): the sink logit in the online softmax, in
+tiled attention (forward and hand-written backward) and in :class:`SinkAttention`; the first keys kept by the
 sliding-window mask and the key-value cache (StreamingLLM); parity with gpt-oss's attention in
 ``transformers``; the sink mass of a model's heads."""
 

@@ -35,7 +35,7 @@ def code(source, *tags):
 EXERCISE = "```{exercise} Write the causal mask\n:label: ex-04-1\n\nWrite `my_mask(T)`.\n```\n"
 SOLUTION = code('def my_mask(T):\n    """Bool (T, T)."""\n    return torch.tril(torch.ones(T, T, dtype=torch.bool))\n',
                 "solution", "hide-input")  # fmt: skip
-CHECK = code("result = tl.exercises.ch04.check_causal_mask(my_mask)\n")
+CHECK = code("result = tl.exercises.masking.check_causal_mask(my_mask)\n")
 
 
 def book_with(tmp_path, cells):
@@ -151,7 +151,7 @@ def test_a_solution_class_without_methods_is_refused(mode, tmp_path, capsys):
 
 
 def real_chapter(tmp_path):
-    """A book whose chapters folder holds the real chapter 4."""
+    """A book whose chapters folder holds the real chapter "Masking"."""
     chapters = tmp_path / "book" / "chapters"
     chapters.mkdir(parents=True)
     shutil.copy(ROOT / "chapters" / "04_masking.ipynb", chapters)
@@ -202,9 +202,9 @@ def test_student_files_get_the_mode_the_umask_allows(mode, umask, file_mode, tmp
 TWO_PARTS = [
     md("```{exercise} Two parts\n:label: ex-04-2\n\nPart a, then part b.\n```\n"),
     code('def part_a(x):\n    """A."""\n    return x\n', "solution", "hide-input"),
-    code("result = tl.exercises.ch04.check_part_a(part_a)\nresult2 = tl.exercises.ch04.check_part_a2(part_a)\n"),
+    code("result = tl.exercises.masking.check_part_a(part_a)\nresult2 = tl.exercises.masking.check_part_a2(part_a)\n"),
     code('def part_b(x):\n    """B."""\n    return x\n', "solution", "hide-input"),
-    code("result = tl.exercises.ch04.check_part_b(part_b)\n"),
+    code("result = tl.exercises.masking.check_part_b(part_b)\n"),
     md("```{exercise} Written in two parts\n:label: ex-04-3\n\nSay a, then b.\n```\n"),
     md(written("Part a's answer.").replace("ex-04-1", "ex-04-3"), "solution"),
     md(written("Part b's answer.").replace("ex-04-1", "ex-04-3"), "solution"),

@@ -1,5 +1,5 @@
-"""Chapter 18's sparse attention by selection: the indexer matches DeepSeek-V3.2's in transformers,
-covering top-k is dense attention, selection never looks ahead, the cache changes nothing, and the
+"""Chapter "Latent, sparse and sink attention"'s sparse attention by selection: the indexer matches DeepSeek-V3.2's in
+transformers, covering top-k is dense attention, selection never looks ahead, the cache changes nothing, and the
 indexer's loss trains the indexer alone."""
 
 import copy

@@ -194,7 +194,7 @@ def test_a_cell_that_reads_a_solution_or_its_worked_numbers_is_found():
     book = {"metadata": {}, "nbformat": 4, "nbformat_minor": 5, "cells": [
         cell("import transformer_lib as tl"),
         cell("def my_mask(T):\n    return T", "solution"),
-        cell("result = tl.exercises.ch04.check_causal_mask(my_mask)"),  # a check: calls the stub
+        cell("result = tl.exercises.masking.check_causal_mask(my_mask)"),  # a check: calls the stub
         cell("worked = my_mask(3)", "solution-work"),
         cell("%matplotlib inline\nprint(worked)"),  # reads the worked numbers
         cell("print([my_mask(n) for n in range(2)])"),  # calls the stub

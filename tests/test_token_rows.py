@@ -1,4 +1,4 @@
-"""Tests for transformer_lib/token_rows.py (chapter 15): trainable token rows start equal to the
+"""Tests for transformer_lib/token_rows.py (chapter "Fine-tuning"): trainable token rows start equal to the
 base bit for bit, train only their rows (every other row and weight unchanged), keep a tied head
 tied, start afresh when asked, find the tokens pretraining never used, compose with LoRA, equal
 peft's ``trainable_token_indices`` on GPT-2, and refuse bad input by name."""

@@ -1,7 +1,7 @@
-"""Tests for chapter 17's verifiable task (transformer_lib/data/verifiable.py) and its batches
+"""Tests for chapter "Preferences and rewards"'s verifiable task (transformer_lib/data/verifiable.py) and its batches
 (transformer_lib/preference_runs.py): every reward in [0, 1] and 1 only where it should be, a
 scratchpad's steps checked one by one, wrong answers that are never right, and the batches'
-first-step invariants on chapter 15's shipped model."""
+first-step invariants on chapter "Fine-tuning"'s shipped model."""
 
 import datetime
 import math
@@ -60,7 +60,8 @@ def test_preference_triples_pair_the_verifiers_answer_with_a_wrong_one():
 
 
 def load_dates_model():
-    """Chapter 16's shipped dates model (chapter 15's base and a LoRA adapter), in float64."""
+    """Chapter "Measuring a model"'s shipped dates model (chapter "Fine-tuning"'s base and a LoRA adapter), in
+    float64."""
     model, tokenizer, _ = tl.load_checkpoint(tl.PRETRAINED_PATH)
     tl.load_adapter(model, tl.DATES_ADAPTER_PATH)
     return model.double(), tokenizer

@@ -453,7 +453,7 @@ def test_plot_architecture_rejects_an_unknown_kind():
 
 
 # --------------------------------------------------------------------------------------------
-# plot_against_uniform (chapter 8's table of per-head statistics)
+# plot_against_uniform (chapter "Encoder-decoder and cross-attention"'s table of per-head statistics)
 # --------------------------------------------------------------------------------------------
 
 

@@ -62,13 +62,13 @@ def check_index(value, name: str, size: int, of: str) -> None:
 
 
 def check_window(window) -> None:
-    """``window`` (sliding-window attention, chapter 11) must be None or a positive int."""
+    """``window`` (sliding-window attention, chapter "Long context and precision") must be None or a positive int."""
     if window is not None:
         check_int(window, "window")
 
 
 def check_kv_heads(n_kv_heads, n_heads) -> None:
-    """``n_kv_heads`` (grouped-query attention, chapter 10) must be None or a positive int
+    """``n_kv_heads`` (grouped-query attention, chapter "Generation") must be None or a positive int
     dividing ``n_heads``, itself already checked."""
     if n_kv_heads is not None:
         check_int(n_kv_heads, "n_kv_heads")

@@ -1,5 +1,5 @@
-"""Attention functions: chapter 2 ("Queries, keys and values") and chapter 3 ("Why divide by
-sqrt(d_k)": the softmax's entropy, Jacobian and temperature).
+"""Attention functions: chapter "Queries, keys and values" ("Queries, keys and values") and chapter "Why divide by
+sqrt(d_k)" ("Why divide by sqrt(d_k)": the softmax's entropy, Jacobian and temperature).
 
 Shapes follow the book's notation: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key
 lengths, ``d_k`` the query/key width and ``d_v`` the value width.
@@ -36,7 +36,8 @@ __all__ = [
 
 
 def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
-    """Raise a clear error unless ``mask`` is a boolean tensor that broadcasts to ``scores_shape`` (chapter 4)."""
+    """Raise a clear error unless ``mask`` is a boolean tensor that broadcasts to ``scores_shape`` (chapter
+    "Masking")."""
     if mask is None:
         return
     if not isinstance(mask, Tensor):
@@ -58,7 +59,7 @@ def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Softmax over the last axis (the keys), ignoring positions where ``mask`` is False (chapter 4).
+    """Softmax over the last axis (the keys), ignoring positions where ``mask`` is False (chapter "Masking").
 
     Masked scores are replaced by the dtype's most negative finite value before the softmax, so
     their weight underflows to exactly 0. A row whose keys are *all* masked would be 0/0 (NaN)
@@ -102,7 +103,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v, written out so every step can be read (chapter 3).
+    """softmax(q k^T / sqrt(d_k)) v, written out so every step can be read (chapter "Why divide by sqrt(d_k)").
 
     Args:
         q: ``(..., T_q, d_k)`` queries.
@@ -136,7 +137,7 @@ def scaled_dot_product_attention(
 
 
 class AdditiveAttention(nn.Module):
-    """Bahdanau's additive attention: score(q, k) = w^T tanh(W_q q + W_k k) (chapter 2).
+    """Bahdanau's additive attention: score(q, k) = w^T tanh(W_q q + W_k k) (chapter "Queries, keys and values").
 
     Queries and keys may have different sizes (see :meth:`forward`).
     """
@@ -179,7 +180,8 @@ class AdditiveAttention(nn.Module):
 
 
 def check_attention_weights(weights: Tensor, mask: Tensor | None = None, atol: float = 1e-4) -> None:
-    """Raise ``ValueError`` unless every row of ``weights`` is a probability distribution (chapter 2).
+    """Raise ``ValueError`` unless every row of ``weights`` is a probability distribution (chapter "Queries, keys and
+    values").
 
     ``weights`` has shape ``(..., T_k)``: each row (the last axis, one query's weights over the
     keys) must be finite, non-negative and sum to 1 within ``atol``. With a boolean ``mask``
@@ -221,7 +223,7 @@ def check_attention_weights(weights: Tensor, mask: Tensor | None = None, atol: f
 
 
 def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Luong's (unscaled) dot-product attention, softmax(q k^T) v (chapter 2).
+    """Luong's (unscaled) dot-product attention, softmax(q k^T) v (chapter "Queries, keys and values").
 
     Same arguments and results as :func:`scaled_dot_product_attention`, without the division by
     ``sqrt(d_k)``: ``q (..., T_q, d_k)``, ``k (..., T_k, d_k)``, ``v (..., T_k, d_v)``, optional
@@ -235,7 +237,7 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None =
 
 
 def simple_self_attention(x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Parameter-free self-attention, softmax(X X^T) X (chapter 2).
+    """Parameter-free self-attention, softmax(X X^T) X (chapter "Queries, keys and values").
 
     The token vectors ``x (..., T, d)`` serve as queries, keys and values at once, with no
     learned weights. Returns ``(output (..., T, d), weights (..., T, T))``.
@@ -244,7 +246,7 @@ def simple_self_attention(x: Tensor, mask: Tensor | None = None) -> tuple[Tensor
 
 
 class SingleHeadAttention(nn.Module):
-    """One attention head with learned projections W_q, W_k, W_v (chapter 2).
+    """One attention head with learned projections W_q, W_k, W_v (chapter "Queries, keys and values").
 
     Keys and values come from a ``context``, by default the queries' own sequence (then it is
     *self*-attention; with another sequence it is cross-attention); see :meth:`forward`. The
@@ -281,7 +283,7 @@ class SingleHeadAttention(nn.Module):
 
 
 def soft_lookup(query: Tensor, keys: Tensor, values: Tensor, temperature: float = 1.0) -> Tensor:
-    """Soft dictionary lookup (chapter 2): ``softmax(keys @ query / temperature) @ values``.
+    """Soft dictionary lookup (chapter "Queries, keys and values"): ``softmax(keys @ query / temperature) @ values``.
 
     Args:
         query: ``(d,)`` the vector we look up.
@@ -306,7 +308,8 @@ def soft_lookup(query: Tensor, keys: Tensor, values: Tensor, temperature: float 
 
 
 def softmax_entropy(weights: Tensor, dim: int = -1) -> Tensor:
-    """Entropy in nats of each row of attention weights ``(..., T_k)`` along ``dim`` (chapter 3).
+    """Entropy in nats of each row of attention weights ``(..., T_k)`` along ``dim`` (chapter "Why divide by
+    sqrt(d_k)").
 
     0 for one-hot rows, ``log(T_k)`` for uniform ones; zero weights contribute 0 (the limit of
     ``p log p``), so masked keys are handled. Returns the shape of ``weights`` without ``dim``.
@@ -316,7 +319,7 @@ def softmax_entropy(weights: Tensor, dim: int = -1) -> Tensor:
 
 
 def softmax_jacobian(weights: Tensor) -> Tensor:
-    """Jacobian of the softmax, written with its output: ``diag(p) - p p^T`` (chapter 3).
+    """Jacobian of the softmax, written with its output: ``diag(p) - p p^T`` (chapter "Why divide by sqrt(d_k)").
 
     Args:
         weights: ``(..., n)`` softmax outputs ``p`` (each row sums to 1), for example one row of
@@ -337,7 +340,7 @@ def softmax_jacobian(weights: Tensor) -> Tensor:
 
 
 def softmax_with_temperature(scores: Tensor, temperature: float, dim: int = -1) -> Tensor:
-    """``softmax(scores / tau)`` along ``dim``, same shape as ``scores (..., n)`` (chapter 3).
+    """``softmax(scores / tau)`` along ``dim``, same shape as ``scores (..., n)`` (chapter "Why divide by sqrt(d_k)").
 
     The temperature is tau (``T`` is a sequence length in this book): ``tau < 1`` sharpens the
     weights towards one-hot (the argmax as ``tau -> 0``), ``tau > 1`` flattens them towards uniform.

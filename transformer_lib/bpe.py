@@ -1,4 +1,4 @@
-"""Byte-level byte-pair encoding (chapter 13, "Tokens").
+"""Byte-level byte-pair encoding (chapter "Tokens", "Tokens").
 
 Text becomes UTF-8 bytes, ids ``0 .. 255``; training merges the most frequent adjacent pair of ids
 into a new id, ``256, 257, ...``, one merge at a time. Before counting, the text is split into
@@ -29,7 +29,7 @@ from ._checks import check_int, is_int
 
 __all__ = ["PATTERNS", "BPETokenizer", "bpe_merge", "bytes_per_token", "train_bpe"]
 
-#: The pre-split patterns of GPT-2 and of GPT-4 (cl100k_base), by name (chapter 13), which
+#: The pre-split patterns of GPT-2 and of GPT-4 (cl100k_base), by name (chapter "Tokens"), which
 #: tiktoken and Hugging Face's tokenizers also use; ``\p{L}`` is any letter, ``\p{N}`` any digit.
 PATTERNS = {
     "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
@@ -93,7 +93,7 @@ def _utf8(text: str, name: str = "text") -> bytes:
 
 
 def bpe_merge(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """``ids`` with every occurrence of ``pair`` replaced by ``new_id``, left to right (chapter 13):
+    """``ids`` with every occurrence of ``pair`` replaced by ``new_id``, left to right (chapter "Tokens"):
     ``bpe_merge([5, 5, 5], (5, 5), 9) == [9, 5]``."""
     out, i, a, b = [], 0, pair[0], pair[1]
     while i < len(ids):
@@ -107,7 +107,7 @@ def bpe_merge(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[in
 
 
 def train_bpe(text: str, vocab_size: int, pattern: str = "gpt2", specials: Sequence[str] = ()) -> BPETokenizer:
-    """Learn ``vocab_size - 256 - len(specials)`` merges from ``text`` (chapter 13).
+    """Learn ``vocab_size - 256 - len(specials)`` merges from ``text`` (chapter "Tokens").
 
     The text is split by ``pattern`` into chunks, which together must be the whole text (a pattern
     that leaves a character out, or matches the empty string, is refused: the ids would not decode
@@ -159,7 +159,7 @@ def train_bpe(text: str, vocab_size: int, pattern: str = "gpt2", specials: Seque
 
 
 def bytes_per_token(tokenizer, text: str) -> float:
-    """UTF-8 bytes of ``text`` per token of ``tokenizer`` (chapter 13): how much text a token holds."""
+    """UTF-8 bytes of ``text`` per token of ``tokenizer`` (chapter "Tokens"): how much text a token holds."""
     n = len(tokenizer.encode(text))
     if n == 0:
         raise ValueError("text is empty: bytes per token is undefined")
@@ -167,7 +167,7 @@ def bytes_per_token(tokenizer, text: str) -> float:
 
 
 class BPETokenizer:
-    """A byte-level BPE tokenizer (chapter 13): ``merges`` in the order learned, merge ``i`` making
+    """A byte-level BPE tokenizer (chapter "Tokens"): ``merges`` in the order learned, merge ``i`` making
     id ``256 + i``; the ``specials`` take the ids after them. :func:`train_bpe` makes one.
 
     It shares the interface of :class:`~transformer_lib.data.CharTokenizer`: ``encode``,
@@ -242,7 +242,7 @@ class BPETokenizer:
     def encode(
         self, text: str, *, allowed_special: Collection[str] | str = (), bos: bool = False, eos: bool = False
     ) -> list[int]:
-        """``text`` -> ids (chapter 13). Text that spells a special token raises ``ValueError``
+        """``text`` -> ids (chapter "Tokens"). Text that spells a special token raises ``ValueError``
         unless that token is in ``allowed_special`` (or it is ``"all"``), so a user's text cannot
         inject one; :meth:`encode_ordinary` reads such text as text. ``bos``/``eos`` add the
         ``<bos>``/end token around the ids, as :class:`~transformer_lib.data.CharTokenizer` does."""
@@ -283,7 +283,7 @@ class BPETokenizer:
         return b"".join(out)
 
     def decode(self, ids: Iterable[int] | Tensor, skip_specials: bool = True) -> str:
-        """ids -> text: the bytes concatenated, then read as UTF-8 (chapter 13). A cut through a
+        """ids -> text: the bytes concatenated, then read as UTF-8 (chapter "Tokens"). A cut through a
         character (ids that end mid-character) reads as U+FFFD; special tokens are dropped
         (``skip_specials``) or written out."""
         if skip_specials:

@@ -1,8 +1,8 @@
 """What a model costs, every formula in one place: receptive fields of convolution stacks
-(chapter 1), the parameters and FLOPs of multi-head attention (chapter 5), training FLOPs and the
-model-FLOPs utilisation against a GPU's peak (chapter 9), a peak-memory probe (chapter 9), and the
-key-value cache's bytes (chapter 10) and the peak memory of three ways to compute attention
-(chapter 11).
+(chapter "Why attention?"), the parameters and FLOPs of multi-head attention (chapter "Multi-head attention"), training
+FLOPs and the model-FLOPs utilisation against a GPU's peak (chapter "A GPT from scratch"), a peak-memory probe (chapter
+"A GPT from scratch"), and the key-value cache's bytes (chapter "Generation") and the peak memory of three ways to
+compute attention (chapter "Long context and precision").
 
 This is a tool module, not a concept module: it reads the concepts and no concept module reads it.
 Models are passed in (only their ``config`` and :meth:`num_params` are read); the attention
@@ -40,7 +40,7 @@ __all__ = [
 
 
 def receptive_field(layers: int, k: int, dilated: bool = False) -> int:
-    """How many input positions one output sees after ``layers`` causal convolutions (chapter 1).
+    """How many input positions one output sees after ``layers`` causal convolutions (chapter "Why attention?").
 
     Contiguous kernels of width ``k`` add ``k - 1`` positions per layer: ``1 + layers * (k - 1)``.
     Dilated kernels with dilation ``k**l`` at layer ``l = 0, 1, ...`` multiply the field by ``k``
@@ -54,7 +54,8 @@ def receptive_field(layers: int, k: int, dilated: bool = False) -> int:
 
 
 def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
-    """Fewest causal convolution layers (width ``k``) after which position ``n - 1`` sees position 0 (chapter 1).
+    """Fewest causal convolution layers (width ``k``) after which position ``n - 1`` sees position 0 (chapter "Why
+    attention?").
 
     Contiguous kernels need ``ceil((n - 1) / (k - 1))`` layers, linear in ``n``; dilated kernels
     (dilation ``k**l`` at layer ``l``) need ``ceil(log_k n)``, computed here with integers only.
@@ -75,7 +76,8 @@ def layers_to_connect(n: int, k: int, dilated: bool = False) -> int:
 def multihead_cost(
     d_model: int, n_heads: int, T_q: int, T_k: int | None = None, batch: int = 1, bias: bool = True
 ) -> dict[str, int]:
-    """Parameters and forward FLOPs of one :class:`~transformer_lib.multihead.MultiHeadAttention` call (chapter 5).
+    """Parameters and forward FLOPs of one :class:`~transformer_lib.multihead.MultiHeadAttention` call (chapter
+    "Multi-head attention").
 
     FLOPs count the matrix products only, two per multiply-add (the convention of
     :class:`torch.utils.flop_counter.FlopCounterMode`); bias additions and the softmax are left
@@ -118,7 +120,7 @@ PEAK_FLOPS: dict[str, float] = {
 
 def gpu_peak_flops(name: str | None = None) -> float | None:
     """The dense 16-bit peak FLOP/s of the GPU called ``name`` (default: the current one), or
-    None if unknown (chapter 9)."""
+    None if unknown (chapter "A GPT from scratch")."""
     if name is None:
         if not torch.cuda.is_available():
             return None
@@ -127,7 +129,8 @@ def gpu_peak_flops(name: str | None = None) -> float | None:
 
 
 def flops_per_token(model: nn.Module, context_len: int) -> float:
-    """Training FLOPs per token of a GPT with context ``context_len``: ``6 N + 12 L h d_k T`` (chapter 9).
+    """Training FLOPs per token of a GPT with context ``context_len``: ``6 N + 12 L h d_k T`` (chapter "A GPT from
+    scratch").
 
     ``6 N`` counts the forward (2) and backward (4) multiply-adds of the ``N`` parameters (without
     the position embeddings, :meth:`GPT.num_params`); ``12 L h d_k T`` those of the attention
@@ -139,12 +142,12 @@ def flops_per_token(model: nn.Module, context_len: int) -> float:
 
 
 def estimate_mfu(model: nn.Module, tokens_per_second: float, context_len: int, peak_flops: float) -> float:
-    """Model FLOPs utilisation (chapter 9): the FLOP/s training achieves over the hardware's peak."""
+    """Model FLOPs utilisation (chapter "A GPT from scratch"): the FLOP/s training achieves over the hardware's peak."""
     return flops_per_token(model, context_len) * tokens_per_second / peak_flops
 
 
 def peak_memory_bytes(call: Callable[[], object], device: torch.device | str = "cpu") -> int:
-    """Peak bytes allocated during ``call()`` above what was allocated before it (chapter 9).
+    """Peak bytes allocated during ``call()`` above what was allocated before it (chapter "A GPT from scratch").
 
     On a GPU: ``torch.cuda.max_memory_allocated``. On the CPU: ``torch.profiler`` with
     ``profile_memory=True`` records every allocation and free of the CPU allocator with its time;
@@ -186,7 +189,7 @@ def _memory_records(prof) -> list[tuple[int, int]] | None:
 def kv_cache_bytes(
     n_layers: int, n_kv_heads: int, d_k: int, T: int, *, batch: int = 1, dtype: torch.dtype = torch.float32
 ) -> int:
-    """Bytes of the key-value cache of ``n_layers`` attention layers holding ``T`` positions (chapter 10).
+    """Bytes of the key-value cache of ``n_layers`` attention layers holding ``T`` positions (chapter "Generation").
 
     ``2 (K and V) * n_layers * batch * n_kv_heads * T * d_k * bytes per element``: linear in the
     context and in the number of K/V heads, which grouped-query attention divides by
@@ -216,7 +219,7 @@ def attention_peak_memory(
     block_size: int = 64,
     dtype: torch.dtype = torch.float32,
 ) -> int:
-    """Peak extra bytes on the CPU of one attention call over ``T`` positions (chapter 11).
+    """Peak extra bytes on the CPU of one attention call over ``T`` positions (chapter "Long context and precision").
 
     ``q``, ``k``, ``v`` of shape ``(batch, n_heads, T, d)`` (random, in ``dtype``) are made
     first and do not count; the probe (:func:`peak_memory_bytes`) then measures what one call

@@ -1,6 +1,6 @@
-"""The encoder-decoder :class:`Transformer` (chapter 8, "Encoder-decoder"), configured by a small
-dataclass, and the checks of token ids that it and the decoder-only :class:`~transformer_lib.models.GPT`
-share. It runs on any device (``model.to(device)``); nothing in it assumes one.
+"""The encoder-decoder :class:`Transformer` (chapter "Encoder-decoder and cross-attention", "Encoder-decoder"),
+configured by a small dataclass, and the checks of token ids that it and the decoder-only
+:class:`~transformer_lib.models.GPT` share. It runs on any device (``model.to(device)``); nothing in it assumes one.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ __all__ = ["Transformer", "TransformerConfig", "check_token_ids"]
 
 def check_token_ids(ids: Tensor, vocab_size: int, context_len: int, name: str = "token ids") -> None:
     """Raise a clear error for ids that are not ``(B, T)`` integers in ``[0, vocab_size)`` with
-    ``1 <= T <= context_len`` (chapter 8). Every integer dtype is accepted (the models convert
-    ids that ``nn.Embedding`` cannot index with to int64); bool, float and complex are not.
+    ``1 <= T <= context_len`` (chapter "Encoder-decoder and cross-attention"). Every integer dtype is accepted (the
+    models convert ids that ``nn.Embedding`` cannot index with to int64); bool, float and complex are not.
 
     The range check reads the tensor's values, which on a GPU forces a host-device
     synchronisation; it is skipped only while a model trains on a GPU (the hot loop), where an
@@ -97,7 +97,8 @@ def _init_module(module: nn.Module) -> None:
 
 @dataclass
 class TransformerConfig:
-    """Sizes of an encoder-decoder :class:`Transformer` (chapter 8; defaults: small enough for a CPU)."""
+    """Sizes of an encoder-decoder :class:`Transformer` (chapter "Encoder-decoder and cross-attention"; defaults: small
+    enough for a CPU)."""
 
     src_vocab_size: int
     tgt_vocab_size: int
@@ -113,7 +114,7 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
-    n_kv_heads: int | None = None  # chapter 10: grouped-query attention; None: n_heads (standard)
+    n_kv_heads: int | None = None  # chapter "Generation": grouped-query attention; None: n_heads (standard)
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "context_len"):
@@ -142,14 +143,14 @@ def _check_shared(config) -> None:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder transformer for sequence-to-sequence tasks (chapter 8).
+    """Encoder-decoder transformer for sequence-to-sequence tasks (chapter "Encoder-decoder and cross-attention").
 
     ``forward(src (B, T_src), tgt (B, T_tgt), targets=None, need_weights=False)`` returns
     ``(logits (B, T_tgt, tgt_vocab_size), loss or None)``. Padding (``pad_id``) in ``src`` is
     masked out of the encoder's self-attention and the decoder's cross-attention; the decoder's
     self-attention is causal. ``targets`` equal to ``pad_id`` are ignored by the loss.
 
-    Chapter 10: ``config.n_kv_heads`` makes every attention grouped-query;
+    Chapter "Generation": ``config.n_kv_heads`` makes every attention grouped-query;
     :meth:`greedy_decode` caches keys and values (:meth:`new_cache`).
     """
 
@@ -173,7 +174,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
         _init_weights(self)
         # std 1/sqrt(d_model): after scaled_embedding's sqrt(d_model) factor each
-        # coordinate has unit variance, the scale of the sinusoidal encoding (chapter 7)
+        # coordinate has unit variance, the scale of the sinusoidal encoding (chapter "The transformer block")
         for embed in (self.src_embed, self.tgt_embed):
             nn.init.normal_(embed.weight, mean=0.0, std=c.d_model**-0.5)
 
@@ -196,7 +197,7 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """``tgt (B, T_tgt)`` and the encoder's output -> logits ``(B, T_tgt, tgt_vocab_size)``.
 
-        With ``cache`` (chapter 10; :meth:`new_cache`), ``tgt`` is still the whole target prefix,
+        With ``cache`` (chapter "Generation"; :meth:`new_cache`), ``tgt`` is still the whole target prefix,
         but only the positions the cache has not seen (from ``cache.position`` on) go through
         the decoder, and only their logits ``(B, T_tgt - cache.position, tgt_vocab_size)`` come
         back; the cross-attention keys and values of ``memory`` are computed once, at the first call.
@@ -217,7 +218,7 @@ class Transformer(nn.Module):
         return self.lm_head(y)
 
     def new_cache(self) -> DecoderCache:
-        """An empty :class:`~transformer_lib.blocks.DecoderCache` for :meth:`decode` (chapter 10):
+        """An empty :class:`~transformer_lib.blocks.DecoderCache` for :meth:`decode` (chapter "Generation"):
         per decoder layer, a growing self-attention cache and a static cross-attention one."""
         return self.decoder.new_cache()
 
@@ -245,13 +246,13 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, max_new_tokens: int | None = None, use_cache: bool = True) -> Tensor:
-        """Decode by taking the most likely token at each step (chapter 8).
+        """Decode by taking the most likely token at each step (chapter "Encoder-decoder and cross-attention").
 
         Returns ``(B, n)`` generated ids, without the leading ``bos_id``; after a sequence's
         ``eos_id`` the rest of its row is ``pad_id``. Decoding stops when every row has ended.
         ``max_new_tokens`` is an int >= 0 (0 gives ``(B, 0)``); ``src`` needs at least one token.
 
-        The source is encoded once. With ``use_cache`` (chapter 10) each step runs the decoder on
+        The source is encoded once. With ``use_cache`` (chapter "Generation") each step runs the decoder on
         the newest token only: its self-attention keys and values are cached, and each layer's
         cross-attention keys and values of the encoder output are computed once. Without it,
         every step re-decodes the whole prefix; both give the same tokens. A subclass whose

@@ -1,4 +1,4 @@
-"""Measuring a model (chapter 16, "Measuring a model"): one quantity in three units, multiple
+"""Measuring a model (chapter "Measuring a model", "Measuring a model"): one quantity in three units, multiple
 choice scored by log-likelihood as the standard harness scores it, pass@k, an interval on every
 score, a judge's position bias, and the report card that puts them together.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ._checks import check_int, is_real
+from .chapters import data_folder
 from .data.instructions import encode_pair
 from .data.mc_tasks import MCItem
 from .data.tokenizer import tokenizer_checksum
@@ -57,16 +57,16 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
-#: Chapter 16's model that is sometimes right: LoRA adapters (rank 4, with the digits' new rows) of
-#: chapter 15's shipped base, fine-tuned on the dates for 350 steps only; how, in ``dates_lora.json``.
-DATES_ADAPTER_PATH = Path(__file__).parent / "data" / "ch16" / "dates_lora.pt"
+#: Chapter "Measuring a model"'s model that is sometimes right: LoRA adapters (rank 4, with the digits' new rows) of
+#: chapter "Fine-tuning"'s shipped base, fine-tuned on the dates for 350 steps only; how, in ``dates_lora.json``.
+DATES_ADAPTER_PATH = data_folder("measuring_a_model") / "dates_lora.pt"
 
 
 # Units ----------------------------------------------------------------------------------------
 
 
 def loss_units(nats_per_token: float, bytes_per_token: float | None = None) -> dict:
-    """One loss in three units (chapter 16): ``loss`` (nats per token), ``perplexity`` (``e`` to
+    """One loss in three units (chapter "Measuring a model"): ``loss`` (nats per token), ``perplexity`` (``e`` to
     the loss: the number of equally likely tokens the model hesitates between) and, given the
     text's bytes per token, ``bits_per_byte`` (the loss in bits, shared over the bytes)."""
     if not (is_real(nats_per_token) and math.isfinite(nats_per_token) and nats_per_token >= 0):
@@ -93,7 +93,7 @@ def _scores(values, name: str) -> np.ndarray:
 
 
 def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
-    """``(mean, low, high)`` of per-item scores (chapter 16): the mean plus and minus ``z`` standard
+    """``(mean, low, high)`` of per-item scores (chapter "Measuring a model"): the mean plus and minus ``z`` standard
     errors (``sd / sqrt(n)``, the sample's sd), 95 % for the default ``z``."""
     a = _scores(values, "values")
     half = z * a.std(ddof=1) / math.sqrt(len(a))
@@ -105,7 +105,7 @@ def bootstrap_interval(
 ) -> tuple[float, float, float]:
     """``(estimate, low, high)`` of ``sum(values) / sum(weights)`` (the mean with no weights), and
     the 2.5 and 97.5 percentiles of it over ``resamples`` draws of the items with replacement
-    (chapter 16): bits per byte over windows of text is ``values`` = bits, ``weights`` = bytes."""
+    (chapter "Measuring a model"): bits per byte over windows of text is ``values`` = bits, ``weights`` = bytes."""
     a = _scores(values, "values")
     w = np.ones_like(a) if weights is None else _scores(weights, "weights")
     if len(w) != len(a) or (w <= 0).any():
@@ -119,7 +119,7 @@ def bootstrap_interval(
 
 def items_needed(sd: float, difference: float, z: float = Z95) -> int | None:
     """How many items make an interval of ``+- z sd / sqrt(n)`` narrower than ``difference``
-    (chapter 16): ``ceil((z sd / difference) ** 2)``; None for a difference of 0 (no number does).
+    (chapter "Measuring a model"): ``ceil((z sd / difference) ** 2)``; None for a difference of 0 (no number does).
     A spread, difference or ``z`` that is not a finite number (a NaN from one item) raises a
     ``ValueError`` naming it."""
     for name, value in (("sd", sd), ("difference", difference), ("z", z)):
@@ -132,7 +132,7 @@ def items_needed(sd: float, difference: float, z: float = Z95) -> int | None:
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], z: float = Z95) -> dict:
-    """Model A's per-item scores minus model B's on the same items (chapter 16): ``difference``
+    """Model A's per-item scores minus model B's on the same items (chapter "Measuring a model"): ``difference``
     (mean), its interval ``low``/``high``, ``apart`` (the interval leaves out 0) and
     ``items_needed`` to tell them apart at this difference and spread."""
     a, b = _scores(a, "a"), _scores(b, "b")
@@ -149,7 +149,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float], z: float = Z95) ->
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased estimate of pass@k (chapter 16) from ``n`` sampled answers of which ``c`` are
+    """The unbiased estimate of pass@k (chapter "Measuring a model") from ``n`` sampled answers of which ``c`` are
     right (Chen et al. 2021): ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` answers drawn from
     the ``n`` without replacement hold a right one, as a stable product."""
     check_int(n, "n")
@@ -167,7 +167,7 @@ def sample_answers(
     model: nn.Module, tokenizer, prompts: Sequence[str], n: int, *, temperature: float = 1.0,
     max_new_tokens: int = 16, seed: int = 0,
 ) -> list[list[str]]:  # fmt: skip
-    """``n`` answers of a fine-tuned ``model`` to each prompt (chapter 16), sampled at
+    """``n`` answers of a fine-tuned ``model`` to each prompt (chapter "Measuring a model"), sampled at
     ``temperature`` from the prompt in its fine-tuning layout (``prompt + PROMPT_END``), each cut
     at the end token. The prompts of one length in ids are run as one batch of ``n`` rows each, in
     the order of their first prompt, from one generator seeded with ``seed``: the answers are
@@ -242,7 +242,7 @@ def _loglikelihoods(model: nn.Module, requests: Sequence[tuple[list[int], int]],
 
 
 def choice_loglikelihoods(model: nn.Module, tokenizer, context: str, continuations: Sequence[str]) -> list[float]:
-    """The summed log-probability of each continuation's ids after ``context`` (chapter 16), in
+    """The summed log-probability of each continuation's ids after ``context`` (chapter "Measuring a model"), in
     float64, as ``lm-eval``'s ``loglikelihood`` requests compute it: the pair is cut into ids by
     :func:`_encode_choice` and the last ``context_len + 1`` ids are kept (the context cropped on
     the left). The continuations are scored in one batch. No continuation at all, one string in
@@ -266,7 +266,7 @@ def _item_loglikelihoods(model: nn.Module, tokenizer, items: Sequence[MCItem], d
 
 
 def score_multiple_choice(model: nn.Module, tokenizer, items: Sequence[MCItem], delimiter: str = " ") -> dict:
-    """Score ``items`` by log-likelihood (chapter 16): ``acc`` (the choice with the largest summed
+    """Score ``items`` by log-likelihood (chapter "Measuring a model"): ``acc`` (the choice with the largest summed
     log-probability is the answer) and ``acc_norm`` (the largest per character of the choice), each
     with a Wilson interval (``*_interval``); per item ``correct`` and ``correct_norm`` (1 or 0) and
     ``loglikelihoods``. Each choice is scored as ``delimiter + choice``; ties go to the first."""
@@ -290,7 +290,7 @@ def score_multiple_choice(model: nn.Module, tokenizer, items: Sequence[MCItem], 
 
 def position_bias(judge: Callable[[str, str, str], int], cases: Sequence[tuple[str, str, str]]) -> dict:
     """Ask ``judge(question, first, second)`` (0: the first answer is better, 1: the second) about
-    each ``(question, right, wrong)`` case twice (chapter 16), the right answer first and then
+    each ``(question, right, wrong)`` case twice (chapter "Measuring a model"), the right answer first and then
     second. Returns ``right_when_first``, ``right_when_second`` (accuracies), ``picks_first`` (the share
     of all verdicts that chose the first place: 0.5 for a judge with no preference) and
     ``consistent`` (the share of cases judged the same both ways)."""
@@ -334,7 +334,7 @@ def report_card(
     pairs: Sequence[tuple[str, str]] | None = None, samples: int = 0, temperature: float = 1.0, k: int = 1,
     max_new_tokens: int = 16, seed: int = 0,
 ) -> dict:  # fmt: skip
-    """The report card of ``model`` (chapter 16), each part where its input is given:
+    """The report card of ``model`` (chapter "Measuring a model"), each part where its input is given:
 
     - ``text`` (held-out text): ``loss``, ``perplexity``, ``bits_per_byte`` and its interval;
     - ``tasks`` (name -> multiple-choice items): ``acc`` and ``acc_norm`` of each, with intervals;
@@ -443,7 +443,7 @@ def _window_difference(
 
 
 def format_cards(cards: dict[str, dict], digits: int = 3) -> str:
-    """The cards (name -> :func:`report_card`) as one Markdown table, a column each (chapter 16). With
+    """The cards (name -> :func:`report_card`) as one Markdown table, a column each (chapter "Measuring a model"). With
     two cards a last column gives the first minus the second, with its paired 95 % interval where
     both scored the same items, and "yes" where that interval leaves out 0 (told apart). The text's
     rows get a bootstrap over its windows, paired where both cut it into the same windows (else

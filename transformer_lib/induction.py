@@ -1,7 +1,7 @@
-"""Induction heads (chapter 12, "What attention learns"): a small attention-only transformer,
+"""Induction heads (chapter "What attention learns", "What attention learns"): a small attention-only transformer,
 its heads' OV circuits, and the training run on repeated sequences whose history shows the
 phase change in which induction heads form; and the chapter's other probes: the loss at each
-position of the context, and the subject-verb agreement sentences of chapter 9's grammar.
+position of the context, and the subject-verb agreement sentences of chapter "A GPT from scratch"'s grammar.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 
 
 class AttentionOnly(nn.Module):
-    """A transformer with attention layers only, no feed-forward networks (chapter 12).
+    """A transformer with attention layers only, no feed-forward networks (chapter "What attention learns").
 
     ``AttentionOnly(vocab_size, context_len, n_layers=2, n_heads=4, d_model=64, *,
     layer_norm=True, bias=True)``: token embeddings plus learned position embeddings
@@ -108,7 +108,8 @@ class AttentionOnly(nn.Module):
 
 
 def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
-    """Head ``head`` of layer ``layer``'s OV circuit from tokens to logits, ``(V, V)`` (chapter 12).
+    """Head ``head`` of layer ``layer``'s OV circuit from tokens to logits, ``(V, V)`` (chapter "What attention
+    learns").
 
     ``W_U W_O^i W_V^i E^T``: entry ``[a, b]`` is how much the logit of token ``a`` changes when
     the head attends fully to a position holding only token ``b``'s embedding, with ``E`` the
@@ -132,7 +133,8 @@ def ov_circuit(model: AttentionOnly, layer: int, head: int) -> Tensor:
 
 @torch.no_grad()
 def head_scores(model: nn.Module, idx: Tensor, loss_mask: Tensor, distance: Tensor) -> dict[str, dict[str, list]]:
-    """Every head's induction and previous-token scores on a batch of repeated sequences (chapter 12).
+    """Every head's induction and previous-token scores on a batch of repeated sequences (chapter "What attention
+    learns").
 
     ``idx (B, T)``, ``loss_mask (B, T)`` and ``distance (B,)`` as ``repeat_batch(...,
     return_distance=True)`` (:func:`~transformer_lib.data.repeats.repeat_batch`) returns them.
@@ -189,7 +191,8 @@ def train_on_repeats(
     max_distance: int | None = None,
     on_log: Callable | None = None,
 ) -> list[dict]:
-    """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter 12).
+    """Train ``model`` with AdamW on sequences with a repeat, the loss taken on the repeat (chapter "What attention
+    learns").
 
     ``model`` is an :class:`AttentionOnly` (or any model with ``vocab_size``, ``context_len`` and
     that ``forward``); the sequences, from :func:`~transformer_lib.data.repeats.repeat_batch` with
@@ -249,7 +252,8 @@ def train_on_repeats(
 
 
 def phase_change_step(history: list[dict], threshold: float = 0.3) -> int | None:
-    """The first logged step at which some head's induction score reaches ``threshold`` (chapter 12).
+    """The first logged step at which some head's induction score reaches ``threshold`` (chapter "What attention
+    learns").
 
     ``history``: the list :func:`train_on_repeats` returns. Returns the step (an int), or None if
     no head of any layer ever reaches ``threshold`` (a number in ``(0, 1)``).
@@ -266,7 +270,7 @@ def phase_change_step(history: list[dict], threshold: float = 0.3) -> int | None
 
 @torch.no_grad()
 def loss_by_position(model: nn.Module, idx: Tensor, targets: Tensor) -> Tensor:
-    """The next-token loss at each position of the context, ``(T,)`` (chapter 12).
+    """The next-token loss at each position of the context, ``(T,)`` (chapter "What attention learns").
 
     ``idx (B, T)`` and ``targets (B, T)`` token ids; ``model(idx)`` returns ``(logits (B, T, V),
     ...)`` as :class:`AttentionOnly` and :class:`~transformer_lib.models.GPT` do. Entry ``t`` is
@@ -288,7 +292,7 @@ def loss_by_position(model: nn.Module, idx: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0)  # (T,)
 
 
-# Chapter 9's invented language: (singular, plural) nouns and verbs, determiners by number.
+# Chapter "A GPT from scratch"'s invented language: (singular, plural) nouns and verbs, determiners by number.
 _NOUNS = [
     ("cat", "cats"),
     ("dog", "dogs"),
@@ -308,7 +312,7 @@ _ADVERBS, _ADV_P = ["", " quietly", " today", " again"], [0.4, 0.2, 0.2, 0.2]
 
 
 def _sentence(rng) -> str:
-    """One sentence of chapter 9's grammar, drawn with ``rng`` (a ``random.Random``)."""
+    """One sentence of chapter "A GPT from scratch"'s grammar, drawn with ``rng`` (a ``random.Random``)."""
     many = rng.random() < 0.5
     subject = f"{rng.choice(_DETS[many])}{rng.choices(_ADJECTIVES, _ADJ_P)[0]} {rng.choice(_NOUNS)[many]}"
     if rng.random() < 0.5:
@@ -321,7 +325,8 @@ def _sentence(rng) -> str:
 
 
 def agreement_text(n_sentences: int, seed: int = 0) -> str:
-    """``n_sentences`` random sentences of chapter 9's invented language, one per line (chapter 12).
+    """``n_sentences`` random sentences of chapter "A GPT from scratch"'s invented language, one per line (chapter "What
+    attention learns").
 
     A subject (determiner, optional adjective, noun) and a verb that agrees with it in number,
     then an optional adverb or an object: "every small fox chases the mice.". Drawn with
@@ -336,7 +341,8 @@ def agreement_text(n_sentences: int, seed: int = 0) -> str:
 
 
 def agreement_prompts(n_pairs: int, length: int = 24, seed: int = 0) -> list[tuple[str, str]]:
-    """Pairs of prompts that end on a verb stem, the subject singular in one, plural in the other (chapter 12).
+    """Pairs of prompts that end on a verb stem, the subject singular in one, plural in the other (chapter "What
+    attention learns").
 
     Each pair is ``(singular, plural)``, both ``length`` characters: the end of a random sentence,
     then "the", an optional adjective, a noun whose plural adds an "s" (cat, dog, bird, king,
@@ -366,7 +372,8 @@ def agreement_prompts(n_pairs: int, length: int = 24, seed: int = 0) -> list[tup
 
 @torch.no_grad()
 def agreement_probability(model: nn.Module, idx: Tensor, singular: Tensor, s_token: int) -> Tensor:
-    """The probability that the next character agrees with the subject, per prompt, ``(N,)`` (chapter 12).
+    """The probability that the next character agrees with the subject, per prompt, ``(N,)`` (chapter "What attention
+    learns").
 
     ``idx (N, T)``: prompts that end on a verb stem (see :func:`agreement_prompts`);
     ``singular (N,)`` bool, True where the subject is singular; ``s_token``: the id of "s".

@@ -1,4 +1,4 @@
-"""Looking inside a trained model (chapter 12, "What attention learns"): capture the attention
+"""Looking inside a trained model (chapter "What attention learns", "What attention learns"): capture the attention
 weights of every layer and head in one forward pass, intervene on chosen heads, and score
 attention patterns.
 
@@ -40,7 +40,7 @@ MODES = ("zero", "mean", "patch")
 def attention_layers(model: nn.Module) -> dict[str, nn.Module]:
     """Every attention layer in ``model`` (the parts whose role is ``"attention"``,
     :mod:`transformer_lib.parts`: a :class:`~transformer_lib.multihead.MultiHeadAttention` or a
-    later chapter's kind), by its name in ``model.named_modules()`` (chapter 12), in the order the
+    later chapter's kind), by its name in ``model.named_modules()`` (chapter "What attention learns"), in the order the
     modules were registered. ``model`` itself, if it is one, is named ``""``."""
     return find_parts(model, "attention")
 
@@ -76,7 +76,7 @@ def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) ->
     if type(module) is not MultiHeadAttention:  # a later chapter's attention computes its own
         return module.attention_weights(*args, **kwargs)
     query, key, value = _attention_inputs(args, kwargs)
-    # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice: with chapter 14's query-key transform (rotary, QK-norm)
+    # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice: with chapter "Today's block"'s query-key transform (rotary, QK-norm)
     q, k, v = module._project_cached(query, key, value, None)
     k, v = module._shared_kv(k, v)  # (B, h, T_k, d_k)
     mask = kwargs.get("mask")
@@ -88,7 +88,7 @@ def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) ->
 @contextmanager
 def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> Iterator[dict[str, Tensor]]:
     """Record the attention weights of the chosen layers during the forward passes inside the
-    ``with`` block (chapter 12).
+    ``with`` block (chapter "What attention learns").
 
     Yields a dict that each forward fills with ``{layer name: weights (B, h, T_q, T_k)}``
     (detached; a layer called twice keeps its last call). ``layers``: names from
@@ -130,7 +130,7 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
 
 def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):
     """``(model(*args, **kwargs), {layer name: weights (B, h, T_q, T_k)})`` in one forward pass
-    (chapter 12): :func:`capture_attention` around one call. The output is the model's usual
+    (chapter "What attention learns"): :func:`capture_attention` around one call. The output is the model's usual
     output, bitwise."""
     with capture_attention(model, layers) as weights:
         out = model(*args, **kwargs)
@@ -139,7 +139,8 @@ def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = N
 
 def eval_attention(model: nn.Module, *args, **kwargs) -> dict[str, Tensor]:
     """``{layer name: weights (B, h, T_q, T_k)}`` of ``model(*args, **kwargs)`` run in eval mode (no
-    dropout), the model's mode restored after (chapters 12 and 18)."""
+    dropout), the model's mode restored after (chapters "What attention learns" and "Latent, sparse and sink
+    attention")."""
     was_training = model.training
     model.eval()
     try:
@@ -149,7 +150,7 @@ def eval_attention(model: nn.Module, *args, **kwargs) -> dict[str, Tensor]:
 
 
 def head_activations(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):
-    """``(model(*args, **kwargs), {layer name: heads (B, h, T_q, d_k)})`` (chapter 12).
+    """``(model(*args, **kwargs), {layer name: heads (B, h, T_q, d_k)})`` (chapter "What attention learns").
 
     ``heads[:, i]`` is head ``i``'s output before the output projection: a forward pre-hook on
     each layer's ``out_proj`` reads its input, the merged heads ``(B, T_q, h * d_k)``, whose
@@ -201,7 +202,7 @@ def _check_heads(chosen: dict[str, MultiHeadAttention], heads: Mapping) -> dict[
 def intervene_heads(
     model: nn.Module, heads: Mapping[str, int | Iterable[int]], mode: str = "zero", reference=None
 ) -> Iterator[None]:
-    """Replace the output of chosen heads inside the ``with`` block, then undo it (chapter 12).
+    """Replace the output of chosen heads inside the ``with`` block, then undo it (chapter "What attention learns").
 
     ``heads``: ``{layer name: head index or indices}``. ``mode``:
 
@@ -270,7 +271,7 @@ def _check_pattern(pattern: Tensor, name: str) -> None:
 
 
 def previous_token_score(pattern: Tensor) -> Tensor:
-    """How much each query attends to the token just before it (chapter 12).
+    """How much each query attends to the token just before it (chapter "What attention learns").
 
     ``pattern (..., T, T)`` (rows: queries, columns: keys, as returned by
     :func:`capture_attention`) with ``T >= 2``; returns ``(...)``, the mean over ``t = 1 .. T - 1``
@@ -284,7 +285,7 @@ def previous_token_score(pattern: Tensor) -> Tensor:
 
 
 def induction_score(pattern: Tensor, distance=None, queries: Tensor | None = None) -> Tensor:
-    """The prefix-matching (induction) score of attention patterns (chapter 12).
+    """The prefix-matching (induction) score of attention patterns (chapter "What attention learns").
 
     On a sequence in which the token at position ``t`` repeats the one at ``t - distance``, an
     induction head at query ``t`` attends to key ``t - distance + 1``, the token that followed the
@@ -337,7 +338,7 @@ def induction_score(pattern: Tensor, distance=None, queries: Tensor | None = Non
 
 
 def copying_score(ov: Tensor) -> Tensor:
-    """How much a head raises the logit of the token it attends to (chapter 12).
+    """How much a head raises the logit of the token it attends to (chapter "What attention learns").
 
     ``ov (..., V, V)`` is a head's OV circuit read from tokens to logits, ``ov[..., a, b]`` the
     change of the logit of token ``a`` when the head attends fully to a position holding token

@@ -1,4 +1,4 @@
-"""The key-value cache of incremental decoding (chapter 10, "Generation").
+"""The key-value cache of incremental decoding (chapter "Generation", "Generation").
 
 Generating token by token, a causal model would recompute the keys and values of every earlier
 token at every step. A :class:`KVCache` keeps one attention layer's; a :class:`LayerCache` holds a
@@ -29,7 +29,7 @@ __all__ = ["DecoderCache", "KVCache", "LayerCache"]  # crop_positions, is_prefix
 
 def crop_positions(position: int, length: int, n: int, *, window: int | None, keep_first: int = 0, what: str) -> Tensor:
     """The indices, among the ``length`` positions a cache holds after ``position`` tokens, of those
-    it would hold after the first ``n`` tokens only (chapter 10): every position without a window;
+    it would hold after the first ``n`` tokens only (chapter "Generation"): every position without a window;
     with one, the last ``window - 1`` and the first ``keep_first``. Refuses an ``n`` outside
     ``[0, position]``, and one whose positions a window has already dropped (``what`` names the cache)."""
     check_int(n, "n", minimum=0)
@@ -61,7 +61,7 @@ def is_prefix(index: Tensor) -> bool:
 
 def select_rows(rows, batch: int, what: str) -> Tensor:
     """``rows`` (a list or 1-D tensor of batch indices, repeats allowed) as a long tensor, each checked to
-    be in ``[0, batch)`` (chapter 10)."""
+    be in ``[0, batch)`` (chapter "Generation")."""
     index = torch.as_tensor(rows)
     if index.dim() != 1 or index.dtype in (torch.bool, torch.float16, torch.float32, torch.float64, torch.bfloat16):
         raise ValueError(f"select needs a 1-D list of batch rows (integers), got {rows!r}")
@@ -71,7 +71,7 @@ def select_rows(rows, batch: int, what: str) -> Tensor:
 
 
 class KVCache:
-    """The keys and values one attention layer has already computed, for generation (chapter 10).
+    """The keys and values one attention layer has already computed, for generation (chapter "Generation").
 
     Generating token by token, a causal model recomputes the same keys and values at every step;
     a cache keeps them. ``k`` and ``v`` are ``(B, n_kv_heads, T_cached, d_k)`` (None while empty).
@@ -81,7 +81,8 @@ class KVCache:
     * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
       returns all of them. With ``window`` (sliding-window attention) only the last
       ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
-      stays bounded; without it, everything is kept. ``keep_first`` (chapter 18, with a window
+      stays bounded; without it, everything is kept. ``keep_first`` (chapter "Latent, sparse and sink attention", with a
+    window
       only) also keeps the first ``keep_first`` positions ever appended, StreamingLLM's attention
       sinks: at most ``keep_first + window - 1`` positions are held.
     * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
@@ -177,7 +178,8 @@ class KVCache:
 
     def _kept(self, x: Tensor) -> Tensor:
         """What a window keeps of ``x (B, n_kv_heads, T, d_k)``, every position held plus the new ones:
-        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter 18)."""
+        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter "Latent, sparse and sink
+        attention")."""
         T = x.shape[2]
         if self.window is None or T <= self.keep_first + self.window - 1:
             return x
@@ -261,7 +263,8 @@ class KVCache:
 
 def check_cache(cache: object, window: int | None, batch: int, keep_first: int = 0) -> None:
     """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` (and
-    ``keep_first``, chapter 18) and a query batch of ``batch`` may use (chapter 10); a clear error otherwise."""
+    ``keep_first``, chapter "Latent, sparse and sink attention") and a query batch of ``batch`` may use (chapter
+    "Generation"); a clear error otherwise."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
     if cache.window is not None and (window is None or cache.window < window):
@@ -279,7 +282,7 @@ def check_cache(cache: object, window: int | None, batch: int, keep_first: int =
 
 
 class LayerCache(NamedTuple):
-    """The caches of one :class:`~transformer_lib.blocks.DecoderLayer` for incremental decoding (chapter 10).
+    """The caches of one :class:`~transformer_lib.blocks.DecoderLayer` for incremental decoding (chapter "Generation").
 
     ``self_attn`` grows by one entry per generated token; ``cross_attn`` (None in a layer without
     cross-attention) is a static :class:`KVCache` filled once with the
@@ -291,7 +294,8 @@ class LayerCache(NamedTuple):
 
 
 class DecoderCache:
-    """The caches of a whole :class:`~transformer_lib.blocks.Decoder` stack for incremental decoding (chapter 10).
+    """The caches of a whole :class:`~transformer_lib.blocks.Decoder` stack for incremental decoding (chapter
+    "Generation").
 
     ``layers`` holds one :class:`LayerCache` per layer (``decoder.new_cache()`` makes them);
     ``position`` is the number of target positions the decoder has processed, which is where the

@@ -1,4 +1,4 @@
-"""Attention as a recurrence (chapter 19): linear attention and the delta rule, in three forms.
+"""Attention as a recurrence (chapter "Attention as a recurrence"): linear attention and the delta rule, in three forms.
 
 Drop the softmax and causal attention becomes a running sum. With ``S_t = sum_{s<=t} k_s v_s^T``, a
 ``d_k x d_v`` matrix per head, the output ``o_t = sum_{s<=t} (q_t . k_s) v_s`` is ``S_t^T q_t``: a
@@ -59,15 +59,15 @@ RECURRENT_FORMS = ("parallel", "recurrent", "chunked")
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """``x (..., d)`` -> ``(..., d)``: each vector divided by ``sqrt(|x|^2 + eps)`` (chapter 19), as
-    Qwen3-Next and the flash-linear-attention kernels normalise queries and keys (unit keys keep the
+    """``x (..., d)`` -> ``(..., d)``: each vector divided by ``sqrt(|x|^2 + eps)`` (chapter "Attention as a
+    recurrence"), as Qwen3-Next and the flash-linear-attention kernels normalise queries and keys (unit keys keep the
     delta rule's update a contraction)."""
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    """``elu(x) + 1`` (chapter 19): the positive feature map of Katharopoulos et al. (2020); any
-    shape in, the same shape out. Positive features make ``q . z`` positive, so normalised linear
+    """``elu(x) + 1`` (chapter "Attention as a recurrence"): the positive feature map of Katharopoulos et al. (2020);
+    any shape in, the same shape out. Positive features make ``q . z`` positive, so normalised linear
     attention is a weighted mean of the values."""
     return F.elu(x) + 1
 
@@ -202,7 +202,7 @@ def linear_attention(
     gate: Tensor | None = None,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Causal linear attention (chapter 19): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)`` ->
+    """Causal linear attention (chapter "Attention as a recurrence"): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)`` ->
     ``(out (B, h, T, d_v), final state (B, h, d_k, d_v))``.
 
     ``o_t = S_t^T q_t`` with ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, from ``initial_state`` (zeros by
@@ -239,8 +239,8 @@ def delta_rule(
     scale: float | None = None,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The (gated) delta rule (chapter 19): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)``, ``beta (B, h, T)``
-    -> ``(out (B, h, T, d_v), final state (B, h, d_k, d_v))``.
+    """The (gated) delta rule (chapter "Attention as a recurrence"): ``q, k (B, h, T, d_k)``, ``v (B, h, T, d_v)``,
+    ``beta (B, h, T)`` -> ``(out (B, h, T, d_v), final state (B, h, d_k, d_v))``.
 
     ``S' = exp(g_t) S_{t-1}``, ``S_t = S' + beta_t k_t (v_t - S'^T k_t)^T``, ``o_t = scale S_t^T q_t``,
     from ``initial_state`` (zeros by default). ``gate (B, h, T)``: the log decays ``g_t <= 0`` (None:
@@ -277,8 +277,8 @@ def linear_attention_weights(
     gate: Tensor | None = None,
 ) -> Tensor:
     """The attention matrix ``(B, h, T, T)`` that :func:`linear_attention` applies without forming it
-    (chapter 19): ``linear_attention(q, k, v, ...)[0] == weights @ v`` from a zero state. Entry ``(t, s)``
-    is ``phi(q_t) . phi(k_s) exp(g_{s+1} + ... + g_t)`` for ``s <= t``, 0 above the diagonal; with
+    (chapter "Attention as a recurrence"): ``linear_attention(q, k, v, ...)[0] == weights @ v`` from a zero state. Entry
+    ``(t, s)`` is ``phi(q_t) . phi(k_s) exp(g_{s+1} + ... + g_t)`` for ``s <= t``, 0 above the diagonal; with
     ``normalize`` each row is divided by its sum (a weighted mean for positive features)."""
     if feature_map is not None and not callable(feature_map):
         raise TypeError(f"feature_map must be a function of a tensor or None, got {type(feature_map).__name__}")
@@ -293,8 +293,8 @@ def linear_attention_weights(
 def delta_rule_weights(
     q: Tensor, k: Tensor, beta: Tensor, *, gate: Tensor | None = None, scale: float | None = None
 ) -> Tensor:
-    """The attention matrix ``(B, h, T, T)`` that :func:`delta_rule` applies without forming it (chapter 19):
-    ``delta_rule(q, k, v, beta, ...)[0] == weights @ v`` from a zero state, lower triangular. It is the
+    """The attention matrix ``(B, h, T, T)`` that :func:`delta_rule` applies without forming it (chapter "Attention as a
+    recurrence"): ``delta_rule(q, k, v, beta, ...)[0] == weights @ v`` from a zero state, lower triangular. It is the
     decayed scores ``scale q_t . k_s exp(G_t - G_s)`` times ``(I + A)^-1 diag(beta)``, the inverse of the
     triangular system of the writes: each value enters through every later write that corrected it."""
     _check_weights_inputs(q, k, {"beta": beta, "gate": gate})

@@ -1,4 +1,4 @@
-"""Long context (chapter 11): the online softmax and tiled attention.
+"""Long context (chapter "Long context and precision"): the online softmax and tiled attention.
 
 The softmax of a row needs its maximum (for stability) and its sum of exponentials (to
 normalise), both over the *whole* row. The online softmax keeps a running maximum ``m`` and a
@@ -8,8 +8,8 @@ with its weighted sum of values, so it never needs the ``(T_q, T_k)`` matrix of 
 ``(block, block)`` tile of it at a time. That is the idea behind FlashAttention; here it is
 written in plain PyTorch, for reading, not for speed.
 
-Chapter 18 adds an attention sink: one extra logit per row (per head in attention) that joins
-the softmax's denominator but has no value, so a row's weights may sum to less than 1. The
+Chapter "Latent, sparse and sink attention" adds an attention sink: one extra logit per row (per head in attention) that
+joins the softmax's denominator but has no value, so a row's weights may sum to less than 1. The
 running max then starts at the sink and the running sum at ``exp(sink - sink) = 1``.
 
 Shapes: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key lengths, ``d`` the query/key
@@ -35,8 +35,8 @@ def _safe_max(m: Tensor) -> Tensor:
 
 
 def _sink_start(sink: Tensor | None, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """The running max and sum before any column (chapter 18), ``shape`` each, of ``like``'s dtype and
-    device: ``-inf`` and 0, or, with a sink (broadcast to ``shape``), the sink and
+    """The running max and sum before any column (chapter "Latent, sparse and sink attention"), ``shape`` each, of
+    ``like``'s dtype and device: ``-inf`` and 0, or, with a sink (broadcast to ``shape``), the sink and
     ``exp(sink - sink) = 1`` (0 for a sink of ``-inf``)."""
     if sink is None:
         return like.new_full(shape, -math.inf), like.new_zeros(shape)
@@ -59,7 +59,8 @@ def _check_sink(sink: object, like: Tensor, name: str, shape: tuple[int, ...], s
 
 
 def online_softmax(x: Tensor, block_size: int, *, sink: Tensor | None = None) -> Tensor:
-    """Softmax over the last axis, computed block by block with a running max and sum (chapter 11).
+    """Softmax over the last axis, computed block by block with a running max and sum (chapter "Long context and
+    precision").
 
     One pass reads ``x (..., n)`` in blocks of ``block_size`` columns and keeps, per row, the
     largest value seen so far ``m`` and the sum ``l`` of ``exp(x - m)`` over the columns seen so
@@ -67,8 +68,8 @@ def online_softmax(x: Tensor, block_size: int, *, sink: Tensor | None = None) ->
     the end ``softmax(x) = exp(x - m) / l``. Returns ``(..., n)``, equal to
     ``torch.softmax(x, dim=-1)`` up to rounding (a row of only ``-inf`` gives NaN, as there).
 
-    ``sink`` (chapter 18), a tensor broadcastable to ``x.shape[:-1]``: one more logit per row, in
-    the denominator only; the result is the softmax of the row with a column holding ``sink``
+    ``sink`` (chapter "Latent, sparse and sink attention"), a tensor broadcastable to ``x.shape[:-1]``: one more logit
+    per row, in the denominator only; the result is the softmax of the row with a column holding ``sink``
     added, that column dropped, so rows sum to less than 1 (a row of only ``-inf`` gives zeros).
     """
     check_float_tensors({"x": x})
@@ -140,7 +141,7 @@ def _tiled_forward(
     q: Tensor, k: Tensor, v: Tensor, sink: Tensor | None, is_causal: bool, block_size: int
 ) -> tuple[Tensor, Tensor]:
     """``(out (B, h, T_q, d_v), lse (B, h, T_q))``; ``lse`` is each query's log-sum-exp of scores
-    (and of its head's sink, chapter 18)."""
+    (and of its head's sink, chapter "Latent, sparse and sink attention")."""
     B, h, T_q, d = q.shape
     T_k, d_v = k.shape[2], v.shape[-1]
     work = _work_dtype(q.dtype)
@@ -173,7 +174,8 @@ def _tiled_backward(q, k, v, sink, out, lse, grad_out, is_causal: bool, block_si
 
     With ``dP = dO V^T`` and ``D_i = sum_j P_ij dP_ij = dO_i . O_i``, the softmax's gradient is
     ``dS = P * (dP - D)``; then ``dQ = dS K / sqrt(d)``, ``dK = dS^T Q / sqrt(d)`` and ``dV = P^T dO``.
-    The sink (chapter 18) has no value, so its ``dP`` is 0: ``dsink_h = -sum_i P_sink(i) D_i``.
+    The sink (chapter "Latent, sparse and sink attention") has no value, so its ``dP`` is 0: ``dsink_h = -sum_i
+    P_sink(i) D_i``.
     """
     T_q, d = q.shape[2], q.shape[3]
     T_k = k.shape[2]
@@ -223,7 +225,8 @@ class _TiledAttention(torch.autograd.Function):
 def tiled_attention(
     q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, block_size: int = 64, sink: Tensor | None = None
 ) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v, one ``(block_size, block_size)`` tile at a time (chapter 11).
+    """softmax(q k^T / sqrt(d)) v, one ``(block_size, block_size)`` tile at a time (chapter "Long context and
+    precision").
 
     ``q (B, h, T_q, d)``, ``k (B, h, T_k, d)``, ``v (B, h, T_k, d_v)`` in, ``(B, h, T_q, d_v)``
     out, equal to ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)``
@@ -240,8 +243,8 @@ def tiled_attention(
     key blocks that lie wholly after a query block are skipped, not computed and masked. The
     result is differentiable once (no double backward).
 
-    ``sink (h,)`` (chapter 18): one learned logit per head, in every query's softmax denominator
-    but with no value (gpt-oss's attention sink); the running max starts at it. It is
+    ``sink (h,)`` (chapter "Latent, sparse and sink attention"): one learned logit per head, in every query's softmax
+    denominator but with no value (gpt-oss's attention sink); the running max starts at it. It is
     differentiable too.
     """
     _check_tiled_inputs(q, k, v, is_causal, block_size)

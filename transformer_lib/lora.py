@@ -1,4 +1,4 @@
-"""Low-rank adapters, LoRA (chapter 15, "Fine-tuning"; Hu et al., 2021).
+"""Low-rank adapters, LoRA (chapter "Fine-tuning", "Fine-tuning"; Hu et al., 2021).
 
 A weight matrix ``W (out, in)`` that stays frozen is used as ``W + (alpha / r) B A`` with two
 small trainable matrices ``A (r, in)`` and ``B (out, r)``. ``A`` starts random and ``B`` at zero,
@@ -56,7 +56,7 @@ ADAPTER_FORMAT = "transformer_lib.lora/1"
 
 
 class LoRA(nn.Module):
-    """The parametrization ``W -> W + (alpha / rank) B A`` of one weight ``W (out, in)`` (chapter 15).
+    """The parametrization ``W -> W + (alpha / rank) B A`` of one weight ``W (out, in)`` (chapter "Fine-tuning").
 
     ``A (rank, in)`` is initialised as PyTorch initialises a linear layer's weight (Kaiming
     uniform with ``a = sqrt(5)``, as ``peft`` does) and ``B (out, rank)`` at zero, so the adapted
@@ -169,8 +169,8 @@ def add_lora(
 ) -> list[str]:
     """Adapt each weight of ``model`` whose name matches one of ``targets`` (patterns such as
     ``"*.self_attn.in_proj_weight"``) with a :class:`LoRA` of ``rank`` and ``alpha``; returns the
-    names adapted, in the model's order (chapter 15). ``freeze`` (the default) sets ``requires_grad=False`` on
-    every parameter but the adapters' ``A`` and ``B``. ``seed`` draws the ``A`` matrices.
+    names adapted, in the model's order (chapter "Fine-tuning"). ``freeze`` (the default) sets ``requires_grad=False``
+    on every parameter but the adapters' ``A`` and ``B``. ``seed`` draws the ``A`` matrices.
     The model computes exactly what it computed before (``B`` is zero)."""
     names = _targets(model, targets)
     generator = torch.Generator().manual_seed(seed)
@@ -186,7 +186,7 @@ def add_lora(
 
 
 def lora_weights(model: nn.Module) -> dict[str, LoRA]:
-    """``{weight name: its LoRA}`` for every adapter of ``model``, in the model's order (chapter 15)."""
+    """``{weight name: its LoRA}`` for every adapter of ``model``, in the model's order (chapter "Fine-tuning")."""
     out = {}
     for owner, module in model.named_modules():
         for leaf, plist in getattr(module, "parametrizations", {}).items():
@@ -205,7 +205,7 @@ def _adapters(model: nn.Module) -> dict[str, LoRA]:
 
 def merge_lora(model: nn.Module) -> None:
     """Write ``W + (alpha / r) B A`` into each adapted weight, which then costs nothing per
-    forward; the model computes what it computed unmerged (chapter 15). :func:`unmerge_lora` undoes it.
+    forward; the model computes what it computed unmerged (chapter "Fine-tuning"). :func:`unmerge_lora` undoes it.
 
     A merged model is for inference: a backward through a merged adapter whose ``A`` or ``B``
     requires a gradient raises a ``ValueError`` (they would get no gradient). Unmerge it to train
@@ -223,7 +223,8 @@ def merge_lora(model: nn.Module) -> None:
 
 
 def unmerge_lora(model: nn.Module) -> None:
-    """Restore each merged weight to its frozen ``W``, bit for bit, and use the adapter again (chapter 15)."""
+    """Restore each merged weight to its frozen ``W``, bit for bit, and use the adapter again (chapter
+    "Fine-tuning")."""
     for name, lora in _adapters(model).items():
         if lora.frozen is None:
             raise ValueError(f"the adapter of {name} is not merged")
@@ -236,7 +237,7 @@ def unmerge_lora(model: nn.Module) -> None:
 
 def remove_lora(model: nn.Module, merge: bool = True) -> list[str]:
     """Remove every adapter, leaving plain weights: merged into them (``merge=True``) or the
-    frozen ``W`` alone (chapter 15). Returns the names."""
+    frozen ``W`` alone (chapter "Fine-tuning"). Returns the names."""
     names = []
     for name, lora in _adapters(model).items():
         if lora.frozen is not None and not merge:
@@ -250,7 +251,7 @@ def remove_lora(model: nn.Module, merge: bool = True) -> list[str]:
 
 def count_parameters(model: nn.Module, trainable: bool = True) -> int:
     """The number of parameters that require gradients (``trainable``) or of all, each shared
-    parameter once (chapter 15)."""
+    parameter once (chapter "Fine-tuning")."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
@@ -261,7 +262,7 @@ def _shape_of(model: nn.Module, name: str) -> tuple[int, ...] | None:
 
 def adapter_state(model: nn.Module) -> dict:
     """The adapters alone, as plain data and tensors: ``{"rank", "alpha", "weights": {name: shape},
-    "tensors": {name + ".A": A, name + ".B": B}}`` (``rank`` and ``alpha`` shared by all) (chapter 15)."""
+    "tensors": {name + ".A": A, name + ".B": B}}`` (``rank`` and ``alpha`` shared by all) (chapter "Fine-tuning")."""
     adapters = _adapters(model)
     settings = {(lora.rank, lora.alpha) for lora in adapters.values()}
     if len(settings) != 1:
@@ -281,7 +282,7 @@ def adapter_state(model: nn.Module) -> dict:
 
 def save_adapter(model: nn.Module, path: str | os.PathLike, *, meta: dict | None = None, force: bool = False) -> Path:
     """Write only the adapters of ``model`` to ``path``, atomically and checksummed like a
-    checkpoint; an existing file that holds anything else is kept unless ``force`` (chapter 15)."""
+    checkpoint; an existing file that holds anything else is kept unless ``force`` (chapter "Fine-tuning")."""
     path = Path(path)
     state = {"format": ADAPTER_FORMAT, **adapter_state(model), "meta": dict(meta or {})}
     if path.exists() and not force:
@@ -296,7 +297,7 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, *, meta: dict | None
 
 def load_adapter(model: nn.Module, path: str | os.PathLike, *, freeze: bool = True) -> list[str]:
     """Add the adapters saved in ``path`` to ``model`` (with their ``A`` and ``B``), returning the
-    names (chapter 15). A file that is not an adapter, or damaged, and a model that lacks one of its weights
+    names (chapter "Fine-tuning"). A file that is not an adapter, or damaged, and a model that lacks one of its weights
     or holds it in another shape, is a ``ValueError`` naming the file and the weight."""
     state = read_checkpoint(path)
     if state.get("format") != ADAPTER_FORMAT:

@@ -1,4 +1,4 @@
-"""Boolean attention masks, ``True`` = may attend (chapter 4, "Masking").
+"""Boolean attention masks, ``True`` = may attend (chapter "Masking", "Masking").
 
 Shapes: a causal mask is ``(T_q, T_k)``, a padding mask ``(B, T)``, and the combined mask that
 attention layers take is ``(B, 1, T_q, T_k)`` (the ``1`` broadcasts over heads).
@@ -26,7 +26,7 @@ __all__ = [
 
 
 def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """Bool ``(T_q, T_k)``: query ``i`` may attend to key ``j`` only if ``j`` is not in its future (chapter 4).
+    """Bool ``(T_q, T_k)``: query ``i`` may attend to key ``j`` only if ``j`` is not in its future (chapter "Masking").
 
     With ``T_k > T_q`` the queries are taken to be the *last* ``T_q`` positions of the key
     sequence (as when new tokens attend to a cache of earlier ones), so query ``i`` sees keys
@@ -48,7 +48,8 @@ def sliding_window_mask(
     keep_first: int = 0,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter 11).
+    """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter "Long context and
+    precision").
 
     Query ``i`` may attend to itself and the ``window - 1`` keys before it, never to the future.
     As in :func:`causal_mask`, with ``T_k > T_q`` the queries are the *last* ``T_q`` positions
@@ -57,8 +58,8 @@ def sliding_window_mask(
     third argument only so that ``sliding_window_mask(T_q, T_k, window)`` reads naturally);
     ``window >= T_k`` gives :func:`causal_mask`.
 
-    ``keep_first`` (chapter 18, StreamingLLM's attention sinks): every query also sees the first
-    ``keep_first`` keys, ``0 .. keep_first - 1``, those not in its future.
+    ``keep_first`` (chapter "Latent, sparse and sink attention", StreamingLLM's attention sinks): every query also sees
+    the first ``keep_first`` keys, ``0 .. keep_first - 1``, those not in its future.
     """
     T_k = T_q if T_k is None else T_k
     for name, n in (("T_q", T_q), ("T_k", T_k)):
@@ -78,7 +79,7 @@ def sliding_window_mask(
 
 
 def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
-    """Bool ``(B, max_len)``, True at the real tokens of each sequence, False at the padding (chapter 4)."""
+    """Bool ``(B, max_len)``, True at the real tokens of each sequence, False at the padding (chapter "Masking")."""
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(
@@ -91,7 +92,7 @@ def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
 
 
 def combine_masks(key_padding_mask: Tensor | None = None, causal: bool = False, T_q: int | None = None) -> Tensor:
-    """Combine a key-padding mask ``(B, T_k)`` and/or a causal mask into ``(B, 1, T_q, T_k)`` (chapter 4).
+    """Combine a key-padding mask ``(B, T_k)`` and/or a causal mask into ``(B, 1, T_q, T_k)`` (chapter "Masking").
 
     ``T_q`` defaults to ``T_k`` (self-attention). For cross-attention pass the decoder's length
     as ``T_q`` and leave ``causal=False``.
@@ -111,7 +112,7 @@ def combine_masks(key_padding_mask: Tensor | None = None, causal: bool = False, 
     return mask.contiguous()
 
 
-# --- Added in chapter 4 ("Masking"): conversions to other conventions and the three masks of a
+# --- Added in chapter "Masking" ("Masking"): conversions to other conventions and the three masks of a
 # --- sequence-to-sequence model.
 
 
@@ -122,7 +123,7 @@ def _check_bool_mask(mask: Tensor, name: str = "mask") -> None:
 
 
 def to_ignore_mask(mask: Tensor) -> Tensor:
-    """The book's mask (True = may attend) in the opposite convention, True = "masked out" (chapter 4).
+    """The book's mask (True = may attend) in the opposite convention, True = "masked out" (chapter "Masking").
 
     ``torch.nn.MultiheadAttention`` reads its boolean ``key_padding_mask`` ``(B, T_k)`` and
     ``attn_mask`` ``(T_q, T_k)`` this way; pass ``to_ignore_mask(keep)`` there. Same shape as ``mask``.
@@ -132,7 +133,7 @@ def to_ignore_mask(mask: Tensor) -> Tensor:
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32, fill: float | None = None) -> Tensor:
-    """The book's bool mask as a float mask to *add* to the scores before softmax (chapter 4).
+    """The book's bool mask as a float mask to *add* to the scores before softmax (chapter "Masking").
 
     0 where ``mask`` is True (may attend) and ``fill`` where it is False; same shape as ``mask``.
     ``fill`` defaults to *half* the dtype's most negative finite value, ``torch.finfo(dtype).min / 2``
@@ -165,7 +166,7 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32, fill: float 
 
 
 class Seq2SeqMasks(NamedTuple):
-    """The three masks of an encoder-decoder transformer, True = may attend (chapter 4)."""
+    """The three masks of an encoder-decoder transformer, True = may attend (chapter "Masking")."""
 
     encoder: Tensor  # (B, 1, T_src, T_src): encoder self-attention, source padding only
     decoder: Tensor  # (B, 1, T_tgt, T_tgt): decoder self-attention, target padding and causal
@@ -175,7 +176,7 @@ class Seq2SeqMasks(NamedTuple):
 def seq2seq_masks(
     src_lengths: Tensor | list[int], tgt_lengths: Tensor | list[int], T_src: int, T_tgt: int
 ) -> Seq2SeqMasks:
-    """The encoder, decoder and cross-attention masks for a right-padded batch (chapter 4).
+    """The encoder, decoder and cross-attention masks for a right-padded batch (chapter "Masking").
 
     ``src_lengths`` and ``tgt_lengths`` are ``(B,)`` real lengths; sequences are padded on the
     right to ``T_src`` and ``T_tgt``. Only the decoder's self-attention is causal; the encoder's

@@ -1,4 +1,4 @@
-"""The parts of a model by role (chapter 15 and the tools): "the attention layers", "the
+"""The parts of a model by role (chapter "Fine-tuning" and the tools): "the attention layers", "the
 feed-forward matrices", instead of attribute paths that only one block has.
 
 A part declares its role on its class, ``part_role``, and names its matrices, ``part_matrices``
@@ -9,7 +9,7 @@ roles of its direct children that are plain PyTorch layers, ``part_roles`` (``{"
 - ``"attention"``: query, key, value and output projections (the book's
   :class:`~transformer_lib.multihead.MultiHeadAttention` keeps Q, K and V in one fused matrix,
   ``"qkv"``). An attention part also has ``n_heads``, an ``out_proj`` that reads the merged heads,
-  and ``attention_weights(...)``, so that chapter 12's tools can record and change its heads;
+  and ``attention_weights(...)``, so that chapter "What attention learns"'s tools can record and change its heads;
 - ``"feed_forward"``: ``"in"`` and ``"out"``, and a gated network's ``"gate"``;
 - ``"norm"``, ``"embedding"`` and ``"head"``: one ``"weight"`` each.
 
@@ -36,7 +36,7 @@ def _check_role(role: str) -> None:
 
 def part_role(module: nn.Module) -> str | None:
     """The role a module declares (``part_role`` on its class; PyTorch's norms are ``"norm"``), or None
-    (chapter 15)."""
+    (chapter "Fine-tuning")."""
     role = getattr(type(module), "part_role", None)
     if role is None and isinstance(module, _NORMS):
         return "norm"
@@ -45,7 +45,7 @@ def part_role(module: nn.Module) -> str | None:
 
 def find_parts(model: nn.Module, role: str) -> dict[str, nn.Module]:
     """Every part of ``model`` with ``role``, by its name in ``model.named_modules()`` (``""`` for
-    ``model`` itself), in the order the modules were registered (chapter 15).
+    ``model`` itself), in the order the modules were registered (chapter "Fine-tuning").
 
     >>> list(find_parts(gpt, "feed_forward"))
     ['decoder.layers.0.ff', 'decoder.layers.1.ff']
@@ -65,8 +65,8 @@ def find_parts(model: nn.Module, role: str) -> dict[str, nn.Module]:
 
 def part_weights(model: nn.Module, roles: str | tuple[str, ...], kinds: tuple[str, ...] | None = None) -> list[str]:
     """The names of the matrices (and norms' weights) of the parts of ``model`` with ``roles``, as
-    ``model.named_parameters()`` spells them, in the model's order (chapter 15); ``kinds`` keeps only some of each
-    part's matrices (``("qkv",)``, ``("in", "gate")``; a part without that kind gives none).
+    ``model.named_parameters()`` spells them, in the model's order (chapter "Fine-tuning"); ``kinds`` keeps only some of
+    each part's matrices (``("qkv",)``, ``("in", "gate")``; a part without that kind gives none).
     A weight shared by two parts (tied embeddings) is named once, by its first name.
 
     >>> part_weights(gpt, ("attention", "feed_forward"))  # LoRA's targets

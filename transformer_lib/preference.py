@@ -1,10 +1,10 @@
-"""Preferences and rewards (chapter 17, "Preferences and rewards"): tuning a model from pairs of
+"""Preferences and rewards (chapter "Preferences and rewards", "Preferences and rewards"): tuning a model from pairs of
 answers one of which is preferred (DPO), and from rewards on groups of its own sampled answers
 (GRPO), computing the quantities that TRL's ``DPOTrainer`` and ``GRPOTrainer`` compute.
 
 - **An answer's score** (:func:`sequence_logprobs`): the summed log-probability of the answer's
   tokens after its prompt, in float64; the prompt and the padding are never counted. Rows are laid
-  out as chapter 15 lays them (:func:`~transformer_lib.data.encode_pair`: ``prompt + PROMPT_END``,
+  out as chapter "Fine-tuning" lays them (:func:`~transformer_lib.data.encode_pair`: ``prompt + PROMPT_END``,
   the answer, the end token) and right-padded (:func:`pad_rows`).
 - **DPO** (Rafailov et al., 2023). The KL-regularised objective
   ``max_pi E_{y ~ pi}[r(x, y)] - beta KL(pi(.|x) || pi_ref(.|x))`` is maximised by
@@ -93,7 +93,7 @@ def _check_ids(ids) -> None:
 
 def pad_rows(rows: Sequence[tuple[Sequence[int], int]], pad_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """``rows``, a list of ``(ids, n_prompt)`` as :func:`~transformer_lib.data.encode_pair` makes them,
-    as one batch (chapter 17): ``ids (B, T)`` right-padded with
+    as one batch (chapter "Preferences and rewards"): ``ids (B, T)`` right-padded with
     ``pad_id``, ``n_prompt (B,)`` and ``lengths (B,)`` (each row's ids before its padding)."""
     if not rows:
         raise ValueError("rows is empty: give at least one (ids, n_prompt)")
@@ -105,7 +105,7 @@ def pad_rows(rows: Sequence[tuple[Sequence[int], int]], pad_id: int = 0) -> tupl
 
 def answer_mask(n_prompt, lengths, T: int) -> Tensor:
     """``(B, T - 1)`` booleans, aligned with :func:`token_logprobs`: entry ``t`` is True where token
-    ``t + 1`` is an answer token, ``n_prompt <= t + 1 < lengths`` (chapter 17). ``n_prompt (B,)``
+    ``t + 1`` is an answer token, ``n_prompt <= t + 1 < lengths`` (chapter "Preferences and rewards"). ``n_prompt (B,)``
     counts each row's prompt ids, ``lengths (B,)`` its ids before the
     padding; every row needs ``1 <= n_prompt < lengths <= T``."""
     n_prompt, lengths = (torch.as_tensor(v, dtype=torch.long).reshape(-1) for v in (n_prompt, lengths))
@@ -124,7 +124,7 @@ def answer_mask(n_prompt, lengths, T: int) -> Tensor:
 
 def token_logprobs(model: nn.Module, ids: Tensor, temperature: float = 1.0) -> Tensor:
     """``ids (B, T)`` -> ``(B, T - 1)`` float64: the log-probability that ``model`` gives each token
-    ``ids[:, t + 1]`` after ``ids[:, :t + 1]`` (chapter 17), from the
+    ``ids[:, t + 1]`` after ``ids[:, :t + 1]`` (chapter "Preferences and rewards"), from the
     logits in float64 divided by ``temperature`` (``log_softmax``, then the token's entry): the
     distribution answers were sampled from at that temperature."""
     _check_ids(ids)
@@ -135,8 +135,8 @@ def token_logprobs(model: nn.Module, ids: Tensor, temperature: float = 1.0) -> T
 
 
 def sequence_logprobs(model: nn.Module, ids: Tensor, n_prompt, lengths, *, average: bool = False) -> Tensor:
-    """Each row's log-probability of its answer given its prompt (chapter 17): ``(B,)`` float64, the
-    sum over the answer's tokens (with its end token), or their mean
+    """Each row's log-probability of its answer given its prompt (chapter "Preferences and rewards"): ``(B,)`` float64,
+    the sum over the answer's tokens (with its end token), or their mean
     per token (``average``). ``ids (B, T)`` holds ``prompt + answer`` right-padded (:func:`pad_rows`);
     ``n_prompt (B,)`` and ``lengths (B,)`` say where each answer starts and ends. The prompt's and the
     padding's own tokens are never counted: the padding changes nothing, the prompt only what the
@@ -158,7 +158,7 @@ def dpo_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float
 ) -> dict[str, Tensor]:
     """DPO's loss from the summed log-probabilities ``(B,)`` of each pair's chosen and rejected answers
-    under the policy and the reference (:func:`sequence_logprobs`; chapter 17), as TRL's
+    under the policy and the reference (:func:`sequence_logprobs`; chapter "Preferences and rewards"), as TRL's
     ``loss_type="sigmoid"``. Returns ``loss``, the mean over the pairs of
     ``-logsigmoid(beta ((pc - rc) - (pr - rr)))`` (with the graph), and, detached, the implicit rewards
     ``chosen_reward = beta (pc - rc)`` and ``rejected_reward`` ``(B,)``, their ``margin (B,)`` and
@@ -197,7 +197,7 @@ def dpo_loss(
 def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, ``model`` computes with its base weights: every LoRA adapter (and the token
     rows trained beside them) returns the frozen weight unchanged, a merged adapter the weight it
-    was merged into (chapter 17). Nothing is copied and no parameter is
+    was merged into (chapter "Preferences and rewards"). Nothing is copied and no parameter is
     written, so a graph already built through the adapters can still be back-propagated; leaving
     the block switches them on again, even after an error. A model without adapters is refused."""
     parts = [m for m in model.modules() if isinstance(m, (LoRA, TokenRows))]
@@ -219,8 +219,8 @@ def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def reference_logprobs(model: nn.Module, ids: Tensor, n_prompt, lengths, *, average: bool = False) -> Tensor:
-    """The reference's :func:`sequence_logprobs` ``(B,)`` for a LoRA policy (chapter 17): the same
-    model with its adapters off (:func:`adapters_off`), under
+    """The reference's :func:`sequence_logprobs` ``(B,)`` for a LoRA policy (chapter "Preferences and rewards"): the
+    same model with its adapters off (:func:`adapters_off`), under
     ``torch.no_grad()``; it equals the base model's log-probabilities exactly. It is DPO's reference
     when the adapters were added for this tuning (``B = 0``, so the policy starts at the reference);
     to tune on from a LoRA fine-tune, merge that one first (``remove_lora``) and add new adapters. A
@@ -244,7 +244,7 @@ def _group_sizes(rewards) -> list[int] | None:
 
 def group_advantages(rewards, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
     """Each answer's advantage from ``rewards (G, n)``, ``n`` answers to each of ``G`` prompts
-    (chapter 17): its reward minus its group's mean, divided by
+    (chapter "Preferences and rewards"): its reward minus its group's mean, divided by
     ``std + eps`` where ``std`` is its group's (``scale="group"``: DeepSeekMath's and R1's), the
     whole batch's (``"batch"``), or not divided (``"none"``: Dr. GRPO's). The std is Bessel-corrected
     and ``eps = 1e-4`` as TRL's. A group whose rewards are all equal gets advantages of exactly 0 (it
@@ -280,8 +280,8 @@ def group_advantages(rewards, *, scale: str = "group", eps: float = 1e-4) -> Ten
 
 
 def kl_k3(logp_new: Tensor, logp_ref: Tensor) -> Tensor:
-    """The k3 estimate of ``KL(pi_new || pi_ref)`` per sampled token (chapter 17): ``exp(d) - d - 1``
-    with ``d = logp_ref - logp_new``, of the inputs' shape (any, such as
+    """The k3 estimate of ``KL(pi_new || pi_ref)`` per sampled token (chapter "Preferences and rewards"): ``exp(d) - d -
+    1`` with ``d = logp_ref - logp_new``, of the inputs' shape (any, such as
     ``(B, T)``). It is >= 0 for each token, 0 where the two agree, and its mean over tokens drawn from
     ``pi_new`` is the KL (:func:`exact_kl`). Computed as ``expm1(d) - d``, exact near ``d = 0``."""
     d = logp_ref - logp_new
@@ -289,7 +289,7 @@ def kl_k3(logp_new: Tensor, logp_ref: Tensor) -> Tensor:
 
 
 def exact_kl(logits_new: Tensor, logits_ref: Tensor, mask: Tensor | None = None) -> Tensor:
-    """``KL(pi_new || pi_ref)`` at each position, summed over the whole vocabulary (chapter 17):
+    """``KL(pi_new || pi_ref)`` at each position, summed over the whole vocabulary (chapter "Preferences and rewards"):
     ``logits (B, T, vocab)`` -> ``(B, T)`` float64,
     ``sum_v p_new(v) (log p_new(v) - log p_ref(v))``; 0 where ``mask (B, T)`` is False."""
     if logits_new.shape != logits_ref.shape or logits_new.dim() < 2:
@@ -321,7 +321,7 @@ def grpo_loss(
     kl_ratio: bool = False,
     n_tokens: int | None = None,
 ) -> dict[str, Tensor]:
-    """GRPO's loss (chapter 17) from the per-token log-probabilities
+    """GRPO's loss (chapter "Preferences and rewards") from the per-token log-probabilities
     ``(B, T)`` of ``B`` sampled answers under the policy being trained (``logp_new``, with its graph),
     the policy that sampled them (``logp_old``) and the reference (``logp_ref``, None when
     ``beta=0``), each answer's advantage ``(B,)`` (:func:`group_advantages`, flattened) and ``mask

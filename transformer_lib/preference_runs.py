@@ -1,4 +1,4 @@
-"""Preference and reward tuning as training runs (chapter 17, "Preferences and rewards"): batches
+"""Preference and reward tuning as training runs (chapter "Preferences and rewards", "Preferences and rewards"): batches
 that :func:`~transformer_lib.train.train` steps on unchanged, because they score the model
 themselves (their ``loss(model, batch)``, :func:`~transformer_lib.train.batch_loss`).
 
@@ -58,8 +58,8 @@ PREFERENCE_METHODS = ("lora", "full")
 
 
 class Reference:
-    """The frozen reference of a preference or reward run (chapter 17): ``frozen`` is a copy of the
-    start (full tuning), or None for a policy whose adapters are switched off instead (LoRA)."""
+    """The frozen reference of a preference or reward run (chapter "Preferences and rewards"): ``frozen`` is a copy of
+    the start (full tuning), or None for a policy whose adapters are switched off instead (LoRA)."""
 
     def __init__(self, policy: nn.Module, frozen: nn.Module | None = None):
         self.policy, self.frozen = policy, frozen
@@ -76,8 +76,8 @@ class Reference:
 
 def make_policy(model: nn.Module, method: str, *, rank: int = 4, alpha: float = 8.0, seed: int = 0) -> Reference:
     """Make ``model`` the policy of a preference or reward run, in place, and return its
-    :class:`Reference` (chapter 17). Adapters and token rows it already has (a LoRA fine-tune, the
-    start) are merged into its weights first. ``"lora"`` then adds fresh adapters to the attention
+    :class:`Reference` (chapter "Preferences and rewards"). Adapters and token rows it already has (a LoRA fine-tune,
+    the start) are merged into its weights first. ``"lora"`` then adds fresh adapters to the attention
     and feed-forward weights (the reference: the same model with them off); ``"full"`` trains every
     weight and keeps a frozen copy of the start as the reference."""
     if method not in PREFERENCE_METHODS:
@@ -99,8 +99,8 @@ def _answer_rows(tokenizer, prompt: str, answers: Sequence[str]) -> list[tuple[l
 
 
 class DPOBatches(_Batches):
-    """Batches of preference pairs for DPO (chapter 17): ``train`` and ``val`` are lists of
-    ``(prompt, chosen, rejected)`` texts, each answer laid out as chapter 15's responses (with the
+    """Batches of preference pairs for DPO (chapter "Preferences and rewards"): ``train`` and ``val`` are lists of
+    ``(prompt, chosen, rejected)`` texts, each answer laid out as chapter "Fine-tuning"'s responses (with the
     end token). ``batches(split)`` draws ``batch_size`` pairs: ``{"ids": (2B, T), "n_prompt":
     (2B,), "lengths": (2B,)}``, the chosen rows first. ``loss(model, batch)`` is DPO's with
     ``beta``, on summed log-probabilities, or per-token means (``average=True``); ``last`` holds
@@ -149,7 +149,7 @@ class DPOBatches(_Batches):
 
 
 class GRPOBatches(_Batches):
-    """Batches sampled from the policy for GRPO (chapter 17). ``train`` and ``val`` are lists of
+    """Batches sampled from the policy for GRPO (chapter "Preferences and rewards"). ``train`` and ``val`` are lists of
     ``(prompt, target)``; each batch draws ``batch_size`` prompts and samples ``group_size``
     answers to each from ``policy`` at ``temperature`` (at most ``max_new_tokens``, cut after the
     end token), scored by ``reward(answer, target)`` (a function or a name in

@@ -1,4 +1,4 @@
-"""Weight quantisation, measured (chapter 16, "Measuring a model").
+"""Weight quantisation, measured (chapter "Measuring a model", "Measuring a model").
 
 A weight matrix ``W (out, in)`` is stored as small integer codes and a few float32 scales, and
 used as its dequantised value, each code's value times its scale. Two schemes, each equal bit
@@ -97,7 +97,7 @@ def _int8(w32: Tensor, narrow_range: bool) -> tuple[Tensor, Tensor]:
 
 
 def quantize_int8(w: Tensor, *, narrow_range: bool = False) -> tuple[Tensor, Tensor]:
-    """Quantise a weight ``w (out, in)`` to 8 bits, one scale per output row (chapter 16).
+    """Quantise a weight ``w (out, in)`` to 8 bits, one scale per output row (chapter "Measuring a model").
 
     Returns ``(codes, scales)``: ``codes (out, in)`` int8 in ``[-128, 127]`` and ``scales (out,)``
     float32, ``max|w_row| / 127.5`` but at least float32's eps (``1.19e-7``, the scale of a row of
@@ -115,7 +115,7 @@ def quantize_int8(w: Tensor, *, narrow_range: bool = False) -> tuple[Tensor, Ten
 def dequantize_int8(codes: Tensor, scales: Tensor) -> Tensor:
     """The weight ``codes * scales[:, None]``, float32 ``(out, in)``, from :func:`quantize_int8`'s
     ``codes (out, in)`` (int8) and ``scales (out,)`` (float32); PyTorch's ``.dequantize()`` bit for bit
-    (chapter 16)."""
+    (chapter "Measuring a model")."""
     if not isinstance(codes, Tensor) or codes.dtype != torch.int8 or codes.dim() != 2:
         got = f"{codes.dtype} of shape {tuple(codes.shape)}" if isinstance(codes, Tensor) else type(codes).__name__
         raise TypeError(f"codes must be an int8 matrix (out, in) from quantize_int8, got {got}")
@@ -126,7 +126,8 @@ def dequantize_int8(codes: Tensor, scales: Tensor) -> Tensor:
 
 
 def nf4_codebook() -> Tensor:
-    """The 16 values of NF4 (chapter 16; QLoRA), sorted, from -1 to 1 with an exact 0: float32 ``(16,)``.
+    """The 16 values of NF4 (chapter "Measuring a model"; QLoRA), sorted, from -1 to 1 with an exact 0: float32
+    ``(16,)``.
 
     A 4-bit code has 16 values; an exact zero leaves 15 others. The positive side takes 8 quantiles of
     the standard normal (``ndtri``) at probabilities evenly spaced from the offset ``0.9677083`` down to
@@ -161,7 +162,7 @@ def _nf4(w32: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
 
 
 def quantize_nf4(w: Tensor, block_size: int = 64) -> tuple[Tensor, Tensor]:
-    """Quantise a weight ``w (out, in)`` to NF4 (chapter 16; QLoRA): returns ``(codes, absmax)``.
+    """Quantise a weight ``w (out, in)`` to NF4 (chapter "Measuring a model"; QLoRA): returns ``(codes, absmax)``.
 
     ``codes (out, in)``, uint8 in ``0 .. 15``, index :func:`nf4_codebook`; ``absmax (n_blocks,)``
     float32 holds the largest magnitude of each block of ``block_size`` consecutive weights of the
@@ -177,7 +178,7 @@ def quantize_nf4(w: Tensor, block_size: int = 64) -> tuple[Tensor, Tensor]:
 def dequantize_nf4(codes: Tensor, absmax: Tensor, shape, block_size: int = 64) -> Tensor:
     """The weight from :func:`quantize_nf4`'s ``codes`` (uint8, ``0 .. 15``, any layout of
     ``prod(shape)`` values) and ``absmax (n_blocks,)``: each code's value times its block's absmax,
-    float32 of ``shape`` (chapter 16): bitsandbytes' table times its absmax, bit for bit (its CPU
+    float32 of ``shape`` (chapter "Measuring a model"): bitsandbytes' table times its absmax, bit for bit (its CPU
     ``dequantize_4bit`` agrees where each row holds whole blocks)."""
     check_int(block_size, "block_size")
     shape = tuple(shape)
@@ -262,7 +263,7 @@ def _storage_bits(shape: torch.Size, method: str, block_size: int) -> int:
 def weight_bytes(
     model: nn.Module, method: str | None = None, *, include=("attention", "feed_forward"), block_size: int = 64
 ) -> int:
-    """The bytes of ``model``'s parameters, each shared one once (chapter 16): at their own dtype's
+    """The bytes of ``model``'s parameters, each shared one once (chapter "Measuring a model"): at their own dtype's
     size (``method=None``), or with the matrices :func:`quantize_weights` would quantise stored as
     ``method`` does, codes and float32 scales (int8: ``out * in + 4 * out``; nf4, two codes a byte:
     ``ceil(out * in / 2) + 4 * n_blocks``)."""
@@ -288,15 +289,15 @@ def quantize_weights(
 ) -> tuple[nn.Module, dict]:
     """A copy of ``model`` whose matrices are quantised with ``method`` (``"int8"``: :func:`quantize_int8`
     per output row; ``"nf4"``: :func:`quantize_nf4` in blocks of ``block_size``) and replaced by their
-    dequantised values, and a report (chapter 16). ``model`` itself is left as it is.
+    dequantised values, and a report (chapter "Measuring a model"). ``model`` itself is left as it is.
 
     ``include`` names the roles of the parts whose matrices (2-D parameters) are quantised
     (:mod:`~transformer_lib.parts`): by default the attention layers' and the feed-forward networks',
     as Hugging Face's loading of bitsandbytes' 4-bit and 8-bit models keeps the output head in full
     precision (and embeddings are no linear layers). Add ``"embedding"`` and ``"head"`` to quantise
     those too; a tied output head (the token embedding's matrix, GPT-2's) needs both. Learned
-    positions, vectors (biases, norms, sink logits) and chapter 19's short convolution (3-D) are never
-    quantised. A weight with a LoRA adapter (chapter 15) is refused: merge the adapters first
+    positions, vectors (biases, norms, sink logits) and chapter "Attention as a recurrence"'s short convolution (3-D)
+    are never quantised. A weight with a LoRA adapter (chapter "Fine-tuning") is refused: merge the adapters first
     (``tl.remove_lora(model)``). QLoRA's order is the other way round: the base is quantised first,
     then the adapters are added to the copy. The copy's weights keep their dtype (float32 and float64
     hold the dequantised values exactly). ``narrow_range`` (int8): :func:`quantize_int8`'s, for

@@ -1,4 +1,4 @@
-"""Keys and values held in 8 or 4 bits (chapter "Longer than trained"): chapter 10's key-value cache,
+"""Keys and values held in 8 or 4 bits (chapter "Longer than trained"): chapter "Generation"'s key-value cache,
 quantised the way KIVI does it.
 
 Past the trained length it is the cache that fills the memory: ``2 n_layers n_kv_heads d_k`` numbers
@@ -16,10 +16,10 @@ hands attention their dequantised values, so that the layer reads it as it reads
   residual then holds the newest ``residual_length - group`` to ``residual_length - 1`` tokens
   (``residual_length = group``, the default: the tokens of the group being filled).
 
-Every scale is symmetric, as chapter 16's int8 weights: ``s = max|x| / ((2^bits - 1) / 2)`` (127.5
+Every scale is symmetric, as chapter "Measuring a model"'s int8 weights: ``s = max|x| / ((2^bits - 1) / 2)`` (127.5
 for 8 bits, 7.5 for 4), at least float32's eps, and the code ``round(x * (1 / s))``, half to even,
 clipped to ``[-2^(bits-1), 2^(bits-1) - 1]``; so ``|x - code * s| <= s / 2``, half a step. At 8 bits
-the codes and dequantised values are PyTorch's ``torch.quantize_per_channel`` (and chapter 16's
+the codes and dequantised values are PyTorch's ``torch.quantize_per_channel`` (and chapter "Measuring a model"'s
 :func:`~transformer_lib.quantize.quantize_int8`), at 4 bits its ``torch.fake_quantize_per_channel_affine``
 with ``quant_min=-8, quant_max=7``. Everything is computed in float32; the reads have the keys' dtype.
 
@@ -51,7 +51,8 @@ from .models import GPT
 __all__ = ["QuantizedKVCache", "new_quantized_cache", "quantized_kv_bytes"]
 
 BITS = (8, 4)  # the widths a code may have
-_EPS = torch.finfo(torch.float32).eps  # the smallest scale (a channel or token of zeros gets it), as chapter 16's
+_EPS = torch.finfo(torch.float32).eps  # the smallest scale (a channel or token of zeros gets it), as chapter "Measuring
+# a model"'s
 
 
 def _check_settings(bits, group, residual_length, fixed_scale) -> int:
@@ -83,7 +84,7 @@ def _codes(x32: Tensor, scales: Tensor, bits: int) -> Tensor:
 
 
 class QuantizedKVCache(KVCache):
-    """A :class:`~transformer_lib.kv_cache.KVCache` (chapter 10's) that stores keys and values in
+    """A :class:`~transformer_lib.kv_cache.KVCache` (chapter "Generation"'s) that stores keys and values in
     ``bits`` = 8 or 4 bits (chapter "Longer than trained"; KIVI's layout, see the module).
 
     ``QuantizedKVCache(bits=8, group=32, residual_length=None, fixed_scale=False)``. :meth:`append`
@@ -273,7 +274,7 @@ class QuantizedKVCache(KVCache):
         return 0 if m < R else m - (R - G + (m - R) % G)
 
     def crop(self, n: int) -> None:
-        """Back to what the cache held after its first ``n`` tokens (chapter 10's protocol). Only the
+        """Back to what the cache held after its first ``n`` tokens (chapter "Generation"'s protocol). Only the
         residual can be cut: a position already quantised has lost its full-precision key, which the
         first ``n`` tokens' cache may still hold, and with ``fixed_scale`` the scale came from the prompt."""
         check_int(n, "n", minimum=0)
@@ -315,14 +316,15 @@ def new_quantized_cache(
     model, *, bits: int = 8, group: int = 32, residual_length: int | None = None, fixed_scale: bool = False
 ) -> DecoderCache:
     """An empty :class:`~transformer_lib.kv_cache.DecoderCache` for ``model`` whose self-attention caches
-    are :class:`QuantizedKVCache` (chapter "Longer than trained"; chapter 10's cache, quantised).
+    are :class:`QuantizedKVCache` (chapter "Longer than trained"; chapter "Generation"'s cache, quantised).
 
-    ``model`` is a :class:`~transformer_lib.models.GPT`, a chapter 8
+    ``model`` is a :class:`~transformer_lib.models.GPT`, a chapter "Encoder-decoder and cross-attention"
     :class:`~transformer_lib.encoder_decoder.Transformer` (its cross-attention caches stay full
     precision) or a :class:`~transformer_lib.blocks.Decoder`. Pass the cache as ``model(idx,
     cache=...)`` does ``model.new_cache()``'s. The settings are :class:`QuantizedKVCache`'s, checked
     here once. A layer whose attention keeps a cache of its own kind (latent, sparse, recurrent:
-    chapters 18 and 19) is refused: only multi-head attention's key-value cache is quantised here.
+    chapters "Latent, sparse and sink attention" and "Attention as a recurrence") is refused: only multi-head
+    attention's key-value cache is quantised here.
     """
     residual_length = _check_settings(bits, group, residual_length, fixed_scale)
     if isinstance(model, (GPT, Transformer)):
@@ -360,7 +362,7 @@ def quantized_kv_bytes(
     dtype: torch.dtype = torch.float32,
 ) -> int:
     """The bytes :meth:`QuantizedKVCache.nbytes` counts, summed over ``n_layers``, once ``T`` tokens have
-    been appended (chapter "Longer than trained"; chapter 10's ``kv_cache_bytes`` for the full cache).
+    been appended (chapter "Longer than trained"; chapter "Generation"'s ``kv_cache_bytes`` for the full cache).
 
     Of the ``T`` tokens, ``T_q`` are codes: 0 while ``T < residual_length``, else the multiple of
     ``group`` that leaves ``T_r = T - T_q`` in ``[residual_length - group, residual_length)``. Per

@@ -1,5 +1,5 @@
-"""Sampling from a language model (chapter 9, "A GPT from scratch"): temperature, top-k and
-generating text from a prompt; nucleus (top-p) sampling is added in chapter 10."""
+"""Sampling from a language model (chapter "A GPT from scratch", "A GPT from scratch"): temperature, top-k and
+generating text from a prompt; nucleus (top-p) sampling is added in chapter "Generation"."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ __all__ = ["check_top_p", "generate_text", "generate_tokens", "sample_next", "to
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """``logits (..., vocab_size)`` with all but the ``k`` largest of each row set to ``-inf`` (chapter 9).
+    """``logits (..., vocab_size)`` with all but the ``k`` largest of each row set to ``-inf`` (chapter "A GPT from
+    scratch").
 
     Ties with the ``k``-th largest value are kept. ``k >= V`` keeps every logit. Same shape out.
     ``k`` must be a positive int: ``TypeError`` for a float or a bool, ``ValueError`` below 1.
@@ -32,7 +33,7 @@ def _top_k(logits: Tensor, k: int) -> Tensor:
 
 
 def check_top_p(p, name: str = "top_p") -> None:
-    """Raise unless ``p`` is a number in ``(0, 1]`` (a nucleus-sampling mass, chapter 10):
+    """Raise unless ``p`` is a number in ``(0, 1]`` (a nucleus-sampling mass, chapter "Generation"):
     ``TypeError`` for a non-number (or a bool), ``ValueError`` for 0, a negative, above 1 or NaN."""
     if not is_real(p):
         raise TypeError(f"{name} must be a number in (0, 1], got {p!r} ({type(p).__name__})")
@@ -41,7 +42,7 @@ def check_top_p(p, name: str = "top_p") -> None:
 
 
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """``logits (..., vocab_size)`` with every token outside the nucleus set to ``-inf`` (chapter 10).
+    """``logits (..., vocab_size)`` with every token outside the nucleus set to ``-inf`` (chapter "Generation").
 
     The nucleus of a row is the smallest set of most likely tokens whose probabilities
     (``softmax(logits)``) add up to at least ``p``; the most likely token is always in it.
@@ -76,11 +77,11 @@ def sample_next(
     top_p: float | None = None,
 ) -> Tensor:
     """One token id per row of ``logits (B, vocab_size)``, drawn from ``softmax(logits / temperature)``
-    after an optional :func:`top_k_filter` (chapter 9); returns ``(B, 1)``.
+    after an optional :func:`top_k_filter` (chapter "A GPT from scratch"); returns ``(B, 1)``.
 
     ``temperature`` is a finite number > 0. One so small that ``logits / temperature``
     overflows gives the limit ``tau -> 0``: a uniform choice among each row's largest logits.
-    ``top_p`` (chapter 10) then applies :func:`top_p_filter` to the tempered, top-k-filtered
+    ``top_p`` (chapter "Generation") then applies :func:`top_p_filter` to the tempered, top-k-filtered
     logits: temperature first, then top-k, then top-p.
     """
     check_temperature(temperature)
@@ -122,12 +123,12 @@ def generate_text(
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> str:
-    """``prompt`` followed by ``max_new_tokens`` sampled tokens (chapter 9).
+    """``prompt`` followed by ``max_new_tokens`` sampled tokens (chapter "A GPT from scratch").
 
     ``model`` is a :class:`~transformer_lib.models.GPT` and ``tokenizer`` the tokenizer it was
-    trained with, a :class:`~transformer_lib.data.CharTokenizer` or (chapter 13) a BPE tokenizer; the prompt becomes a
-    ``(1, T)`` batch for :meth:`GPT.generate`. The model's train/eval mode is restored afterwards.
-    ``top_p`` (chapter 10) is passed on to :meth:`GPT.generate` (nucleus sampling).
+    trained with, a :class:`~transformer_lib.data.CharTokenizer` or (chapter "Tokens") a BPE tokenizer; the prompt
+    becomes a ``(1, T)`` batch for :meth:`GPT.generate`. The model's train/eval mode is restored afterwards.
+    ``top_p`` (chapter "Generation") is passed on to :meth:`GPT.generate` (nucleus sampling).
     """
     if not prompt:
         raise ValueError("the prompt must have at least one character (for example a newline)")
@@ -154,7 +155,7 @@ def generate_tokens(
 ) -> Iterator[int]:
     """The tokens a :class:`~transformer_lib.models.GPT` appends to the prompt ``idx (1, T)``, one
     at a time as each is drawn, up to ``max_new_tokens`` of them, or up to and including
-    ``stop_id`` (a fine-tuned model's end token) when it is drawn (chapter 9).
+    ``stop_id`` (a fine-tuned model's end token) when it is drawn (chapter "A GPT from scratch").
 
     The same tokens as :meth:`GPT.generate` with the same settings and generator: the prompt is
     run once with a cache, each new token alone after it, and past ``context_len`` the cropped

@@ -1,10 +1,10 @@
-"""Trainable token rows beside LoRA's adapters (chapter 15): the fix for a fine-tune whose data
+"""Trainable token rows beside LoRA's adapters (chapter "Fine-tuning"): the fix for a fine-tune whose data
 uses tokens the base model never saw.
 
 A token that never occurs in pretraining gets no gradient as an input, and as an output only "never
 predict this": its embedding row ends where the others pushed it, next to every other unseen row
-(chapter 13). LoRA freezes the embedding, so a fine-tune whose answers are made of such tokens
-(the dates of chapter 15 are digits, and Tiny Shakespeare has one digit) reads inputs it cannot
+(chapter "Tokens"). LoRA freezes the embedding, so a fine-tune whose answers are made of such tokens
+(the dates of chapter "Fine-tuning" are digits, and Tiny Shakespeare has one digit) reads inputs it cannot
 tell apart. :func:`add_token_rows` makes chosen rows trainable, and can first re-initialise them
 (:func:`unseen_token_rows` finds the ones pretraining never used); every other row stays frozen,
 bit for bit. ``peft`` calls the same idea ``trainable_token_indices``.
@@ -32,7 +32,7 @@ __all__ = ["TokenRows", "add_token_rows", "remove_token_rows", "token_rows", "un
 
 
 class TokenRows(nn.Module):
-    """The parametrization ``W -> W`` with ``delta`` added to rows ``rows`` of ``W (vocab, d)`` (chapter 15).
+    """The parametrization ``W -> W`` with ``delta`` added to rows ``rows`` of ``W (vocab, d)`` (chapter "Fine-tuning").
 
     ``delta (len(rows), d)`` starts at zero, or (``reinit``) at ``new - W[rows]`` with ``new`` drawn
     as GPT-2 draws an embedding row, ``N(0, 0.02)``: the rows then start afresh. ``forward(W)``
@@ -60,7 +60,7 @@ class TokenRows(nn.Module):
 
 def unseen_token_rows(tokenizer, text: str, among: str | None = None) -> list[int]:
     """The ids of the tokens that ``tokenizer.encode_ordinary(text)`` (or ``encode``) never produces,
-    in increasing order (chapter 15); with ``among``, only those that occur in ``among`` (the
+    in increasing order (chapter "Fine-tuning"); with ``among``, only those that occur in ``among`` (the
     fine-tuning data), since only they matter there."""
     if not isinstance(text, str) or (among is not None and not isinstance(among, str)):
         raise TypeError("text and among must be strings (the pretraining text; the fine-tuning text)")
@@ -85,7 +85,7 @@ def _owners(model: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def add_token_rows(model: nn.Module, rows: Sequence[int], *, reinit: bool = False, seed: int = 0) -> int:
-    """Make rows ``rows`` of ``model``'s token embedding trainable (chapter 15); returns the number
+    """Make rows ``rows`` of ``model``'s token embedding trainable (chapter "Fine-tuning"); returns the number
     of numbers they add, ``len(rows) * d_model``. Every other weight keeps its ``requires_grad``;
     the embedding's other rows never change. ``reinit`` starts the rows afresh (:class:`TokenRows`).
     A tied output head reads the same rows. An empty list, an id out of range, a repeated id or a
@@ -109,7 +109,7 @@ def add_token_rows(model: nn.Module, rows: Sequence[int], *, reinit: bool = Fals
 
 
 def token_rows(model: nn.Module) -> TokenRows | None:
-    """The :class:`TokenRows` of ``model``'s token embedding, or None (chapter 15)."""
+    """The :class:`TokenRows` of ``model``'s token embedding, or None (chapter "Fine-tuning")."""
     module = _owners(model)[0][0]
     if not parametrize.is_parametrized(module, "weight"):
         return None
@@ -117,7 +117,7 @@ def token_rows(model: nn.Module) -> TokenRows | None:
 
 
 def remove_token_rows(model: nn.Module, merge: bool = True) -> None:
-    """Take the trainable rows off (chapter 15): ``merge`` keeps their trained values in the embedding
+    """Take the trainable rows off (chapter "Fine-tuning"): ``merge`` keeps their trained values in the embedding
     (a plain weight again, still tied to the head), otherwise the embedding is as it was before."""
     owners = _owners_parametrized(model)
     merged = owners[0][0].weight.detach().clone()  # computed once: a tied head shares the original

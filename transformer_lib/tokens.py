@@ -1,4 +1,4 @@
-"""What the choice of tokens changes for a model (chapter 13, "Tokens"): a loss in bits per byte,
+"""What the choice of tokens changes for a model (chapter "Tokens", "Tokens"): a loss in bits per byte,
 which does not depend on the vocabulary, and the small training run the chapter and its recorded
 sweep compare a character model and a BPE model with.
 
@@ -22,7 +22,7 @@ from .models import GPT, GPTConfig
 
 __all__ = ["TOKEN_RUN", "bits_per_byte", "token_byte_lengths", "token_run"]
 
-#: The settings of chapter 13's comparison: one model shape, one budget of steps and tokens, for
+#: The settings of chapter "Tokens"'s comparison: one model shape, one budget of steps and tokens, for
 #: both tokenizers, and the BPE's vocabulary.
 TOKEN_RUN = dict(
     n_layers=2,
@@ -38,7 +38,7 @@ TOKEN_RUN = dict(
 
 
 def token_byte_lengths(tokenizer: CharTokenizer | BPETokenizer) -> Tensor:
-    """The UTF-8 length of each token id ``(vocab_size,)`` (chapter 13); special tokens count 0,
+    """The UTF-8 length of each token id ``(vocab_size,)`` (chapter "Tokens"); special tokens count 0,
     since they are not text."""
     if isinstance(tokenizer, BPETokenizer):
         lengths = [len(b) for b in tokenizer.token_bytes] + [0] * len(tokenizer.specials)
@@ -58,7 +58,7 @@ def bits_per_byte(
     *,
     windows: bool = False,
 ) -> dict:
-    """The loss of ``model`` on a token stream ``ids (N,)``, per token and per byte (chapter 13).
+    """The loss of ``model`` on a token stream ``ids (N,)``, per token and per byte (chapter "Tokens").
 
     The stream is cut into windows of ``model.config.context_len + 1`` tokens that overlap by one,
     so every token after the first is predicted exactly once; ``byte_lengths (vocab_size,)`` gives
@@ -67,7 +67,7 @@ def bits_per_byte(
     is the total loss in bits over the total bytes predicted. Lengths of another vocabulary's size
     than the model's, and a stream whose predicted tokens hold no byte (special tokens only), are
     refused. With ``windows``, ``"windows"`` lists each window's ``(nats, tokens, bytes)``, the
-    items of an interval (chapter 16, :func:`~transformer_lib.evaluate.report_card`).
+    items of an interval (chapter "Measuring a model", :func:`~transformer_lib.evaluate.report_card`).
     """
     if isinstance(byte_lengths, (CharTokenizer, BPETokenizer)):
         byte_lengths = token_byte_lengths(byte_lengths)
@@ -131,12 +131,12 @@ def token_run(
     **model_options,
 ) -> dict:
     """Train a :class:`~transformer_lib.models.GPT` on ``train_text`` read by ``tokenizer`` and
-    measure it on ``val_text`` (chapter 13). Both tokenizers get the same model shape, the same
+    measure it on ``val_text`` (chapter "Tokens"). Both tokenizers get the same model shape, the same
     steps and the same tokens per step; only the vocabulary (its embedding rows) differs.
 
     AdamW at a constant ``lr`` with no weight decay; batches of random windows from a generator
     seeded with ``seed``. ``model_options`` are further :class:`~transformer_lib.models.GPTConfig`
-    settings (chapter 14's block: ``norm``, ``ffn``, ``positions``, ``qk_norm``, ``bias``). Returns
+    settings (chapter "Today's block"'s block: ``norm``, ``ffn``, ``positions``, ``qk_norm``, ``bias``). Returns
     the validation loss of :func:`bits_per_byte`, the training loss of every step (``losses``), the
     training time, the model (trained, in eval mode) and its token embeddings before training.
     """

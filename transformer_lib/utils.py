@@ -36,7 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def set_seed(seed: int = 0) -> None:
-    """Seed Python's, NumPy's and PyTorch's random generators, CPU and every GPU (chapter 1).
+    """Seed Python's, NumPy's and PyTorch's random generators, CPU and every GPU (chapter "Why attention?").
 
     ``seed`` is an int in ``[0, 2**32 - 1]`` (NumPy's range); anything else is a clear error.
     """
@@ -51,7 +51,7 @@ def set_seed(seed: int = 0) -> None:
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU (chapter 9).
+    """``device`` if given, else CUDA if available, then Apple's MPS, then the CPU (chapter "A GPT from scratch").
 
     A device this machine lacks, one PyTorch does not know, or ``'meta'`` (shapes without
     values) is a ``ValueError`` naming it.
@@ -92,7 +92,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """The autocast dtype called ``name`` on ``device`` (chapter 9).
+    """The autocast dtype called ``name`` on ``device`` (chapter "A GPT from scratch").
 
     ``"auto"`` is bfloat16 on CUDA GPUs that have it, float16 on older ones and float32 elsewhere;
     otherwise one of :data:`DTYPES` (or a ``torch.dtype``, returned as it is).
@@ -109,16 +109,16 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
-    """``torch.autocast`` to ``dtype`` on ``device``, or nothing for float32 (chapter 9)."""
+    """``torch.autocast`` to ``dtype`` on ``device``, or nothing for float32 (chapter "A GPT from scratch")."""
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def batch_on(batch, device: torch.device):
-    """The batch on ``device``, tensors already there not copied (chapter 9): a tuple of tensors,
+    """The batch on ``device``, tensors already there not copied (chapter "A GPT from scratch"): a tuple of tensors,
     whose targets (the last) must have the shape of the inputs before them, else a ``ValueError``;
-    or (chapter 15) a dict of tensors, the model's keyword arguments."""
+    or (chapter "Fine-tuning") a dict of tensors, the model's keyword arguments."""
     if isinstance(batch, Mapping):
         if not all(isinstance(t, torch.Tensor) for t in batch.values()):
             raise TypeError("get_batch must return tensors: a dict of them holds something else")
@@ -134,12 +134,13 @@ def batch_on(batch, device: torch.device):
 
 
 def run_batch(model, batch):
-    """``model(*batch)`` for a tuple, ``model(**batch)`` for a dict (chapter 15)."""
+    """``model(*batch)`` for a tuple, ``model(**batch)`` for a dict (chapter "Fine-tuning")."""
     return model(**batch) if isinstance(batch, Mapping) else model(*batch)
 
 
 def world() -> tuple[int, int]:
-    """``(rank, world_size)`` of this process; ``(0, 1)`` without ``torch.distributed`` (chapter 9)."""
+    """``(rank, world_size)`` of this process; ``(0, 1)`` without ``torch.distributed`` (chapter "A GPT from
+    scratch")."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -147,7 +148,7 @@ def world() -> tuple[int, int]:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk, then rename it
-    to ``path`` (chapter 9): a reader, or a crash, never sees a half-written file."""
+    to ``path`` (chapter "A GPT from scratch"): a reader, or a crash, never sees a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -181,7 +182,7 @@ def current_umask() -> int:
 
 
 def check_writable(folder: str | os.PathLike) -> Path:
-    """Make ``folder`` if needed and write a probe file in it (chapter 9), so that a folder no
+    """Make ``folder`` if needed and write a probe file in it (chapter "A GPT from scratch"), so that a folder no
     file can be written to is an ``OSError`` naming it before any work is done, not after."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -212,7 +213,7 @@ def _fsync_folder(folder: Path) -> None:
 
 class InterruptFlag:
     """Inside ``with InterruptFlag() as flag:`` (in the main thread) the first Ctrl-C (SIGINT)
-    only sets ``flag.requested``, for a loop to honour between two steps (chapter 9); a second
+    only sets ``flag.requested``, for a loop to honour between two steps (chapter "A GPT from scratch"); a second
     Ctrl-C raises ``KeyboardInterrupt`` as usual. Elsewhere nothing changes."""
 
     def __init__(self) -> None:
@@ -249,7 +250,7 @@ _RULES = {
 
 
 def check_fields(obj, rules: dict[str, tuple[type, str]]) -> None:
-    """Raise a clear error for a dataclass field of the wrong type or out of range (chapter 9).
+    """Raise a clear error for a dataclass field of the wrong type or out of range (chapter "A GPT from scratch").
 
     ``rules`` maps a field name to ``(int or float, "positive" | "count" | "probability")``; a
     field whose value is None is left alone (None means "the default" where a field allows it).

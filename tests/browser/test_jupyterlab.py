@@ -1,14 +1,14 @@
 """The student's path in a live JupyterLab, in headless Chromium, offline.
 
 A JupyterLab server from the book's environment starts on a free local port with a token, in a
-temporary folder that holds a copy of chapter 4 and the student edition of chapter 4 (written
+temporary folder that holds a copy of chapter "Masking" and the student edition of chapter "Masking" (written
 by ``python -m transformer_lib.student``), so nothing is ever written into the book's own
 notebooks. Then, as a student would:
 
 1. open the chapter, run all cells (menu Run, Run All Cells) and check that no cell shows an error;
 2. move every control of every widget of the chapter: the visible figure must change and its
    title must name the control's value;
-3. open the student edition, run all cells: the check of exercise 4.1 says it is not done yet;
+3. open the student edition, run all cells: the check of exercise 1 of chapter "Masking" says it is not done yet;
 4. type a right answer into the stub through the page, run it and the check: "Correct";
 5. type a known wrong answer (the causal mask without its diagonal), run both: the check names
    the mistake.
@@ -91,7 +91,7 @@ def lab(tmp_path_factory):
     book_copy = source.read_bytes()  # the book's notebook must be the same after the test
     (home / "chapters" / source.name).write_bytes(book_copy)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "OMP_WAIT_POLICY": "PASSIVE"}
-    with timed("write the student edition of chapter 4"):
+    with timed('write the student edition of chapter "Masking"'):
         done = subprocess.run(
             [sys.executable, "-m", "transformer_lib.student", str(home / "student"), "--chapter", CHAPTER],
             cwd=ROOT,
@@ -275,9 +275,9 @@ def _check_output(page, stub, check):
 
 
 def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
-    with timed("open chapter 4 (kernel ready)"):
+    with timed('open chapter "Masking" (kernel ready)'):
         _open_notebook(page, lab, f"chapters/{CHAPTER}.ipynb", "chapter")
-    with timed("run all cells of chapter 4"):
+    with timed('run all cells of chapter "Masking"'):
         _run_all(page)
     cells = page.evaluate(_CELLS_JS)
     errors = [f"cell {c['index']}: {c['errors']}" for c in cells if c["errors"]]
@@ -286,7 +286,7 @@ def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
     assert not shown, f"{shown} outputs show a traceback"
     assert len(cells) > 20 and all(c["count"] for c in cells), "not every code cell ran"
 
-    with timed("move every widget control of chapter 4"):
+    with timed('move every widget control of chapter "Masking"'):
         page.wait_for_selector(".jp-OutputArea-output .widget-vbox", timeout=60_000)
         widgets = page.locator(".jp-OutputArea-output .widget-vbox")
         roots = [widgets.nth(i) for i in range(widgets.count())]
@@ -296,7 +296,7 @@ def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
         problems, moved = [], 0
         for w, widget in enumerate(roots):
             widget.scroll_into_view_if_needed()
-            where = f"chapter 4, widget {w + 1}"
+            where = f'chapter "Masking", widget {w + 1}'
             problems += check_frame(widget.evaluate(STATE_JS), where)
             controls = widget.locator(".widget-hbox").first.locator(":scope > *")
             assert controls.count(), f"{where}: no controls"
@@ -316,12 +316,12 @@ def test_chapter_runs_and_its_widgets_move_in_jupyterlab(lab, page):
                 SHOTS.mkdir(parents=True, exist_ok=True)
                 widget.screenshot(path=str(SHOTS / "jupyterlab_widget.png"))
     assert not problems, "\n".join(problems[:10])
-    assert moved >= 2, f"only {moved} controls moved"  # chapter 4: a query slider and a method menu
+    assert moved >= 2, f"only {moved} controls moved"  # chapter "Masking": a query slider and a method menu
     assert not page.blocked, f"JupyterLab asked for external resources: {page.blocked[:5]}"
 
 
 def test_student_edition_in_jupyterlab(lab, page):
-    with timed("open the student edition of chapter 4 (kernel ready)"):
+    with timed('open the student edition of chapter "Masking" (kernel ready)'):
         _open_notebook(page, lab, f"student/{CHAPTER}.ipynb", "student")
     with timed("run all cells of the student edition"):
         _run_all(page)

@@ -388,7 +388,7 @@ CHAPTER_12 = "chapters/12_what_attention_learns.html"
 
 
 def test_chapter_12_phase_change_widget_works_without_a_kernel(server, browser):
-    """Chapter 12's widget over training step, layer and head is on the page, offline, and each of
+    """Chapter "What attention learns"'s widget over training step, layer and head is on the page, offline, and each of
     its three controls changes the figure (the generic widget test above, on this page by name)."""
     if CHAPTER_12 not in pages:
         skip_or_fail(f"{CHAPTER_12} is not in the built book")
@@ -508,8 +508,8 @@ def test_self_checks_give_feedback(server, browser, page_path):
 # ---------------------------------------------------------------- old chapter addresses
 
 # An old chapter's address -> the page it opens and the least number of sections it moves: chapter
-# 10 was split in two; chapters 16 and 17 became 17 and 18 when "Measuring a model" came in as 16,
-# then 18 and 19 when "Preferences and rewards" came in as 17.
+# 10 was split in two; chapters "Measuring a model" and "Preferences and rewards" became 17 and 18 when "Measuring a
+# model" came in as 16, then 18 and 19 when "Preferences and rewards" came in as 17.
 OLD_CHAPTERS = {
     "chapters/10_attention_at_scale.html": ("10_generation.html", 20),
     "chapters/16_latent_sparse_sink.html": ("18_latent_sparse_sink.html", 15),

@@ -1,5 +1,5 @@
-"""The command line (chapter 9, "A GPT from scratch"): train a GPT on characters or (chapter 13) on
-byte-level BPE tokens, sample from it, (chapter 15) fine-tune it on prompt/response pairs, and
+"""The command line (chapter "A GPT from scratch", "A GPT from scratch"): train a GPT on characters or (chapter
+"Tokens") on byte-level BPE tokens, sample from it, (chapter "Fine-tuning") fine-tune it on prompt/response pairs, and
 export it in Hugging Face's format.
 
 ::
@@ -18,9 +18,9 @@ Every training setting is written once, as a field of :class:`~transformer_lib.t
 from those fields and the presets are values of them. Under ``torchrun`` the command joins the
 process group and each rank trains on its own share of every batch.
 
-One module per command, :mod:`.train`, :mod:`.sample`, (chapter 15) :mod:`.finetune`, :mod:`.export`,
-(chapter 16) :mod:`.evaluate` and (chapter 17) :mod:`.tune` (``dpo`` and ``grpo``), with
-what they share (the parser, the flags and the settings) in :mod:`.settings`; this package reads
+One module per command, :mod:`.train`, :mod:`.sample`, (chapter "Fine-tuning") :mod:`.finetune`, :mod:`.export`,
+(chapter "Measuring a model") :mod:`.evaluate` and (chapter "Preferences and rewards") :mod:`.tune` (``dpo`` and
+``grpo``), with what they share (the parser, the flags and the settings) in :mod:`.settings`; this package reads
 the command's name and hands the rest of the arguments to it (:func:`main`). A new command is a
 module with its ``*_main(argv)`` and one row of ``COMMANDS``.
 
@@ -42,7 +42,7 @@ import torch
 
 from ..run import TOKENIZER_NAME as TOKENIZER_NAME
 
-# Names that tests, scripts and chapter 9's list of library names read as transformer_lib.cli.NAME
+# Names that tests, scripts and chapter "A GPT from scratch"'s list of library names read as transformer_lib.cli.NAME
 from ..train_config import MODEL_SETTINGS as MODEL_SETTINGS
 from ..train_config import PRESETS as PRESETS
 from .evaluate import evaluate_main
@@ -109,7 +109,8 @@ HELP = ("help", "-h", "--help")
 
 
 def overview() -> str:
-    """The list of commands that ``python -m transformer_lib`` and its ``--help`` print (chapter 9)."""
+    """The list of commands that ``python -m transformer_lib`` and its ``--help`` print (chapter "A GPT from
+    scratch")."""
     rows = [f"  {name:<9} {command.about}" for name, command in COMMANDS.items()]
     return "\n".join(
         [
@@ -137,8 +138,8 @@ def _unknown(name: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point (chapter 9): ``train ...`` trains (as do arguments that start with a flag);
-    ``sample ...`` generates text from a checkpoint; ``finetune ...`` (chapter 15) fine-tunes a
+    """Entry point (chapter "A GPT from scratch"): ``train ...`` trains (as do arguments that start with a flag);
+    ``sample ...`` generates text from a checkpoint; ``finetune ...`` (chapter "Fine-tuning") fine-tunes a
     checkpoint on prompt/response pairs; ``export ...`` writes a run in Hugging Face's format. No
     arguments, ``help`` or ``--help`` print the commands (no arguments: exit status 2).
 

@@ -1,4 +1,4 @@
-"""The ``evaluate`` command (chapter 16, "Measuring a model"): ``python -m transformer_lib evaluate
+"""The ``evaluate`` command (chapter "Measuring a model", "Measuring a model"): ``python -m transformer_lib evaluate
 --ckpt RUN`` prints a run's report card (:func:`~transformer_lib.evaluate.report_card`), a Markdown
 table of the loss on held-out text in three units, multiple choice, and for a fine-tuned model
 exact match and pass@k, each with its 95 % interval; ``--compare RUN2`` adds a second run scored on
@@ -19,7 +19,7 @@ What is scored, unless a flag says otherwise:
 - **tasks**: ``speaker`` and ``cloze`` (:mod:`~transformer_lib.data.mc_tasks`), 100 items each,
   from that held-out part of the shipped Tiny Shakespeare;
 - **exact match**, only when a run is fine-tuned (or given ``--adapter``): 200 dates in chapter
-  15's formats, drawn with the seed ``DATES_SEED``, none of them a training date of chapter 15 or
+  "Fine-tuning"'s formats, drawn with the seed ``DATES_SEED``, none of them a training date of chapter "Fine-tuning" or
   of the README (drawn with 0) or a date of the pairs files that the runs' records name.
 
 The cards are computed on the CPU, where ``report_card`` builds its inputs: ``--device auto``
@@ -57,8 +57,8 @@ TASKS = {
     "speaker": lambda text, n, start: speaker_choice_task(text, n, start_fraction=start),
     "cloze": lambda text, n, start: cloze_task(text, n, start_fraction=start),
 }
-DATE_FORMATS = ("dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy")  # chapter 15's (the README's pairs.jsonl)
-DATES_SEED = 16  # --dates: not 0, the seed of chapter 15's (and the README's) training pairs
+DATE_FORMATS = ("dd.mm.yyyy", "yyyy.mm.dd", "mm/dd/yyyy")  # chapter "Fine-tuning"'s (the README's pairs.jsonl)
+DATES_SEED = 16  # --dates: not 0, the seed of chapter "Fine-tuning"'s (and the README's) training pairs
 #: what a file written by --output-path (and --json) says of itself: such a file is a card to replace
 STAMP = "python -m transformer_lib evaluate"
 CARD_NAME = "report_card.json"  # the file --output-path writes in a folder
@@ -92,14 +92,16 @@ TOLD_APART = ('difference: the first column minus the second, on the same items,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The evaluation command's argument parser (``python -m transformer_lib evaluate --help``, chapter 16)."""
+    """The evaluation command's argument parser (``python -m transformer_lib evaluate --help``, chapter "Measuring a
+    model")."""
     p = Parser(
         prog="python -m transformer_lib evaluate",
         epilog=EPILOG,
         refused=LM_EVAL_REFUSED,
-        description="Print a run's report card (chapter 16): loss, perplexity and bits per byte on held-out text, "
-        "multiple-choice accuracy, and for a fine-tuned model exact match and pass@k, each with a 95 % interval; "
-        "with --compare, a second run on the same items, the difference and whether the items tell them apart.",
+        description='Print a run\'s report card (chapter "Measuring a model"): loss, perplexity and bits per byte on '
+        "held-out text, multiple-choice accuracy, and for a fine-tuned model exact match and pass@k, each with a 95 % "
+        "interval; with --compare, a second run on the same items, the difference and whether the items tell them "
+        "apart.",
     )
     # fmt: off
     p.add_argument("--ckpt", required=True, help="a run's folder or checkpoint file, of train or finetune (required)")
@@ -175,7 +177,7 @@ def _load(path: str, adapter: str | None, flags=("--ckpt", "--adapter")) -> _Run
     if not isinstance(model, GPT) or tokenizer is None:
         raise ValueError(f"{file} does not hold a GPT with its tokenizer")
     kind = {None: "pretraining run", "full": "full fine-tuning run", "lora": "LoRA fine-tuning run"}[record.method]
-    if record.kind in ("dpo", "grpo"):  # chapter 17's tuning runs
+    if record.kind in ("dpo", "grpo"):  # chapter "Preferences and rewards"'s tuning runs
         kind = f"{record.kind.upper()} run ({'LoRA' if record.method == 'lora' else 'every weight'})"
     pairs_file = record.data if record.kind in ("finetune", "grpo") else None
     if adapter is not None:
@@ -331,9 +333,12 @@ def _check(args) -> tuple[list[str], list[str]]:
 
 
 def _dates(n: int, runs: list[_Run]) -> tuple[list[tuple[str, str]], str]:
-    """``n`` date pairs in :data:`DATE_FORMATS`, none of whose dates is one of chapter 15's training
+    """``n`` date pairs in :data:`DATE_FORMATS`, none of whose dates is one of chapter "Fine-tuning"'s training
     dates (the README's too) or in a pairs file that one of ``runs`` was fine-tuned on."""
-    seen, read = {r for _, r in date_pairs(2400, seed=0, formats=DATE_FORMATS)}, ["chapter 15's training pairs"]
+    seen, read = (
+        {r for _, r in date_pairs(2400, seed=0, formats=DATE_FORMATS)},
+        ['the training pairs of chapter "Fine-tuning"'],
+    )
     for run in runs:
         if run.pairs_file and Path(run.pairs_file).is_file():
             try:
@@ -345,7 +350,7 @@ def _dates(n: int, runs: list[_Run]) -> tuple[list[tuple[str, str]], str]:
     if len(drawn) < n:
         raise ValueError(f"--dates {n}: only {len(drawn)} dates are not in the runs' training pairs")
     which = " or ".join(dict.fromkeys(read))
-    return drawn[:n], f"{n} dates in chapter 15's formats (seed {DATES_SEED}), none in {which}"
+    return drawn[:n], f'{n} dates in the formats of chapter "Fine-tuning" (seed {DATES_SEED}), none in {which}'
 
 
 def _pairs(args, runs: list[_Run]) -> tuple[list | None, str]:
@@ -393,7 +398,7 @@ def _report(runs: list[_Run], cards: dict, reports: dict, scored: str) -> list[s
 
 
 def evaluate_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib evaluate``: print a run's report card (chapter 16)."""
+    """``python -m transformer_lib evaluate``: print a run's report card (chapter "Measuring a model")."""
     args = build_parser().parse_args(argv)
     tasks, methods = _check(args)
     runs = [_load(args.ckpt, args.adapter)]

@@ -1,5 +1,5 @@
-"""The ``export`` command (chapters 10, 14 and 15): ``python -m transformer_lib export --ckpt RUN
---out-dir DIR`` writes a run's model and tokenizer in Hugging Face's format
+"""The ``export`` command (chapters "Generation", "Today's block" and "Fine-tuning"): ``python -m transformer_lib export
+--ckpt RUN --out-dir DIR`` writes a run's model and tokenizer in Hugging Face's format
 (:func:`~transformer_lib.export.export_hf`), which ``transformers`` loads offline.
 """
 
@@ -14,7 +14,8 @@ __all__ = ["export_main"]
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib export``: write a run in Hugging Face's format (chapters 10, 14 and 15)."""
+    """``python -m transformer_lib export``: write a run in Hugging Face's format (chapters "Generation", "Today's
+    block" and "Fine-tuning")."""
     parser = Parser(
         prog="python -m transformer_lib export",
         description="Write a model the book trained (a run folder or checkpoint of train or finetune) with its "

@@ -1,7 +1,7 @@
-"""The ``sample`` command (chapter 9): ``python -m transformer_lib sample --ckpt out`` prints
+"""The ``sample`` command (chapter "A GPT from scratch"): ``python -m transformer_lib sample --ckpt out`` prints
 text generated from a checkpoint that ``python -m transformer_lib train`` wrote. A fine-tuned
-model (chapter 15: a ``finetune`` run's checkpoint, LoRA runs too, or a base with ``--adapter``;
-chapter 17: a ``dpo`` or ``grpo`` run's) is given the
+model (chapter "Fine-tuning": a ``finetune`` run's checkpoint, LoRA runs too, or a base with ``--adapter``;
+chapter "Preferences and rewards": a ``dpo`` or ``grpo`` run's) is given the
 prompt in its fine-tuning format, ``prompt + PROMPT_END``, and its response is printed, up to the
 end token.
 """
@@ -26,7 +26,8 @@ __all__ = ["sample_main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The sampling command's argument parser (``python -m transformer_lib sample --help``, chapter 9)."""
+    """The sampling command's argument parser (``python -m transformer_lib sample --help``, chapter "A GPT from
+    scratch")."""
     parser = Parser(
         prog="python -m transformer_lib sample",
         description="Generate text from a GPT checkpoint written by python -m transformer_lib train or finetune. A "
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapter",
         default=None,
         help="a LoRA adapter file of python -m transformer_lib finetune, "
-        "added to the model of --ckpt, the base it was trained on (chapter 15; default: "
+        'added to the model of --ckpt, the base it was trained on (chapter "Fine-tuning"; default: '
         "none)",
     )
     parser.add_argument("--greedy", action="store_true", help="always the most likely token (top-k 1; default: off)")
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sample_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter 9).
+    """``python -m transformer_lib sample``: print text generated from a checkpoint (chapter "A GPT from scratch").
     A Ctrl-C while generating prints the text so far, then ``interrupted (Ctrl-C)`` on stderr:
     exit status 130."""
     parser = build_parser()
@@ -117,7 +118,7 @@ def sample_main(argv: Sequence[str] | None = None) -> int:
 
 class _Sample:
     """One sample as it grows: a pretrained model's text is the prompt and its continuation; a
-    fine-tuned model's (chapter 15) is its response to ``prompt + PROMPT_END``, up to the end token."""
+    fine-tuned model's (chapter "Fine-tuning") is its response to ``prompt + PROMPT_END``, up to the end token."""
 
     def __init__(self, tokenizer, prompt: str, finetuned: bool) -> None:
         if not prompt:

@@ -1,4 +1,4 @@
-"""The ``train`` command (chapter 9, "A GPT from scratch"; chapter 13's BPE tokens):
+"""The ``train`` command (chapter "A GPT from scratch", "A GPT from scratch"; chapter "Tokens"'s BPE tokens):
 ``python -m transformer_lib train [flags]`` trains a GPT on characters or on byte-level BPE
 tokens and saves checkpoints; under ``torchrun`` it joins the process group and each rank trains
 on its own share of every batch. Its flags and settings are in :mod:`transformer_lib.cli.settings`.
@@ -43,11 +43,12 @@ __all__ = ["END_OF_TEXT", "build_parser", "train_main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The training command's argument parser (``python -m transformer_lib train --help``, chapter 9)."""
+    """The training command's argument parser (``python -m transformer_lib train --help``, chapter "A GPT from
+    scratch")."""
     parser = Parser(
         prog="python -m transformer_lib train",
-        description="Train a GPT (chapter 9) on Tiny Shakespeare or on any text file, reading characters or "
-        "BPE tokens (chapter 13). "
+        description='Train a GPT (chapter "A GPT from scratch") on Tiny Shakespeare or on any text file, reading '
+        'characters or BPE tokens (chapter "Tokens"). '
         "A preset sets every size and hyperparameter; the flags below override single settings, and each "
         "says its default. --preset cpu's 2,000 steps take about 2 minutes on one CPU thread (--max-iters 200 "
         "about 15 seconds). To generate text from a checkpoint: python -m transformer_lib sample --help",
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         choices=["char", "bpe"],
         default=None,
-        help="'char': one token per character (default); 'bpe': byte-level BPE (chapter 13), trained on the "
+        help="'char': one token per character (default); 'bpe': byte-level BPE (chapter \"Tokens\"), trained on the "
         "training split only and saved beside the checkpoint as tokenizer.json",
     )
     parser.add_argument(
@@ -129,7 +130,7 @@ def _read_text(data_path: str | None, resumed: RunRecord | None, file: Path):
 
 
 def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
-    """One line saying whether every process ends with the same weights (chapter 9).
+    """One line saying whether every process ends with the same weights (chapter "A GPT from scratch").
 
     Data-parallel training keeps one copy of the model per process and averages their gradients,
     so the copies must stay bit-identical; each process hashes its own weights and rank 0 compares.
@@ -141,12 +142,14 @@ def _compare_replicas(model: torch.nn.Module, world_size: int) -> str:
     return f"warning: the {world_size} processes hold different weights: {', '.join(digests)}"
 
 
-# A BPE run's one special token, after the merges as in GPT-2; chapter 15 ends each fine-tuning response with it
+# A BPE run's one special token, after the merges as in GPT-2; chapter "Fine-tuning" ends each fine-tuning response with
+# it
 END_OF_TEXT = "<|endoftext|>"
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter 9)."""
+    """``python -m transformer_lib train [flags]``: train a GPT on a text and save checkpoints (chapter "A GPT from
+    scratch")."""
     parser = build_parser()
     args, folder = parse_run_flags(parser, argv)
     check_seed(args.seed)

@@ -1,7 +1,7 @@
-"""Data for training (chapters 8 and 9): a character tokenizer, synthetic sequence tasks, the
-dates task with its formats, chapter 9's toy grammar, the text corpus, and batch sampling;
-chapter 15's labelled speeches and prompt/response pairs; chapter 16's multiple-choice tasks;
-chapter 19's associative recall.
+"""Data for training (chapters "Encoder-decoder and cross-attention" and "A GPT from scratch"): a character tokenizer,
+synthetic sequence tasks, the dates task with its formats, chapter "A GPT from scratch"'s toy grammar, the text corpus,
+and batch sampling; chapter "Fine-tuning"'s labelled speeches and prompt/response pairs; chapter "Measuring a model"'s
+multiple-choice tasks; chapter "Attention as a recurrence"'s associative recall.
 
 Everything is generated offline from a seed, except Tiny Shakespeare, which is read from a local
 path or downloaded once into a cache folder (see :mod:`.corpus`).

@@ -1,5 +1,5 @@
-"""Random training batches (chapters 8 and 9), drawn from seeded generators whose state a
-checkpoint saves, and split between the processes of a data-parallel run."""
+"""Random training batches (chapters "Encoder-decoder and cross-attention" and "A GPT from scratch"), drawn from seeded
+generators whose state a checkpoint saves, and split between the processes of a data-parallel run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ __all__ = ["LMBatches", "Seq2SeqBatches", "get_batch", "split_tokens"]
 
 
 def split_tokens(tokens: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
-    """A token stream ``(N,)`` -> (first ``1 - val_fraction``, last ``val_fraction``): never overlapping (chapter 9)."""
+    """A token stream ``(N,)`` -> (first ``1 - val_fraction``, last ``val_fraction``): never overlapping (chapter "A GPT
+    from scratch")."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n_train = int(len(tokens) * (1.0 - val_fraction))
@@ -39,7 +40,7 @@ def get_batch(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor]:
-    """``batch_size`` random windows of a token stream ``data (N,)`` (chapter 9).
+    """``batch_size`` random windows of a token stream ``data (N,)`` (chapter "A GPT from scratch").
 
     Returns ``x (B, T)`` and ``y (B, T)`` on ``device`` with ``T = context_len``; ``y`` is ``x``
     shifted by one position in the stream, so ``y[:, t]`` is the token that follows ``x[:, t]``.
@@ -93,7 +94,7 @@ class _Batches:
 
 
 class LMBatches(_Batches):
-    """Language-model batches from a training and a validation token stream (chapter 9).
+    """Language-model batches from a training and a validation token stream (chapter "A GPT from scratch").
 
     ``batches("train")`` or ``batches("val")`` returns ``(x (B, T), y (B, T))`` as
     :func:`get_batch` does, each split with its own seeded generator.
@@ -115,7 +116,7 @@ class LMBatches(_Batches):
 
 
 class Seq2SeqBatches(_Batches):
-    """Random batches of a :class:`Seq2SeqData` for teacher forcing (chapter 8).
+    """Random batches of a :class:`Seq2SeqData` for teacher forcing (chapter "Encoder-decoder and cross-attention").
 
     ``batches("train")`` returns ``(src (B, T_src), tgt_in (B, T_tgt - 1), tgt_out (B, T_tgt - 1))``,
     the arguments of ``Transformer.forward(src, tgt, targets)``.

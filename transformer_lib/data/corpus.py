@@ -1,4 +1,4 @@
-"""The language model's text (chapter 9, "A GPT from scratch"): Tiny Shakespeare, shipped with the
+"""The language model's text (chapter "A GPT from scratch", "A GPT from scratch"): Tiny Shakespeare, shipped with the
 package (public domain, 1,115,394 characters) and verified by its SHA-256. A user's own file or
 ``TINY_SHAKESPEARE`` comes first; without the shipped copy (a trimmed install), a verified copy in
 a cache folder, one download, and, with a warning, text that every Python installation has: the
@@ -40,12 +40,12 @@ SHIPPED_PATH = Path(__file__).with_name("tinyshakespeare.txt")  # the copy that 
 
 
 class ChecksumError(ValueError):
-    """A downloaded file does not have the expected SHA-256; it was not kept (chapter 9)."""
+    """A downloaded file does not have the expected SHA-256; it was not kept (chapter "A GPT from scratch")."""
 
 
 @dataclass
 class Corpus:
-    """A text and where it came from (chapter 9).
+    """A text and where it came from (chapter "A GPT from scratch").
 
     ``name`` is ``"tiny_shakespeare"``, ``"python_stdlib"`` or a file's name.
     """
@@ -67,7 +67,8 @@ def _offline() -> bool:
 
 
 def sha256_of(data: bytes | str | os.PathLike) -> str:
-    """The SHA-256 hex digest of ``data``, or of the file at ``data`` when given a path (chapter 9)."""
+    """The SHA-256 hex digest of ``data``, or of the file at ``data`` when given a path (chapter "A GPT from
+    scratch")."""
     if not isinstance(data, bytes):
         data = Path(data).read_bytes()
     return hashlib.sha256(data).hexdigest()
@@ -91,8 +92,8 @@ def _download(url: str, dest: Path, sha256: str, timeout: float) -> Path:
 
 
 def python_stdlib_corpus(n_chars: int = 1_000_000) -> str:
-    """About ``n_chars`` of Python source (chapter 9): the standard library's top-level ``.py`` files that are
-    pure ASCII, in sorted order. Every Python installation has it, so it is the offline fallback."""
+    """About ``n_chars`` of Python source (chapter "A GPT from scratch"): the standard library's top-level ``.py`` files
+    that are pure ASCII, in sorted order. Every Python installation has it, so it is the offline fallback."""
     text, total = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         try:
@@ -134,7 +135,7 @@ def load_corpus(
     cache_dir: str | os.PathLike | None = None,
     timeout: float = 5.0,
 ) -> Corpus:
-    """The language model's text (chapter 9): Tiny Shakespeare if it can be had, else a fallback.
+    """The language model's text (chapter "A GPT from scratch"): Tiny Shakespeare if it can be had, else a fallback.
 
     In order: the file ``path`` (any text); the file named by the environment variable
     ``TINY_SHAKESPEARE``; the copy shipped with the package (:data:`SHIPPED_PATH`), when its

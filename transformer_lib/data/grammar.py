@@ -1,4 +1,4 @@
-"""The small English-like language of chapter 9 ("A GPT from scratch"), generated from a grammar.
+"""The small English-like language of chapter "A GPT from scratch" ("A GPT from scratch"), generated from a grammar.
 
 A grammar is a tree: a ``str`` is itself, a ``list`` is its parts one after another, and a
 :class:`Choice` is one of its options, drawn with the given probabilities. Because the tree is
@@ -27,7 +27,8 @@ __all__ = [
 
 
 class Choice:
-    """One of several options (strings, lists of parts, or other Choices), drawn with ``probs`` (chapter 9).
+    """One of several options (strings, lists of parts, or other Choices), drawn with ``probs`` (chapter "A GPT from
+    scratch").
 
     Without ``probs`` the options are equally likely. Different options must produce different
     strings, or :func:`grammar_count` and :func:`grammar_entropy` over-count.
@@ -60,7 +61,7 @@ def _kind(node) -> str:
 
 
 def generate_from_grammar(node, rng: random.Random) -> str:
-    """One random string from a grammar node, drawn with ``rng`` (chapter 9)."""
+    """One random string from a grammar node, drawn with ``rng`` (chapter "A GPT from scratch")."""
     kind = _kind(node)
     if kind == "str":
         return node
@@ -70,7 +71,7 @@ def generate_from_grammar(node, rng: random.Random) -> str:
 
 
 def grammar_count(node) -> int:
-    """The number of different strings a grammar node can produce (chapter 9)."""
+    """The number of different strings a grammar node can produce (chapter "A GPT from scratch")."""
     kind = _kind(node)
     if kind == "str":
         return 1
@@ -80,7 +81,7 @@ def grammar_count(node) -> int:
 
 
 def grammar_regex(node) -> str:
-    """A regular expression that matches exactly the strings a grammar node produces (chapter 9)."""
+    """A regular expression that matches exactly the strings a grammar node produces (chapter "A GPT from scratch")."""
     kind = _kind(node)
     if kind == "str":
         return re.escape(node)
@@ -90,7 +91,8 @@ def grammar_regex(node) -> str:
 
 
 def grammar_entropy(node) -> tuple[float, float]:
-    """``(entropy in nats, expected length in characters)`` of one string drawn from a node (chapter 9).
+    """``(entropy in nats, expected length in characters)`` of one string drawn from a node (chapter "A GPT from
+    scratch").
 
     The entropy of a string is the sum of the entropies ``-sum p ln p`` of the choices made,
     each weighted by how often its Choice is reached (exact when different choices give
@@ -108,7 +110,7 @@ def grammar_entropy(node) -> tuple[float, float]:
 
 
 def _toy_grammar() -> list:
-    """Chapter 9's sentence: subject and verb phrase agree in number ("one" or "many")."""
+    """Chapter "A GPT from scratch"'s sentence: subject and verb phrase agree in number ("one" or "many")."""
     adj = Choice(["", " small", " red", " quiet", " big", " lazy"], [0.5, 0.1, 0.1, 0.1, 0.1, 0.1])
     noun = {
         "one": Choice([" cat", " dog", " bird", " fox", " child", " mouse", " king", " horse"]),
@@ -133,13 +135,13 @@ def _toy_grammar() -> list:
     return [Choice([clause("one"), clause("many")]), ".\n"]
 
 
-#: Chapter 9's grammar: one sentence, ending with ".\n"; subject and verb agree in number.
+#: Chapter "A GPT from scratch"'s grammar: one sentence, ending with ".\n"; subject and verb agree in number.
 TOY_GRAMMAR = _toy_grammar()
 
 
 def grammar_text(n_sentences: int = 8000, seed: int = 0, grammar=None) -> str:
     """``n_sentences`` sentences of a grammar (default :data:`TOY_GRAMMAR`), drawn with
-    ``random.Random(seed)``: the same text on every machine (chapter 9)."""
+    ``random.Random(seed)``: the same text on every machine (chapter "A GPT from scratch")."""
     if isinstance(n_sentences, bool) or not isinstance(n_sentences, int) or n_sentences < 1:
         raise ValueError(f"n_sentences must be a positive int, got {n_sentences!r}")
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""Prompt/response data for instruction-style fine-tuning (chapter 15, "Fine-tuning").
+"""Prompt/response data for instruction-style fine-tuning (chapter "Fine-tuning", "Fine-tuning").
 
 A pair is a prompt and the response a model should write after it. Each is laid out for a
 decoder-only model as ``prompt, PROMPT_END, response, <|endoftext|>`` and trained on with the
@@ -55,7 +55,7 @@ def _pair_problem(pair, specials: Sequence[str]) -> tuple[type[Exception], str] 
 
 def read_pairs(path: str | os.PathLike, *, specials: Sequence[str] = (END_TOKEN,)) -> list[tuple[str, str]]:
     """The ``(prompt, response)`` pairs of a JSON Lines file, one object ``{"prompt": str,
-    "response": str}`` a line (blank lines are skipped) (chapter 15). A line that is not such an object is a
+    "response": str}`` a line (blank lines are skipped) (chapter "Fine-tuning"). A line that is not such an object is a
     ``ValueError`` naming the file and the line's number, as is text that cannot be encoded: a lone
     surrogate (``"\\ud800"`` in JSON), or the spelling of one of ``specials`` (by default the end
     token; pass the tokenizer's ``specials`` to refuse all of its special tokens)."""
@@ -83,7 +83,7 @@ def read_pairs(path: str | os.PathLike, *, specials: Sequence[str] = (END_TOKEN,
 
 
 def write_pairs(pairs: Iterable[tuple[str, str]], path: str | os.PathLike, *, force: bool = False) -> Path:
-    """Write ``pairs`` to ``path`` as JSON Lines (the ``finetune`` command's input) (chapter 15),
+    """Write ``pairs`` to ``path`` as JSON Lines (the ``finetune`` command's input) (chapter "Fine-tuning"),
     atomically; an existing file that holds anything else is kept unless ``force``. Each pair must
     be a ``(prompt, response)`` of text that :func:`read_pairs` reads back (a dict, a triple, a
     number, an empty response, a lone surrogate or the end token's spelling is refused by its index)."""
@@ -104,7 +104,7 @@ def write_pairs(pairs: Iterable[tuple[str, str]], path: str | os.PathLike, *, fo
 
 def encode_pair(tokenizer, prompt: str, response: str, *, end: bool = True) -> tuple[list[int], int]:
     """``(ids, n_prompt)``: ``prompt + PROMPT_END`` then ``response`` as ids, with the tokenizer's
-    end token after them (``end=True``); ``n_prompt`` counts the prompt's ids (chapter 15). The two parts are
+    end token after them (``end=True``); ``n_prompt`` counts the prompt's ids (chapter "Fine-tuning"). The two parts are
     encoded apart, so the response's first token never merges with the prompt's last. A part that
     the tokenizer refuses (it spells a special token, say) is a ``ValueError`` that says which."""
     if end and getattr(tokenizer, "eos_id", None) is None:
@@ -121,8 +121,8 @@ def encode_pair(tokenizer, prompt: str, response: str, *, end: bool = True) -> t
 
 
 def date_pairs(n: int, seed: int = 0, formats: Sequence[str] = DATE_FORMATS) -> list[tuple[str, str]]:
-    """``n`` prompt/response pairs of chapter 8's dates task: a date written in one of ``formats``
-    and the same date in ISO form, dates and formats drawn with ``seed``."""
+    """``n`` prompt/response pairs of chapter "Encoder-decoder and cross-attention"'s dates task: a date written in one
+    of ``formats`` and the same date in ISO form, dates and formats drawn with ``seed``."""
     check_int(n, "n")
     rng = np.random.default_rng(seed)
     n_days = (DATE_LAST - DATE_FIRST).days + 1
@@ -135,7 +135,7 @@ def date_pairs(n: int, seed: int = 0, formats: Sequence[str] = DATE_FORMATS) -> 
 
 
 class InstructionBatches(_Batches):
-    """Batches of prompt/response rows for a decoder-only model (chapter 15).
+    """Batches of prompt/response rows for a decoder-only model (chapter "Fine-tuning").
 
     ``InstructionBatches(train, val, context_len, batch_size, pad_id)``, ``train`` and ``val``
     lists of ``(ids, n_prompt)`` from :func:`encode_pair`. ``batches(split)`` returns the keyword

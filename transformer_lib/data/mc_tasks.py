@@ -1,4 +1,4 @@
-"""Multiple-choice tasks from the shipped text (chapter 16, "Measuring a model"), and the files
+"""Multiple-choice tasks from the shipped text (chapter "Measuring a model", "Measuring a model"), and the files
 that let ``lm-eval`` score the very same items.
 
 Both tasks read the held-out part of Tiny Shakespeare (by default its last 10 %, which the
@@ -35,7 +35,7 @@ _WORD = re.compile(r"^(.*\S)\s+([A-Za-z]+)[.,;:!?]*$")
 
 @dataclass(frozen=True)
 class MCItem:
-    """A multiple-choice item (chapter 16): a ``context``, its ``choices`` (continuations, each
+    """A multiple-choice item (chapter "Measuring a model"): a ``context``, its ``choices`` (continuations, each
     scored after ``delimiter``) and the index of the right one, ``answer``."""
 
     context: str
@@ -59,7 +59,8 @@ class MCItem:
 
 
 #: where the held-out part of the shipped Tiny Shakespeare starts, as a fraction of its characters
-#: (chapter 16): after the training split of every shipped model trained on it. Chapter 15's BPE model
+#: (chapter "Measuring a model"): after the training split of every shipped model trained on it. Chapter "Fine-tuning"'s
+# BPE model
 #: kept the last 10 % of its *tokens*, which start at 90.3 % of the characters, so the last 10 % of the
 #: characters would hold 3,425 characters it trained on; tests/test_held_out_text.py checks the gap.
 HELD_OUT_START = 0.91
@@ -67,7 +68,7 @@ HELD_OUT_START = 0.91
 
 def held_out_text(text: str, start_fraction: float = HELD_OUT_START) -> str:
     """The part of ``text`` from ``start_fraction`` of its characters on, from the start of a line
-    (chapter 16); by default the part of the shipped text no shipped model trained on."""
+    (chapter "Measuring a model"); by default the part of the shipped text no shipped model trained on."""
     if not 0.0 <= start_fraction < 1.0:
         raise ValueError(f"start_fraction must be in [0, 1), got {start_fraction!r}")
     cut = int(len(text) * start_fraction)
@@ -85,7 +86,7 @@ def speaker_choice_task(
     text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = HELD_OUT_START, max_chars: int = 40,
     context_chars: int = 60, seed: int = 0,
 ) -> list:  # fmt: skip
-    """``n_items`` items "who speaks next?" from the held-out speeches (chapter 16): the context is
+    """``n_items`` items "who speaks next?" from the held-out speeches (chapter "Measuring a model"): the context is
     the end of one speech (its last ``context_chars`` characters, from a word's start) and a blank
     line; the choices are ``"NAME:\\n" + line`` for the true speaker and ``n_choices - 1`` others
     of the held-out part, with the next speech's first line (at most ``max_chars``) in each."""
@@ -118,7 +119,7 @@ def speaker_choice_task(
 def cloze_task(
     text: str, n_items: int = 100, n_choices: int = 4, *, start_fraction: float = HELD_OUT_START, seed: int = 0
 ) -> list:
-    """``n_items`` cloze items from the held-out lines (chapter 16): the context is the line before
+    """``n_items`` cloze items from the held-out lines (chapter "Measuring a model"): the context is the line before
     and the line with its last word missing; the choices are that word and ``n_choices - 1`` words
     of the held-out text, drawn among those of another length (so the choices' lengths differ)."""
     check_int(n_items, "n_items")
@@ -149,7 +150,7 @@ def cloze_task(
 
 def write_lm_eval_task(items, folder: str | os.PathLike, name: str, *, delimiter: str = " ", force: bool = False):
     """Write ``items`` as ``FOLDER/NAME.jsonl`` and the task ``FOLDER/NAME.yaml`` in ``lm-eval``'s
-    format (chapter 16): a multiple-choice task over the file's lines with the metrics ``acc`` and
+    format (chapter "Measuring a model"): a multiple-choice task over the file's lines with the metrics ``acc`` and
     ``acc_norm``, each choice scored after ``delimiter``. Existing files are refused unless
     ``force``. Returns the YAML file's path."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):

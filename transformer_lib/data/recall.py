@@ -1,5 +1,5 @@
-"""Associative recall (chapter 19): a model reads key-value pairs, then is asked for the value of
-some keys. What a fixed-size state forgets and a growing cache keeps, measured by one number,
+"""Associative recall (chapter "Attention as a recurrence"): a model reads key-value pairs, then is asked for the value
+of some keys. What a fixed-size state forgets and a growing cache keeps, measured by one number,
 the number of pairs.
 
 Tokens: the keys are ``0 .. n_keys - 1``, the values ``n_keys .. n_keys + n_values - 1``, then one
@@ -21,7 +21,7 @@ __all__ = ["RecallBatch", "recall_accuracy", "recall_batch", "recall_vocab_size"
 
 
 class RecallBatch(NamedTuple):
-    """One batch of associative recall (chapter 19): ``idx``, ``targets`` (the next tokens) and
+    """One batch of associative recall (chapter "Attention as a recurrence"): ``idx``, ``targets`` (the next tokens) and
     ``loss_mask`` (True where the target is a queried key's value), each ``(B, T)``."""
 
     idx: Tensor
@@ -30,7 +30,8 @@ class RecallBatch(NamedTuple):
 
 
 def recall_vocab_size(n_keys: int, n_values: int) -> int:
-    """The vocabulary of :func:`recall_batch` (chapter 19): the keys, the values and the separator."""
+    """The vocabulary of :func:`recall_batch` (chapter "Attention as a recurrence"): the keys, the values and the
+    separator."""
     check_int(n_keys, "n_keys")
     check_int(n_values, "n_values")
     return n_keys + n_values + 1
@@ -45,7 +46,7 @@ def recall_batch(
     n_queries: int | None = None,
     generator: torch.Generator | None = None,
 ) -> RecallBatch:
-    """A batch of associative recall sequences (chapter 19).
+    """A batch of associative recall sequences (chapter "Attention as a recurrence").
 
     Each of the ``batch_size`` sequences holds ``n_pairs`` key-value pairs (keys drawn without
     replacement from ``n_keys``, values uniformly from ``n_values``), a separator, then
@@ -78,7 +79,7 @@ def recall_batch(
 
 @torch.no_grad()
 def recall_accuracy(model: torch.nn.Module, batch: RecallBatch) -> float:
-    """The share of queried keys whose value ``model`` predicts exactly (greedy, chapter 19):
+    """The share of queried keys whose value ``model`` predicts exactly (greedy, chapter "Attention as a recurrence"):
     ``model(batch.idx)`` returns ``(logits (B, T, V), ...)``, as a GPT does."""
     if not isinstance(batch, RecallBatch):
         raise TypeError(f"batch must be a RecallBatch (recall_batch(...)), got {type(batch).__name__}")

@@ -1,4 +1,4 @@
-"""Random sequences with a repeated segment (chapter 12), the probe for induction heads.
+"""Random sequences with a repeated segment (chapter "What attention learns"), the probe for induction heads.
 
 A segment of ``repeat_len`` random tokens appears twice, the second time ``distance`` positions
 after the first; the distance is drawn anew for every sequence, since with one fixed distance a
@@ -26,7 +26,7 @@ def repeat_batch(
     generator: torch.Generator | None = None,
     return_distance: bool = False,
 ) -> tuple[Tensor, ...]:
-    """A batch of random token sequences in which a segment reappears (chapter 12).
+    """A batch of random token sequences in which a segment reappears (chapter "What attention learns").
 
     Each of the ``batch_size`` sequences of ``seq_len + 1`` tokens is drawn uniformly from
     ``0 .. vocab_size - 1``; then a distance ``D`` (uniform in ``[min_distance, max_distance]``,

@@ -1,4 +1,4 @@
-"""Labelled tasks from the shipped text (chapter 15, "Fine-tuning"): Tiny Shakespeare is a
+"""Labelled tasks from the shipped text (chapter "Fine-tuning", "Fine-tuning"): Tiny Shakespeare is a
 sequence of speeches, each under its speaker's name, so every speech carries a label.
 
 :func:`split_speeches` splits a text into :class:`Speech` records; :func:`speaker_task` picks the
@@ -29,7 +29,7 @@ _SPEAKER = re.compile(r"^([A-Z][A-Za-z' ]*[A-Za-z]):\n", re.MULTILINE)
 @dataclass(frozen=True)
 class Speech:
     """One speech: its ``speaker``, its ``text`` (the lines under the name) and the character
-    offset ``start`` of the speaker's name in the whole text (chapter 15)."""
+    offset ``start`` of the speaker's name in the whole text (chapter "Fine-tuning")."""
 
     speaker: str
     text: str
@@ -38,7 +38,7 @@ class Speech:
 
 @dataclass
 class LabelledTexts:
-    """A classification task (chapter 15): ``texts`` with integer ``labels`` (``0 .. len(classes) - 1``),
+    """A classification task (chapter "Fine-tuning"): ``texts`` with integer ``labels`` (``0 .. len(classes) - 1``),
     split into ``train`` and ``test`` index lists, and the ``classes``' names; checked when made."""
 
     texts: list[str]
@@ -68,7 +68,7 @@ class LabelledTexts:
 
 def split_speeches(text: str) -> list[Speech]:
     """Every speech of ``text``, in order: a speaker's name alone on a line, ending with ``:``,
-    then the lines up to the next blank line (chapter 15)."""
+    then the lines up to the next blank line (chapter "Fine-tuning")."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     out = []
@@ -104,7 +104,7 @@ def speaker_task(
     """Who speaks? The speeches of the ``n_speakers`` most frequent speakers among those that start
     at or after ``start_fraction`` of ``text`` (by default the last 10 %, the part the training
     command holds out for validation, so a model pretrained on the rest never saw them), split
-    per speaker with ``test_fraction`` of each speaker's speeches in the test set (chapter 15)."""
+    per speaker with ``test_fraction`` of each speaker's speeches in the test set (chapter "Fine-tuning")."""
     check_int(n_speakers, "n_speakers", minimum=2)
     _check_fraction(start_fraction, "start_fraction")
     _check_fraction(test_fraction, "test_fraction")
@@ -140,7 +140,7 @@ def word_order_task(
 ) -> LabelledTexts:
     """Is the word order real? ``n_speeches`` speeches drawn with ``seed`` from those that start at
     or after ``start_fraction`` of ``text``; half, at random, keep their words (label 1,
-    ``"real"``) and half have the words of every line shuffled (label 0, ``"shuffled"``) (chapter 15). Only
+    ``"real"``) and half have the words of every line shuffled (label 0, ``"shuffled"``) (chapter "Fine-tuning"). Only
     speeches of ten words or more are drawn. The same letters, spaces and words are in both
     classes: a model must know which orders English allows."""
     check_int(n_speeches, "n_speeches", minimum=4)
@@ -160,7 +160,7 @@ def word_order_task(
 
 def encode_texts(tokenizer, texts: list[str], context_len: int, pad_id: int) -> tuple[Tensor, Tensor]:
     """``(ids (N, context_len), lengths (N,))``: each text's first ``context_len`` tokens, padded
-    on the right with ``pad_id``; ``lengths`` counts the real tokens (at least 1) (chapter 15)."""
+    on the right with ``pad_id``; ``lengths`` counts the real tokens (at least 1) (chapter "Fine-tuning")."""
     check_int(context_len, "context_len")
     rows, lengths = [], []
     for text in texts:

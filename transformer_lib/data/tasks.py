@@ -1,5 +1,5 @@
-"""Sequence-to-sequence tasks (chapter 8, "Encoder-decoder and cross-attention"): copy, reverse
-and sort random sequences, and translate dates written in many human formats to ISO.
+"""Sequence-to-sequence tasks (chapter "Encoder-decoder and cross-attention", "Encoder-decoder and cross-attention"):
+copy, reverse and sort random sequences, and translate dates written in many human formats to ISO.
 
 Ids ``pad = 0``, ``bos = 1``, ``eos = 2`` (the defaults of
 :class:`~transformer_lib.encoder_decoder.TransformerConfig`): ``src (N, T_src)`` is padded with ``pad``
@@ -38,7 +38,8 @@ __all__ = [
 
 @dataclass
 class Seq2SeqData:
-    """A sequence-to-sequence task split into training and validation examples that never overlap (chapter 8).
+    """A sequence-to-sequence task split into training and validation examples that never overlap (chapter
+    "Encoder-decoder and cross-attention").
 
     ``*_src`` are ``(N, T_src)`` and ``*_tgt`` ``(N, T_tgt)`` LongTensors (see the module's
     docstring for the layout); the tokenizers turn rows back into text.
@@ -77,7 +78,8 @@ def sequence_task(
     max_len: int = 10,
     seed: int = 0,
 ) -> Seq2SeqData:
-    """Synthetic task ``"copy"``, ``"reverse"`` or ``"sort"`` on random sequences (chapter 8).
+    """Synthetic task ``"copy"``, ``"reverse"`` or ``"sort"`` on random sequences (chapter "Encoder-decoder and
+    cross-attention").
 
     Sources are distinct random sequences of ``min_len .. max_len`` symbols with ids
     ``3 .. 3 + n_symbols - 1`` (shown as ``0-9a-z...`` by the tokenizers), so no validation
@@ -176,7 +178,8 @@ DATE_FIRST, DATE_LAST = datetime.date(1969, 1, 1), datetime.date(2068, 12, 31)
 
 
 def date_field_spans(date: datetime.date, fmt: str) -> tuple[str, dict[str, range]]:
-    """``date`` written in the format ``fmt``, and where each field landed (chapter 8).
+    """``date`` written in the format ``fmt``, and where each field landed (chapter "Encoder-decoder and
+    cross-attention").
 
     Returns ``(text, spans)``: ``spans["day"]``, ``["month"]``, ``["year"]`` (and ``["weekday"]``
     where the format shows it) are the ranges of character positions of ``text`` that show that
@@ -193,14 +196,16 @@ def date_field_spans(date: datetime.date, fmt: str) -> tuple[str, dict[str, rang
 
 
 def render_date(date: datetime.date, fmt: str) -> str:
-    """``date`` written in the format ``fmt``, one of :data:`DATE_FORMATS` (chapter 8)."""
+    """``date`` written in the format ``fmt``, one of :data:`DATE_FORMATS` (chapter "Encoder-decoder and
+    cross-attention")."""
     if fmt not in DATE_FORMATS:
         raise ValueError(f"fmt must be one of DATE_FORMATS, got {fmt!r}")
     return date_field_spans(date, fmt)[0]
 
 
 def date_format_of(text: str, date: datetime.date) -> str:
-    """The name of the format in :data:`DATE_FORMATS` that writes ``date`` as ``text`` (chapter 8)."""
+    """The name of the format in :data:`DATE_FORMATS` that writes ``date`` as ``text`` (chapter "Encoder-decoder and
+    cross-attention")."""
     found = next((f for f in DATE_FORMATS if render_date(date, f) == text), None)
     if found is None:
         raise ValueError(f"no format in DATE_FORMATS writes {date.isoformat()} as {text!r}")
@@ -208,7 +213,8 @@ def date_format_of(text: str, date: datetime.date) -> str:
 
 
 def dates_task(n_train: int = 50_000, n_val: int = 1_000, seed: int = 0) -> Seq2SeqData:
-    """Translate dates written in :data:`DATE_FORMATS` to ISO ``yyyy-mm-dd`` (chapter 8).
+    """Translate dates written in :data:`DATE_FORMATS` to ISO ``yyyy-mm-dd`` (chapter "Encoder-decoder and
+    cross-attention").
 
     Dates lie between 1969-01-01 and 2068-12-31. ``n_val`` of them, drawn with ``seed``, are held
     out: each appears once in validation, in a random format, and never in training. Training
@@ -241,7 +247,8 @@ ISO_FIELDS = ("year",) * 4 + (None,) + ("month",) * 2 + (None,) + ("day",) * 2 +
 
 
 def date_field_shares(cross: Tensor, texts: Sequence[str], formats: Sequence[str], dates: Sequence) -> dict:
-    """How much cross-attention weight lands on the date field being written (chapter 8).
+    """How much cross-attention weight lands on the date field being written (chapter "Encoder-decoder and
+    cross-attention").
 
     ``cross`` is ``(N, layers, h, T_tgt, T_src)``: the weights of a teacher-forced pass whose
     output row ``t`` writes character ``t`` of the ISO answer; ``texts[n]`` is source ``n``,

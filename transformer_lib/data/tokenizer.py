@@ -1,5 +1,5 @@
-"""A character tokenizer and padding (chapter 8, "Encoder-decoder and cross-attention"), and
-tokenizer files for either kind, character or byte-level BPE (chapter 13, "Tokens")."""
+"""A character tokenizer and padding (chapter "Encoder-decoder and cross-attention", "Encoder-decoder and
+cross-attention"), and tokenizer files for either kind, character or byte-level BPE (chapter "Tokens", "Tokens")."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 when given first to CharTo
 
 
 class CharTokenizer:
-    """One id per character, optional special tokens first (chapter 8).
+    """One id per character, optional special tokens first (chapter "Encoder-decoder and cross-attention").
 
     ``CharTokenizer(chars, specials)`` gives the specials ids ``0 .. len(specials) - 1`` and the
     characters the following ids, in the order given; :meth:`from_text` takes the sorted set of a
@@ -122,7 +122,8 @@ class CharTokenizer:
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None) -> Tensor:
-    """Lists of ids -> a ``(N, length)`` LongTensor padded on the right (default: the longest; chapter 8)."""
+    """Lists of ids -> a ``(N, length)`` LongTensor padded on the right (default: the longest; chapter "Encoder-decoder
+    and cross-attention")."""
     length = max((len(s) for s in seqs), default=0) if length is None else length
     out = np.full((len(seqs), length), pad_id, dtype=np.int64)
     for i, s in enumerate(seqs):
@@ -136,8 +137,8 @@ TOKENIZER_FORMAT = ("attention-executed-tokenizer", 1)  # a tokenizer file's "fo
 
 
 def tokenizer_from_dict(d: dict) -> CharTokenizer | BPETokenizer:
-    """The tokenizer a ``to_dict()`` describes, of either kind (chapter 13); a dict without a
-    ``"kind"`` is a character tokenizer's (as checkpoints saved before chapter 13 hold)."""
+    """The tokenizer a ``to_dict()`` describes, of either kind (chapter "Tokens"); a dict without a
+    ``"kind"`` is a character tokenizer's (as checkpoints saved before chapter "Tokens" hold)."""
     if not isinstance(d, dict):
         raise TypeError(f"a tokenizer is described by a dict, got {type(d).__name__}")
     kind = d.get("kind", "char")
@@ -149,7 +150,7 @@ def tokenizer_from_dict(d: dict) -> CharTokenizer | BPETokenizer:
 
 
 def tokenizer_checksum(tokenizer: CharTokenizer | BPETokenizer) -> str:
-    """The SHA-256 of a tokenizer's settings (its ``to_dict()`` as sorted JSON; chapter 13): two
+    """The SHA-256 of a tokenizer's settings (its ``to_dict()`` as sorted JSON; chapter "Tokens"): two
     tokenizers that encode alike have the same checksum, and any other one a different checksum."""
     d = tokenizer.to_dict()
     if isinstance(tokenizer, BPETokenizer):
@@ -158,7 +159,7 @@ def tokenizer_checksum(tokenizer: CharTokenizer | BPETokenizer) -> str:
 
 
 def save_tokenizer(tokenizer: CharTokenizer | BPETokenizer, path: str | os.PathLike, *, force: bool = False) -> Path:
-    """Write ``tokenizer`` to one small JSON file, versioned and checksummed (chapter 13), in one
+    """Write ``tokenizer`` to one small JSON file, versioned and checksummed (chapter "Tokens"), in one
     atomic step. An existing file is kept unless it holds the same tokenizer or ``force=True``."""
     if not isinstance(tokenizer, (CharTokenizer, BPETokenizer)):
         raise TypeError(f"tokenizer must be a CharTokenizer or a BPETokenizer, got {type(tokenizer).__name__}")
@@ -185,7 +186,7 @@ def save_tokenizer(tokenizer: CharTokenizer | BPETokenizer, path: str | os.PathL
 
 
 def load_tokenizer(path: str | os.PathLike) -> CharTokenizer | BPETokenizer:
-    """Read a file written by :func:`save_tokenizer` (chapter 13), checking its format, version and
+    """Read a file written by :func:`save_tokenizer` (chapter "Tokens"), checking its format, version and
     checksum; a damaged or foreign file raises ``ValueError`` naming the file."""
     path = Path(path)
     try:

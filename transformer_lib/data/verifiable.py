@@ -1,5 +1,5 @@
-"""A task whose answers a program checks (chapter 17, "Preferences and rewards"): chapter 15's
-dates, written in a human format, to be rewritten in ISO form ``yyyy-mm-dd``.
+"""A task whose answers a program checks (chapter "Preferences and rewards", "Preferences and rewards"): chapter
+"Fine-tuning"'s dates, written in a human format, to be rewritten in ISO form ``yyyy-mm-dd``.
 
 A reward is a function ``reward(answer, target) -> float`` in ``[0, 1]`` (:data:`REWARDS`):
 
@@ -67,12 +67,13 @@ def _final(answer: str) -> str:
 
 
 def exact_reward(answer: str, target: str) -> float:
-    """1.0 when ``answer`` (its final date, after a scratchpad) is ``target``, else 0.0 (chapter 17)."""
+    """1.0 when ``answer`` (its final date, after a scratchpad) is ``target``, else 0.0 (chapter "Preferences and
+    rewards")."""
     return float(_final(answer) == target)
 
 
 def char_reward(answer: str, target: str) -> float:
-    """The share of ``target``'s characters that ``answer`` has at the same place (chapter 17):
+    """The share of ``target``'s characters that ``answer`` has at the same place (chapter "Preferences and rewards"):
     partial credit, 1.0 only for the right date."""
     answer = _final(answer)
     if not target:
@@ -81,7 +82,7 @@ def char_reward(answer: str, target: str) -> float:
 
 
 def format_reward(answer: str, target: str) -> float:
-    """1.0 for any real date written ``yyyy-mm-dd``, whatever ``target`` is (chapter 17): a
+    """1.0 for any real date written ``yyyy-mm-dd``, whatever ``target`` is (chapter "Preferences and rewards"): a
     verifier that checks the form and not the content."""
     return float(_date(_final(answer)) is not None)
 
@@ -90,8 +91,8 @@ def format_reward(answer: str, target: str) -> float:
 
 
 def scratchpad_response(date: datetime.date, fmt: str) -> str:
-    """The answer with its steps written out (chapter 17), each one a program can check: the year,
-    the month as a number (with its name where the format writes one), the day, then the date::
+    """The answer with its steps written out (chapter "Preferences and rewards"), each one a program can check: the
+    year, the month as a number (with its name where the format writes one), the day, then the date::
 
         "the 17th of april, 2003"
         -> "year 2003, month april = 04, day 17 = 2003-04-17"
@@ -103,7 +104,8 @@ def scratchpad_response(date: datetime.date, fmt: str) -> str:
 
 
 def scratchpad_pairs(n: int, seed: int = 0, formats: Sequence[str] = DATE_FORMATS) -> list[tuple[str, str]]:
-    """:func:`~transformer_lib.data.date_pairs`' prompts with :func:`scratchpad_response` answers (chapter 17)."""
+    """:func:`~transformer_lib.data.date_pairs`' prompts with :func:`scratchpad_response` answers (chapter "Preferences
+    and rewards")."""
     out = []
     for prompt, iso in date_pairs(n, seed, formats):
         date = datetime.date.fromisoformat(iso)
@@ -116,8 +118,8 @@ _STEPS = re.compile(r"year (\d+), month (?:([a-z]+) = )?(\d+), day (\d+) = (.*)"
 
 
 def check_scratchpad(answer: str, target: str) -> dict[str, bool]:
-    """Each step of a scratchpad answer checked against the ``target`` date (chapter 17): ``year``,
-    ``month`` (the number, and the name's number where a name is written), ``day`` and ``date``
+    """Each step of a scratchpad answer checked against the ``target`` date (chapter "Preferences and rewards"):
+    ``year``, ``month`` (the number, and the name's number where a name is written), ``day`` and ``date``
     (the final answer); every step False when the answer does not follow the layout."""
     date, m = datetime.date.fromisoformat(target), _STEPS.fullmatch(answer.strip())
     if m is None:
@@ -135,12 +137,13 @@ def check_scratchpad(answer: str, target: str) -> dict[str, bool]:
 
 
 def step_reward(answer: str, target: str) -> float:
-    """The share of a scratchpad answer's steps that are right (:func:`check_scratchpad`; chapter 17)."""
+    """The share of a scratchpad answer's steps that are right (:func:`check_scratchpad`; chapter "Preferences and
+    rewards")."""
     checks = check_scratchpad(answer, target)
     return sum(checks.values()) / len(checks)
 
 
-#: The rewards by name, each ``reward(answer, target) -> float`` in ``[0, 1]`` (chapter 17).
+#: The rewards by name, each ``reward(answer, target) -> float`` in ``[0, 1]`` (chapter "Preferences and rewards").
 REWARDS = {"exact": exact_reward, "chars": char_reward, "format": format_reward, "steps": step_reward}
 
 
@@ -148,8 +151,8 @@ REWARDS = {"exact": exact_reward, "chars": char_reward, "format": format_reward,
 
 
 def wrong_date(target: str, rng: np.random.Generator) -> str:
-    """A plausible wrong answer to ``target`` (chapter 17): the same date with one field moved, the
-    day by 1 to 3, the month by 1 or the year by 1 to 10 (a day that the new month lacks is moved
+    """A plausible wrong answer to ``target`` (chapter "Preferences and rewards"): the same date with one field moved,
+    the day by 1 to 3, the month by 1 or the year by 1 to 10 (a day that the new month lacks is moved
     to the month's last), drawn with ``rng``; never the target itself. A target that is not a real
     date written ``yyyy-mm-dd`` (``2003-02-30``) raises a ``ValueError`` naming it."""
     date = _date(target) if isinstance(target, str) else None
@@ -166,8 +169,8 @@ def wrong_date(target: str, rng: np.random.Generator) -> str:
 
 
 def preference_triples(pairs: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str, str, str]]:
-    """``(prompt, chosen, rejected)`` for each ``(prompt, target)`` of ``pairs`` (chapter 17): the
-    verifier's right answer against :func:`wrong_date`, drawn with ``seed``."""
+    """``(prompt, chosen, rejected)`` for each ``(prompt, target)`` of ``pairs`` (chapter "Preferences and rewards"):
+    the verifier's right answer against :func:`wrong_date`, drawn with ``seed``."""
     check_int(seed, "seed", minimum=0)
     rng = np.random.default_rng(seed)
     return [(prompt, target, wrong_date(target, rng)) for prompt, target in pairs]
@@ -192,7 +195,7 @@ def _triple_problem(item) -> str | None:
 
 def write_preferences(triples: Sequence, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write ``(prompt, chosen, rejected)`` triples to ``path`` as JSON Lines, the ``dpo`` command's
-    input (chapter 17), atomically; an existing file that holds anything else is kept unless
+    input (chapter "Preferences and rewards"), atomically; an existing file that holds anything else is kept unless
     ``force``. A triple that is not three non-empty, different answers is refused by its index."""
     from ..utils import atomic_write
 
@@ -211,8 +214,8 @@ def write_preferences(triples: Sequence, path: str | os.PathLike, *, force: bool
 
 def read_preferences(path: str | os.PathLike) -> list[tuple[str, str, str]]:
     """The ``(prompt, chosen, rejected)`` triples of a JSON Lines file, one object with those keys a
-    line (chapter 17); a line that is not UTF-8, not JSON, not such an object, or whose text cannot be
-    encoded (a lone surrogate, the end token's spelling) is refused by its number, and so is a file of
+    line (chapter "Preferences and rewards"); a line that is not UTF-8, not JSON, not such an object, or whose text
+    cannot be encoded (a lone surrogate, the end token's spelling) is refused by its number, and so is a file of
     fewer than two triples."""
     rows = []
     for n, raw in enumerate(Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):

@@ -29,7 +29,7 @@ __all__ = ["check_balancing_loss", "check_route"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 20.1: the router's choice and weights
+# Exercise 1 of chapter "Experts": the router's choice and weights
 
 
 def _top(probs: Tensor, k: int, *, largest: bool = True, renormalise: bool = True) -> tuple[Tensor, Tensor]:
@@ -120,7 +120,7 @@ def _require_experts(chosen: Tensor, E: int, where: str) -> None:
 
 @check("check_route")
 def check_route(fn: Callable) -> None:
-    """Chapter 20, exercise 20.1: check ``fn(logits (N, E), k) -> (weights (N, k), chosen (N, k))``, a router.
+    """Chapter "Experts", exercise 1: check ``fn(logits (N, E), k) -> (weights (N, k), chosen (N, k))``, a router.
 
     ``fn`` is given the router's logits, one row of ``E`` per token, and ``k``, the experts each
     token goes to. It returns the pair ``(weights, chosen)``: a softmax over the experts (the last
@@ -202,7 +202,7 @@ def check_route(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 20.2: the Switch Transformer's load-balancing loss
+# Exercise 2 of chapter "Experts": the Switch Transformer's load-balancing loss
 
 
 def _counts(chosen: Tensor, E: int) -> Tensor:
@@ -259,7 +259,7 @@ def _no_gradient(where: str, how: str) -> ExerciseFailure:
 
 @check("check_balancing_loss")
 def check_balancing_loss(fn: Callable) -> None:
-    """Chapter 20, exercise 20.2: check ``fn(scores (N, E), chosen (N, k)) -> ()``, the Switch balancing loss.
+    """Chapter "Experts", exercise 2: check ``fn(scores (N, E), chosen (N, k)) -> ()``, the Switch balancing loss.
 
     ``fn`` is given the router's scores (each token's probabilities over the ``E`` experts) and
     the experts each token was sent to (integer indices); it returns ``E * sum_i f_i P_i``, a

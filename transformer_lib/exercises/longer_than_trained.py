@@ -86,7 +86,7 @@ def _name_mistake(omega: Tensor, right: Tensor, mistakes: list[tuple[str, Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 21.1: NTK-aware scaling
+# Exercise 1 of chapter "Longer than trained": NTK-aware scaling
 
 
 def _ntk(d: int, base: float, factor: float) -> Tensor:
@@ -139,7 +139,7 @@ def _ntk_mistakes(d: int, base: float, s: float) -> list[tuple[str, Tensor]]:
 
 @check("check_ntk_frequencies")
 def check_ntk_frequencies(fn: Callable) -> None:
-    """Chapter 21, exercise 21.1: check ``fn(d, base, factor) -> omega (d/2,)``, NTK-aware scaling.
+    """Chapter "Longer than trained", exercise 1: check ``fn(d, base, factor) -> omega (d/2,)``, NTK-aware scaling.
 
     ``fn`` is given a head's width ``d`` (even), the rotary base and the factor ``s`` (the new length
     over the trained one) as Python numbers. It returns the rotary frequencies of the larger base
@@ -166,7 +166,7 @@ def check_ntk_frequencies(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 21.2: YaRN
+# Exercise 2 of chapter "Longer than trained": YaRN
 
 
 def _yarn(d: int, base: float, s: float, L: int, beta_fast: float, beta_slow: float, truncate: bool = True) -> Tensor:
@@ -233,8 +233,8 @@ def _yarn_mistakes(d, base, s, L, beta_fast, beta_slow) -> list[tuple[str, Tenso
 
 @check("check_yarn_frequencies")
 def check_yarn_frequencies(fn: Callable) -> None:
-    """Chapter 21, exercise 21.2: check ``fn(d, base, factor, original_context, beta_fast=32, beta_slow=1)
-    -> omega (d/2,)``, YaRN's frequencies.
+    """Chapter "Longer than trained", exercise 2: check ``fn(d, base, factor, original_context, beta_fast=32,
+    beta_slow=1) -> omega (d/2,)``, YaRN's frequencies.
 
     ``fn`` is given a head's width ``d`` (even), the rotary base, the factor ``s``, the trained
     length ``L`` (an int) and the ramp's two numbers of turns, all as Python numbers, passed by

@@ -1,4 +1,4 @@
-"""``python -m transformer_lib.experiments ch14 --parts lr --seeds 0 --dry-run``: see :func:`main`."""
+"""``python -m transformer_lib.experiments todays_block --parts lr --seeds 0 --dry-run``: see :func:`main`."""
 
 import sys
 

@@ -7,10 +7,10 @@ through seed 0's ``experts`` model, shipped beside it as a float32 state dict,
 ``experts_seed0.pt`` (:func:`checkpoint_model`).
 
 Every model is a Llama-style GPT (RMSNorm, SwiGLU, rotary positions, no biases, untied head) of
-2 layers, width 64, 4 heads and context 64 on Tiny Shakespeare's characters (chapter 13's split:
+2 layers, width 64, 4 heads and context 64 on Tiny Shakespeare's characters (chapter "Tokens"'s split:
 the last 10 % held out), trained in float64 (so that another CPU gets the same numbers: a
 router's top k is a discrete choice that float32's rounding would flip) for 600 steps of 16
-random windows with AdamW at a constant 3e-3 and no weight decay, as chapter 13's ``token_run``;
+random windows with AdamW at a constant 3e-3 and no weight decay, as chapter "Tokens"'s ``token_run``;
 seed ``s`` draws the initial weights after ``torch.manual_seed(s)`` and the windows from a
 generator seeded ``s``, so the five models of a seed read the same batches. The models
 (:data:`MODELS`):
@@ -53,7 +53,7 @@ held-out share):
 * First at context 128 and 300 steps (the same tokens, the same time): the learning rate 1e-3,
   3e-3, 1e-2 gave ``dense_active`` 3.070, 3.011, 3.165 and ``experts`` 3.088, 3.107, 3.345; at
   3e-3 ``dense_total`` 2.895 (at 1e-2, 3.414). So 3e-3 for every model,
-  chapter 13's. There the mixture lost to the dense model of equal active parameters (3.107
+  chapter "Tokens"'s. There the mixture lost to the dense model of equal active parameters (3.107
   against 3.011), and the balancing terms cost loss: no balancing 3.000 (largest share 0.451: in
   the second layer one expert is in nine of ten tokens' two), the Switch loss at 0.01 3.107
   (0.211, and one expert of the first layer down to 0.029), at 0.1 3.094 (0.143), the bias update
@@ -95,10 +95,11 @@ import transformer_lib as tl
 from transformer_lib.experts import active_parameters, after_step, experts_layers
 from transformer_lib.experts import training_loss as balancing_loss
 
-from .ch09 import weights_sha256
-from .ch13 import as_float32, run_settings, write_float32_state
-from .ch13 import char_corpus as corpus
-from .recorder import DATA, Experiment, Part, run_experiment
+from ..chapters import data_folder
+from .gpt import weights_sha256
+from .recorder import Experiment, Part, run_experiment
+from .tokens import as_float32, run_settings, write_float32_state
+from .tokens import char_corpus as corpus
 
 __all__ = [
     "CHECKPOINT",
@@ -127,7 +128,7 @@ MODELS = {
     "experts_free": {"experts": {**EXPERTS, "aux_loss": 0.0}},
     "experts_bias": {"experts": {**EXPERTS, "aux_loss": 0.0, "bias_rate": 0.001}},
 }
-#: the shape and training of every run (chapter 13's ``token_run`` settings, for 600 steps), in float64
+#: the shape and training of every run (chapter "Tokens"'s ``token_run`` settings, for 600 steps), in float64
 SETTINGS = {
     **run_settings(steps=600),
     "dtype": "float64",
@@ -144,7 +145,7 @@ NOTES = (
     "(one thread): compare it within the record only."
 )
 #: seed 0's ``experts`` model, float32 (a state dict :func:`checkpoint_model` loads)
-CHECKPOINT = DATA / "experts" / "experts_seed0.pt"
+CHECKPOINT = data_folder("experts") / "experts_seed0.pt"
 #: the models the part trained in this process, by (name, seed) (the checkpoint is written from seed 0's experts)
 TRAINED: dict[tuple[str, int], tl.GPT] = {}
 

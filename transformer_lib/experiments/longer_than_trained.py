@@ -7,9 +7,9 @@ chapter reads the record, ``transformer_lib/data/longer_than_trained/longer_swee
 model, shipped beside it as a float32 state dict, ``base_seed0.pt`` (:func:`checkpoint_model`).
 
 Every model is a Llama-style GPT (RMSNorm, SwiGLU, no biases, untied head) of 2 layers, width 64,
-4 heads (``d_k = 16``: 8 rotated pairs) on Tiny Shakespeare's characters (chapter 13's split: the
+4 heads (``d_k = 16``: 8 rotated pairs) on Tiny Shakespeare's characters (chapter "Tokens"'s split: the
 last 10 % held out), trained in float64 at context 64 for 600 steps of 16 random windows with
-AdamW at a constant 3e-3 and no weight decay, as chapter 13's ``token_run``. Every step at any
+AdamW at a constant 3e-3 and no weight decay, as chapter "Tokens"'s ``token_run``. Every step at any
 length reads the same 1024 tokens (4 windows at 256), so that the controls differ from the
 fine-tune in length alone. Seed ``s`` draws the initial weights after ``torch.manual_seed(s)``
 and the windows from a generator seeded ``s``. The parts:
@@ -100,10 +100,11 @@ import torch.nn.functional as F
 
 import transformer_lib as tl
 
-from .ch09 import weights_sha256
-from .ch13 import as_float32, run_settings, write_float32_state
-from .ch13 import char_corpus as corpus
-from .recorder import DATA, Experiment, Part, run_experiment
+from ..chapters import data_folder
+from .gpt import weights_sha256
+from .recorder import Experiment, Part, run_experiment
+from .tokens import as_float32, run_settings, write_float32_state
+from .tokens import char_corpus as corpus
 
 __all__ = [
     "CHECKPOINT",
@@ -127,7 +128,7 @@ SEEDS = [0, 1, 2]
 LLAMA = tl.LLAMA_BLOCK.changes()
 #: the two kinds of positions read past their length: each one's GPTConfig options besides Llama's block
 POSITIONS = {"rotary": {}, "learned": {"positions": "learned"}}
-#: the shape and training of every run (chapter 13's ``token_run`` settings, for 600 steps), in float64
+#: the shape and training of every run (chapter "Tokens"'s ``token_run`` settings, for 600 steps), in float64
 SETTINGS = {
     **run_settings(steps=600),
     "dtype": "float64",
@@ -171,7 +172,7 @@ NOTES = (
     "seconds are the recording machine's, one thread: compare them within the record only."
 )
 #: seed 0's rotary model trained at ``context_len``, float32 (a state dict :func:`checkpoint_model` loads)
-CHECKPOINT = DATA / "longer_than_trained" / "base_seed0.pt"
+CHECKPOINT = data_folder("longer_than_trained") / "base_seed0.pt"
 #: the base models trained in this process: (positions, seed, steps) -> (model, generator state, log)
 BASES: dict[tuple[str, int, int], tuple[tl.GPT, torch.Tensor, dict]] = {}
 
@@ -241,7 +242,7 @@ def at_length(model: tl.GPT, context_len: int, method: str = "none", seed: int =
     table shorter than ``context_len`` gets its missing rows drawn ``N(0, init_std)`` from a
     generator seeded ``seed``, as the model's initialisation draws them."""
     c = model.config
-    positions = "learned" if c.recipe.positions == "learned" else "rotary"
+    positions = "learned" if c.positions == "learned" else "rotary"
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     table = state.get("pos_embed.embedding.weight")  # (context_len, d_model), learned positions only
     if table is not None and context_len > len(table):

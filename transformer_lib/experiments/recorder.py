@@ -1,5 +1,5 @@
 """The recorder of the chapters' experiments: run parts and seeds, merge them into the record,
-write it atomically, stamped with the versions that made it (chapters 8-19).
+write it atomically, stamped with the versions that made it.
 
 An experiment is a chapter's set of named parts; a part is a function ``run(seeds, steps)`` that
 trains and measures each seed and returns the record's entries it fills, for example
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .._checks import is_int
+from ..chapters import data_folder, slug
 from ..utils import atomic_write
 
 __all__ = [
@@ -41,19 +42,20 @@ __all__ = [
 ]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-#: each chapter's record, in ``transformer_lib/data/<chapter>/``
+#: each chapter's record, by the chapter's slug, in its data folder
+#: (:func:`transformer_lib.chapters.data_folder`); in the book's order
 RECORDS = {
-    "ch08": "encoder_decoder.json",
-    "ch09": "gpt_runs.json",
-    "ch10": "generation.json",
-    "ch12": "induction_sweep.json",
-    "ch13": "token_sweep.json",
-    "ch14": "block_sweep.json",
-    "ch15": "finetune_sweep.json",
-    "ch16": "report_cards.json",
-    "ch17": "preferences.json",
-    "ch18": "attention_today.json",
-    "ch19": "recurrence.json",
+    "encoder_decoder": "encoder_decoder.json",
+    "gpt": "gpt_runs.json",
+    "generation": "generation.json",
+    "what_attention_learns": "induction_sweep.json",
+    "tokens": "token_sweep.json",
+    "todays_block": "block_sweep.json",
+    "fine_tuning": "finetune_sweep.json",
+    "measuring_a_model": "report_cards.json",
+    "preferences_and_rewards": "preferences.json",
+    "latent_sparse_sink": "attention_today.json",
+    "attention_as_recurrence": "recurrence.json",
     "experts": "experts_sweep.json",
     "longer_than_trained": "longer_sweep.json",
 }
@@ -68,7 +70,7 @@ THREADS = 1
 @dataclass(frozen=True)
 class Part:
     """One named part of an experiment: ``run(seeds, steps)`` returns the record's entries it
-    fills; ``seeds`` are the seeds it records (chapter 12)."""
+    fills; ``seeds`` are the seeds it records (chapter "What attention learns")."""
 
     run: Callable[[list[int], int | None], dict]
     seeds: list[int]
@@ -76,7 +78,7 @@ class Part:
 
 @dataclass(frozen=True)
 class Experiment:
-    """A chapter's recorded experiment: its parts, by name, in the order they run (chapter 12)."""
+    """A chapter's recorded experiment: its parts, by name, in the order they run (chapter "What attention learns")."""
 
     chapter: str
     parts: dict[str, Part] = field(default_factory=dict)
@@ -87,20 +89,26 @@ class Experiment:
 
 
 def record_path(chapter: str) -> Path:
-    """The JSON file that holds ``chapter``'s recorded experiment, e.g. ``"ch14"`` (chapter 12)."""
-    if chapter not in RECORDS:
+    """The JSON file that holds ``chapter``'s recorded experiment (chapter "What attention learns"):
+    ``chapter`` is the chapter's slug, ``"todays_block"``, or its old name, ``"ch14"``."""
+    try:
+        name = slug(chapter)
+    except ValueError:
+        name = None
+    if name not in RECORDS:
         raise ValueError(f"no recorded experiment for {chapter!r}; the chapters with one are {', '.join(RECORDS)}")
-    return DATA / chapter / RECORDS[chapter]
+    return data_folder(name) / RECORDS[name]
 
 
 def recorded(chapter: str) -> dict:
-    """The recorded results of ``chapter``'s experiment (``"ch08"`` ... ``"ch19"``, ``"experts"``, ...), as the
-    chapter's notebook reads them: the parsed JSON shipped with the library (chapter 12)."""
+    """The recorded results of ``chapter``'s experiment, by the chapter's slug (``"todays_block"``)
+    or its old name (``"ch14"``), as the chapter's notebook reads them: the parsed JSON shipped with
+    the library (chapter "What attention learns")."""
     return json.loads(record_path(chapter).read_text(encoding="utf-8"))
 
 
 def merge(old, new):
-    """``new`` merged into ``old`` (chapter 12): dicts key by key, lists of runs by their key
+    """``new`` merged into ``old`` (chapter "What attention learns"): dicts key by key, lists of runs by their key
     (``KEY_FIELDS``), in the order of the loops that made them; anything else is replaced."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = dict(old)
@@ -148,7 +156,7 @@ def versions() -> dict:
 
 def write_record(path: str | Path, record: dict) -> Path:
     """Write ``record`` to ``path`` as the records are written (JSON, indent 1, a final newline),
-    atomically: a failure half-way leaves the previous file as it was (chapter 12)."""
+    atomically: a failure half-way leaves the previous file as it was (chapter "What attention learns")."""
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -211,7 +219,7 @@ def is_record(experiment: Experiment, old) -> bool:
 def check_out(experiment: Experiment, out: str | Path | None, force: bool = False) -> bool:
     """Before any training: a file already at ``out`` (None: the shipped record) must be a record of
     ``experiment`` (:func:`is_record`), which is merged into and rewritten, never another file of
-    the user's, unless ``force``, which replaces it (chapter 12). Returns whether there is a
+    the user's, unless ``force``, which replaces it (chapter "What attention learns"). Returns whether there is a
     record to merge into; raises ``ValueError`` naming the file otherwise."""
     out = experiment.path if out is None else Path(out)
     if not out.exists():
@@ -235,7 +243,7 @@ def run_experiment(
 ) -> dict:
     """Run ``parts`` (default: all) of ``experiment`` for ``seeds`` (default: each part's own),
     merge them into the record at ``out`` (default: the shipped one) and write it, unless
-    ``dry_run``; returns the merged record (chapter 12). A file at ``out`` that is not a record of
+    ``dry_run``; returns the merged record (chapter "What attention learns"). A file at ``out`` that is not a record of
     ``experiment`` is refused before any training (:func:`check_out`), or replaced with ``force``.
 
     Everything is checked before any training (:func:`check_request`); ``steps`` (a smoke run)

@@ -1,6 +1,6 @@
 """The book's exercises as an nbgrader course: graded assignments for instructors.
 
-    python -m transformer_lib.student COURSE --nbgrader [--chapter 04_masking ...] [--force]
+    python -m transformer_lib.student COURSE --nbgrader [--chapter masking ...] [--force]
 
 writes an nbgrader course folder:
 

@@ -162,7 +162,8 @@ def read_notebook(path: Path) -> dict:
 
 def load_notebooks(chapters: str | Path, only: list[str] | None = None) -> list[tuple[Path, dict]]:
     """Instructors' guide: read and check the book's notebooks in ``chapters`` (all of them, or
-    those whose file name without ``.ipynb`` is in ``only``), before anything is written."""
+    those named in ``only``, each by its chapter's slug, ``masking``, or by its file name without
+    ``.ipynb``), before anything is written."""
     chapters = Path(chapters)
     if not chapters.is_dir():
         raise EditionError(f"no chapters folder at {chapters}")
@@ -170,12 +171,18 @@ def load_notebooks(chapters: str | Path, only: list[str] | None = None) -> list[
     if not paths:
         raise EditionError(f"no notebooks found in {chapters}")
     if only:
-        names = {p.stem for p in paths}
+        names = {p.stem for p in paths} | {_slug(p) for p in paths}
         unknown = [name for name in only if name not in names]
         if unknown:
-            raise EditionError(f"no chapter {unknown[0]!r} in {chapters} (chapters: {', '.join(sorted(names))})")
-        paths = [p for p in paths if p.stem in only]
+            listed = ", ".join(sorted(p.stem for p in paths))
+            raise EditionError(f"no chapter {unknown[0]!r} in {chapters} (chapters: {listed})")
+        paths = [p for p in paths if p.stem in only or _slug(p) in only]
     return [(path, read_notebook(path)) for path in paths]
+
+
+def _slug(path: Path) -> str:
+    """The chapter's slug of a notebook ``NN_slug.ipynb``, which a renumbering leaves as it is."""
+    return path.stem[3:] if re.fullmatch(r"\d\d_\w+", path.stem) else path.stem
 
 
 def _is_book_notebook(path: Path) -> bool:

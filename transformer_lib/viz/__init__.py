@@ -1,7 +1,7 @@
 """Figures the chapters share: attention heatmaps, and interactive figures whose frames are drawn
 in advance, so they work on the static web page with no kernel.
 
-(The softmax's entropy, Jacobian and temperature are chapter 3's math and live in
+(The softmax's entropy, Jacobian and temperature are chapter "Why divide by sqrt(d_k)"'s math and live in
 :mod:`transformer_lib.attention`.)
 """
 
@@ -47,7 +47,8 @@ def plot_attention(
     cmap: str = "viridis",
     colorbar: bool = True,
 ) -> plt.Axes:
-    """Heatmap of one ``(T_q, T_k)`` weight matrix: rows are queries, columns are keys (chapter 2).
+    """Heatmap of one ``(T_q, T_k)`` weight matrix: rows are queries, columns are keys (chapter "Queries, keys and
+    values").
 
     ``annotate`` writes each weight in its cell (default: when the matrix is at most 12 x 12).
     """
@@ -98,7 +99,8 @@ def plot_attention_grid(
     col_title: str = "head",
     size: float = 2.6,
 ) -> plt.Figure:
-    """A grid of heatmaps from weights of shape ``(rows, cols, T_q, T_k)`` (for example layers x heads; chapter 5)."""
+    """A grid of heatmaps from weights of shape ``(rows, cols, T_q, T_k)`` (for example layers x heads; chapter
+    "Multi-head attention")."""
     w = to_numpy(weights)
     if w.ndim == 3:
         w = w[None]
@@ -127,7 +129,7 @@ def plot_attention_grid(
 
 
 def figure_png(fig: plt.Figure, dpi: int = 72) -> bytes:
-    """A matplotlib figure as PNG bytes, identical on every run, and closed (chapter 1).
+    """A matplotlib figure as PNG bytes, identical on every run, and closed (chapter "Why attention?").
 
     The picture is cropped to its contents and reduced to a palette of at most 256 colours, which
     keeps plots at about a third of their size; no metadata (software version, date) is written.
@@ -160,7 +162,8 @@ def _choices(name: str, control) -> tuple[str, list[tuple[str, object]]]:
 
 
 def frame_widget(draw: Callable, dpi: int = 96, **controls):
-    """Controls above a figure, with every frame drawn in advance, so it works with no kernel (chapter 1).
+    """Controls above a figure, with every frame drawn in advance, so it works with no kernel (chapter "Why
+    attention?").
 
     ``draw(**values)`` returns a matplotlib figure, or ``(figure, caption)``, for one value of each
     control. Each control is an ipywidgets selection widget (``SelectionSlider``, ``Dropdown``,

@@ -13,7 +13,7 @@ import sys
 
 
 def palette_png(png: bytes) -> bytes:
-    """An opaque PNG reduced to a palette of at most 256 colours, with no metadata (chapter 1).
+    """An opaque PNG reduced to a palette of at most 256 colours, with no metadata (chapter "Why attention?").
 
     A picture with transparent pixels is returned as it is (its palette would need an alpha
     channel that the median cut does not keep). The result is the same on every run.
@@ -47,7 +47,7 @@ def _palette_output(data):
 
 def compact_inline_figures(on: bool = True) -> bool:
     """Have IPython show matplotlib figures as palette PNGs (``palette_png``); True if it now does
-    (chapter 1).
+    (chapter "Why attention?").
 
     The chapters call it once, in their first cell: the plots a cell shows are then saved at about
     a third of their size. Importing the library does not call it, since it changes how every

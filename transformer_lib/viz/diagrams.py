@@ -1,6 +1,6 @@
 """Diagrams drawn with matplotlib alone, so they work offline and in the PDF: heads split and merged
-(chapter 5) and whole models (chapters 7, 8 and 9). Reached as ``tl.viz.plot_head_split`` and
-``tl.viz.plot_architecture``.
+(chapter "Multi-head attention") and whole models (chapters "The transformer block", "Encoder-decoder and
+cross-attention" and "A GPT from scratch"). Reached as ``tl.viz.plot_head_split`` and ``tl.viz.plot_architecture``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["ARCHITECTURES", "plot_architecture", "plot_head_split"]
 
 
 # --------------------------------------------------------------------------------------------
-# Splitting and merging heads (chapter 5)
+# Splitting and merging heads (chapter "Multi-head attention")
 # --------------------------------------------------------------------------------------------
 
 
@@ -43,7 +43,7 @@ def plot_head_split(
     *,
     heads_title: str = "head",
 ) -> plt.Figure:
-    """Where every entry goes when heads are split and merged (chapter 5), as coloured blocks.
+    """Where every entry goes when heads are split and merged (chapter "Multi-head attention"), as coloured blocks.
 
     ``x`` is one sequence, ``(T, d_model)``, whose entries are distinct integers; ``heads`` is the
     same numbers regrouped as ``(h, T, d_k)`` (for example ``tl.split_heads(x[None], h)[0]``),
@@ -118,8 +118,8 @@ def plot_head_split(
 
 
 # --------------------------------------------------------------------------------------------
-# Whole-model diagrams (chapters 7, 8 and 9)
-# --------------------------------------------------------------------------------------------
+# Whole-model diagrams (chapters "The transformer block", "Encoder-decoder and cross-attention" and "A GPT from
+# scratch") --------------------------------------------------------------------------------------------
 
 _COLOURS = {
     "attn": "#f6c89f",
@@ -259,9 +259,9 @@ def plot_architecture(*kinds: str) -> plt.Figure:
     """Whole-model diagrams, side by side: ``"encoder_decoder"`` (post-LN, as in the paper),
     ``"encoder_decoder_pre_ln"``, ``"gpt_post_ln"``, ``"gpt_pre_ln"``.
 
-    Drawn with matplotlib only (chapters 7, 8 and 9 show the same pictures). With no argument, the
-    paper's encoder-decoder and both GPT blocks. Residual connections run on the right of each
-    stack; dashed frames repeat ``N`` times.
+    Drawn with matplotlib only (chapters "The transformer block", "Encoder-decoder and cross-attention" and "A GPT from
+    scratch" show the same pictures). With no argument, the paper's encoder-decoder and both GPT blocks. Residual
+    connections run on the right of each stack; dashed frames repeat ``N`` times.
     """
     kinds = kinds or ("encoder_decoder", "gpt_post_ln", "gpt_pre_ln")
     for kind in kinds:

@@ -1,5 +1,5 @@
-"""Tables of per-head statistics, each compared with what uniform attention would score (chapter 8).
-Reached as ``tl.viz.plot_against_uniform``.
+"""Tables of per-head statistics, each compared with what uniform attention would score (chapter "Encoder-decoder and
+cross-attention"). Reached as ``tl.viz.plot_against_uniform``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def plot_against_uniform(
     colorbar: bool = True,
 ) -> plt.Axes:
     """Per-head statistics as a table of numbered cells, each coloured by how it compares with
-    uniform attention (chapter 8: how much weight each head puts on the date field it writes).
+    uniform attention (chapter "Encoder-decoder and cross-attention": how much weight each head puts on the date field
+    it writes).
 
     ``scores`` is ``(rows, cols)``: one statistic per row (the share of weight on the year, say)
     and per column (a head). ``uniform`` is what attention spread evenly would score: one number

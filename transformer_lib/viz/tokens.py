@@ -1,4 +1,4 @@
-"""A passage drawn as its tokens, one coloured box each (chapter 13, "Tokens")."""
+"""A passage drawn as its tokens, one coloured box each (chapter "Tokens", "Tokens")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ _COLOURS = ["#cfe2f3", "#fce5cd", "#d9ead3", "#f4cccc", "#d9d2e9", "#fff2cc"]
 
 
 def plot_tokens(pieces: Sequence[str], ax=None, width: int = 60, fontsize: float = 10.0):
-    """Draw the text pieces of a tokenized passage in boxes of alternating colours (chapter 13).
+    """Draw the text pieces of a tokenized passage in boxes of alternating colours (chapter "Tokens").
 
     ``pieces`` are the tokens decoded one by one (``[tok.decode([i]) for i in ids]``); a space is
     drawn as ``·`` and a line break as ``↵`` followed by a new line. Lines wrap at ``width``
