@@ -37,7 +37,7 @@ def changed_settings(config: tl.GPTConfig) -> set[str]:
     """The names of the settings ``config`` sets away from GPT-2's block, the options of its specs too."""
     names = set(config.recipe.changes())
     for spec_name in ("experts", "rope_scaling"):
-        spec = getattr(config.recipe, spec_name)
+        spec = getattr(config, spec_name)  # the flat alias: the spec or None
         if spec is not None:
             names |= {f.name for f in dataclasses.fields(spec)}
     names |= {name for name in ("n_kv_heads", "window") if getattr(config, name) not in (None, config.n_heads)}

@@ -420,7 +420,7 @@ def test_bad_calls_are_refused_by_name():
 
 RECIPE_BAD = [
     ({"attention": "gated_delta", "window": 8}, "is a recurrence whose state sums every token"),
-    ({"attention": "gated_delta", "qk_norm": True}, "L2-normalises its own"),
+    ({"attention": "gated_delta", "qk_norm": True}, "qk_norm=True is multi_head or sparse attention.s: attention is .gated_delta."),
     ({"attention": "delta", "n_kv_heads": 1}, "grouped-query attention's"),
     ({"full_every": 4}, "full_every=4 is linear or delta or gated_delta attention's"),
     ({"attention": "linear", "full_every": -1}, "full_every"),

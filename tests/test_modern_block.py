@@ -164,7 +164,11 @@ BAD = [
     (lambda: tl.GPTConfig(vocab_size=5, norm_eps=0.0), ValueError, "norm_eps"),
     (lambda: tl.GPTConfig(vocab_size=5, rotary_base=-1.0), ValueError, "rotary_base"),
     (lambda: tl.GPTConfig(vocab_size=5, d_ff=0), ValueError, "d_ff"),
-    (lambda: tl.GPTConfig(vocab_size=5, ffn="swiglu", activation="gelu_tanh"), ValueError, "uses SiLU"),
+    (
+        lambda: tl.GPTConfig(vocab_size=5, ffn="swiglu", activation="gelu_tanh"),
+        ValueError,
+        "activation='gelu_tanh' is mlp ffn's",
+    ),
     (lambda: tl.GPTConfig(vocab_size=5, d_model=12, n_heads=4, positions="rotary"), ValueError, "must be even"),
     (lambda: tl.RMSNorm(8, eps=0), ValueError, "eps must be a number > 0"),
     (lambda: tl.RMSNorm(8)(torch.zeros(2, 7)), ValueError, "expected last dimension d=8"),

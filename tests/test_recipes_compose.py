@@ -162,7 +162,7 @@ def test_lora_adapts_every_block_matrix_and_merges_exactly(choices):
     # Q, K, V fused and the output; latent: q (down, up), kv down, up, out; a recurrence: Q, K, V fused,
     # write strength, decay, output gate and output
     n_attention = [
-        2 if a in ("multi_head", "sparse") else 4 if a == "latent" and not r.q_latent else 5 for a in _attentions(r)
+        2 if a in ("multi_head", "sparse") else 4 if a == "latent" and not r.attention.q_latent else 5 for a in _attentions(r)
     ]
     assert len(names) == sum(n + _feed_forward_matrices(r.for_layer(i)) for i, n in enumerate(n_attention))
     x = ids()
@@ -209,14 +209,14 @@ def test_capture_ablate_and_patch_heads(choices):
 def _feed_forward_matrices(recipe):
     """The matrices of one layer's feed-forward network: an MLP's two, SwiGLU's three; experts: the
     router and every expert's three, and the shared experts' three."""
-    dense = 3 if recipe.ffn == "swiglu" else 2
-    e = recipe.experts
+    e = recipe.ffn if isinstance(recipe.ffn, tl.ExpertsSpec) else None
+    dense = 2 if recipe.ffn.kind == "mlp" else 3
     return dense if e is None else 1 + dense * e.n_experts + (dense if e.n_shared else 0)
 
 
 def _attentions(recipe, n_layers=2, recurrent=None):
     """The attention of each layer of a two-layer model of ``recipe`` (``recurrent`` names a recurrence's)."""
-    kinds = [recipe.for_layer(i).attention for i in range(n_layers)]
+    kinds = [recipe.for_layer(i).attention.kind for i in range(n_layers)]
     return [recurrent if recurrent and a in tl.RECURRENT else a for a in kinds]
 
 
@@ -234,7 +234,9 @@ def test_the_llama_converter_where_it_applies(name):
         # transformers computes the rotary angles in float32: equal to about 1e-8 in float64
         assert torch.allclose(llama(x).logits, model(x)[0], atol=1e-6)
     back = tl.gpt_from_llama(llama)
-    assert dataclasses.replace(back.config.recipe, d_ff=None) == model.config.recipe  # d_ff: the rule's value
+    back_recipe = back.config.recipe
+    back_recipe = dataclasses.replace(back_recipe, ffn=dataclasses.replace(back_recipe.ffn, d_ff=None))
+    assert back_recipe == model.config.recipe  # d_ff: the rule's value
     assert equal_states(back, model)
 
 
@@ -277,7 +279,7 @@ def test_the_command_line_trains_resumes_and_samples_a_hybrid(tmp_path, capsys):
     assert cli.main(["train", *quick, "--out-dir", str(tmp_path / "run"), "--resume", "--max-iters", "4"]) == 0
     model, _, _ = tl.load_checkpoint(tmp_path / "run")
     kinds = [type(layer.self_attn).__name__ for layer in model.decoder.layers]
-    assert kinds == ["GatedDeltaNet", "MultiHeadAttention"] and model.config.recipe.full_every == 2
+    assert kinds == ["GatedDeltaNet", "MultiHeadAttention"] and model.config.full_every == 2
     capsys.readouterr()
     sample = ["sample", "--ckpt", str(tmp_path / "run"), "--prompt", "the ", "--max-new-tokens", "20", "--greedy"]
     assert cli.main(sample) == 0
@@ -321,14 +323,20 @@ class SeparateProjections(torch.nn.Module):
         return self.out_proj(tl.merge_heads(out)), weights if need_weights else None
 
 
+@dataclasses.dataclass(frozen=True)
+class SeparateSpec(tl.Spec):
+    """The test's own kind of attention: a spec with its layer, and nothing else."""
+
+    kind = "separate"
+
+    def layer(self, recipe_, d_model, n_heads, *, n_kv_heads, dropout, self_attention):
+        return SeparateProjections(d_model, n_heads)
+
+
 def test_a_new_attention_is_one_module_and_one_recipe_value(monkeypatch):
     from transformer_lib import recipe
 
-    def make_separate(recipe_, d_model, n_heads, *, n_kv_heads, dropout, self_attention):
-        return SeparateProjections(d_model, n_heads)
-
-    monkeypatch.setitem(recipe.ATTENTIONS, "separate", make_separate)
-    monkeypatch.setitem(recipe.RECIPE_CHOICES, "attention", (*recipe.RECIPE_CHOICES["attention"], "separate"))
+    monkeypatch.setitem(recipe.ATTENTIONS, "separate", SeparateSpec)  # the one table row
     model = make({"recipe": "llama", "attention": "separate"}).eval()
     assert all(isinstance(m, SeparateProjections) for m in tl.attention_layers(model).values())
     prompt = ids(1, 5)

@@ -95,7 +95,7 @@ def test_the_methods_are_the_rescalings_of_the_module_at_four_times_the_length()
     assert list(X.METHODS) == ["none", "linear", "ntk", "yarn", "llama3"]
     assert S["long_context"] == 4 * S["context_len"] and S["longest"] == 8 * S["context_len"]
     for method, spec in X.METHODS.items():
-        scaling = X.config("rotary", S["long_context"], method).recipe.rope_scaling
+        scaling = X.config("rotary", S["long_context"], method).rope_scaling
         assert scaling == (None if spec is None else tl.RopeScaling(**spec))
         if scaling is not None:
             assert (scaling.kind, scaling.factor, scaling.original_context) == (method, 4, S["context_len"])
@@ -159,7 +159,7 @@ def test_the_shipped_checkpoint_is_seed_0s_rotary_model(record, val_ids, one_thr
 def test_the_checkpoint_loads_at_four_times_the_length_with_each_rescaling(method):
     model, _ = X.checkpoint_model(context_len=S["long_context"], method=method)
     assert model.config.context_len == S["long_context"]
-    assert model.config.recipe.rope_scaling == X.config("rotary", S["long_context"], method).recipe.rope_scaling
+    assert model.config.rope_scaling == X.config("rotary", S["long_context"], method).rope_scaling
 
 
 def test_the_checkpoint_does_not_load_into_a_learned_table():

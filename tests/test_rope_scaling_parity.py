@@ -411,6 +411,6 @@ def test_a_written_llama_keeps_its_rescaling_through_save_and_load(tmp_path):
 def _unscaled(gpt):
     """``gpt`` with its rescaling removed, the same weights."""
     c = gpt.config
-    plain = tl.GPT(tl.GPTConfig(**{**c.to_dict(), "recipe": {**c.recipe.to_dict(), "rope_scaling": None}}))
+    plain = tl.GPT(tl.GPTConfig(**{**c.to_dict(), "recipe": tl.as_recipe(c.recipe, rope_scaling=None)}))
     plain.load_state_dict(gpt.state_dict())
     return plain.double().eval()

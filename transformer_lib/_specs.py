@@ -11,9 +11,84 @@ list of flags is written twice. This module imports nothing of the book.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, field, fields, replace
+from typing import ClassVar
 
-__all__ = ["FlatSpec"]
+__all__ = ["FlatSpec", "Spec", "option", "spec_from_value"]
+
+
+def option(default, help_: str, *, flat: str | None = None):
+    """A spec's field with the help its command-line flag shows; ``flat`` is the flag's name when it
+    is not the field's own (latent attention's ``kv`` is ``--kv-latent``)."""
+    return field(default=default, metadata={"help": help_, "flat": flat})
+
+
+def flat_name(f) -> str:
+    """The command line's name of the spec field ``f``."""
+    return f.metadata.get("flat") or f.name
+
+
+class Spec:
+    """A small frozen choice (chapter "Today's block"): one kind of attention, feed-forward network or
+    positions, with its own options, defined beside the layer it builds.
+
+    A subclass is a frozen dataclass with a class attribute ``kind`` (its name in the recipe's table;
+    a spec whose kinds share one class, as the recurrences, makes ``kind`` a field instead). It checks
+    its options in ``__post_init__``, may check what it needs of the rest of the recipe in
+    :meth:`check`, and builds its layer. :meth:`to_dict` is what a checkpoint stores.
+    """
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        """The kind and the options as a plain dict; a nested spec as its own dict."""
+        out = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+        return out
+
+    def options(self) -> dict:
+        """The options by field name (the kind aside)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kind"}
+
+    def with_options(self, **changes):
+        """This spec with some options changed, each checked again."""
+        return replace(self, **changes)
+
+    def check(self, recipe) -> None:
+        """Refuse, by name, a recipe this kind cannot be part of (none by default)."""
+
+
+def spec_from_value(value, table: dict, role: str, nested: dict | None = None):
+    """A spec of ``table`` (kind name -> spec class) from a spec, its kind's name (default options) or a
+    checkpoint's dict with a ``"kind"``; ``nested`` converts a dict-valued option (``{"scaling": f}``).
+    Anything else, an unknown kind or an unknown option is refused by name (``role``: the recipe's field)."""
+    if isinstance(value, tuple(set(table.values()))):
+        return value
+    if isinstance(value, str):
+        value = {"kind": value}
+    if isinstance(value, dict) and "kind" not in value:  # dataclasses.asdict drops the kind: its fields say it
+        matches = [k for k, t in table.items() if {f.name for f in fields(t)} == set(value)]
+        if len(set(table[k] for k in matches)) == 1:
+            value = {"kind": matches[0], **value}
+    if not isinstance(value, dict) or "kind" not in value:
+        raise TypeError(f"{role} must be a spec, one of {sorted(table)} or a dict with its 'kind', got {value!r}")
+    options = dict(value)
+    kind = options.pop("kind")
+    if kind not in table:
+        raise ValueError(f"{role} must be one of {sorted(table)}, got {kind!r}")
+    spec_type = table[kind]
+    known = {f.name for f in fields(spec_type)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not an option of {role} {kind!r}; its options are {sorted(known)}")
+    if "kind" in known:  # kinds that share one class name themselves
+        options["kind"] = kind
+    for name, convert in (nested or {}).items():
+        if name in options:
+            options[name] = convert(options[name])
+    return spec_type(**options)
 
 
 class FlatSpec:
@@ -27,7 +102,10 @@ class FlatSpec:
     def __init__(self, spec_type: type, key: str, switch: str, off, prefix: str):
         self.spec_type, self.key, self.switch, self.off = spec_type, key, switch, off
         own = {f.name: f for f in fields(spec_type)}
-        self.names = {key: switch, **{f"{prefix}{n}": n for n in own if n != switch}}
+        self.names = {
+            key: switch,
+            **{f.metadata.get("flat") or f"{prefix}{n}": n for n, f in own.items() if n != switch},
+        }
         self.help = {flat: own[name].metadata["help"] for flat, name in self.names.items()}
         self.types = {flat: own[name].type for flat, name in self.names.items()}
         self.defaults = {n: f.default for n, f in own.items() if f.default is not MISSING}
@@ -59,6 +137,8 @@ class FlatSpec:
         if not isinstance(value, dict):
             raise TypeError(f"{self.key} must be a {self.spec_type.__name__}, a dict or None, got {value!r}")
         known = {f.name for f in fields(self.spec_type)}
+        if "kind" not in known:  # a spec's own dict names its kind
+            value = {k: v for k, v in value.items() if k != "kind"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"unknown {self.key} choice {unknown[0]!r}: the choices are {sorted(known)}")

@@ -8,15 +8,26 @@ Inputs and outputs are ``(B, T, d_model)``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_int, check_kv_heads, check_layer_dtype, check_window
+from ._specs import Spec, option
 from .kv_cache import DecoderCache, KVCache, LayerCache
 from .multihead import MultiHeadAttention
 
-__all__ = ["Decoder", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward", "layer_grad_norms", "scaled_embedding"]
+__all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "MLPSpec",
+    "layer_grad_norms",
+    "scaled_embedding",
+]
 
 # Every layer and stack takes d_model first; after its sizes (d_model, n_heads, then n_layers for a
 # stack, then d_ff) every argument is keyword-only.
@@ -64,6 +75,27 @@ class FeedForward(nn.Module):
             check_layer_dtype(x, self, "x")
             raise
         return dropout(out) if dropout.p and self.training else out  # p = 0: no call at all
+
+
+@dataclass(frozen=True)
+class MLPSpec(Spec):
+    """GPT-2's feed-forward network as a recipe's choice (chapter "Today's block"): Linear,
+    ``activation``, Linear, ``d_ff`` wide (None: ``4 d_model``)."""
+
+    kind = "mlp"
+    activation: str = option("gelu", "the mlp network's activation: gelu, or gelu_tanh (GPT-2's approximation)")
+    d_ff: int | None = option(None, "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)")
+
+    def __post_init__(self):
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be one of ['gelu', 'gelu_tanh'], got {self.activation!r}")
+        if self.d_ff is not None:
+            check_int(self.d_ff, "d_ff")
+
+    def layer(self, recipe, d_model: int, d_ff: int | None = None) -> FeedForward:
+        """One network of width ``d_model``; ``d_ff`` (a layer's own) wins over the spec's."""
+        d_ff = self.d_ff if d_ff is None else d_ff
+        return FeedForward(d_model, 4 * d_model if d_ff is None else d_ff, activation=self.activation, bias=recipe.bias)
 
 
 class _Residual(nn.Module):

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_float_tensors, check_int
+from ._specs import Spec, option
 from .kv_cache import select_rows
 from .linear_attention import delta_rule, delta_rule_weights, l2_normalize, linear_attention, linear_attention_weights
 from .modern_block import RMSNorm
@@ -37,6 +39,7 @@ __all__ = [
     "DECAY_INITS",
     "DELTA_MODES",
     "GatedDeltaNet",
+    "RecurrenceSpec",
     "RecurrentState",
     "decay_init",
     "gated_delta_net_from_qwen3_next",
@@ -461,3 +464,32 @@ def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
         ):
             mine.copy_(theirs)
     return new
+
+
+_RULES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # a recurrence's name -> its mode
+
+
+@dataclass(frozen=True)
+class RecurrenceSpec(Spec):
+    """A recurrence in place of attention, as a recipe's choice (chapter "Attention as a recurrence"):
+    Qwen3-Next's gated DeltaNet layer in the mode ``kind`` names, linear attention (``"linear"``), the
+    delta rule (``"delta"``) or the gated delta rule (``"gated_delta"``); its state is the cache."""
+
+    kind: str = option("gated_delta", "the recurrence: linear, delta or gated_delta", flat="attention")
+
+    def __post_init__(self):
+        if self.kind not in _RULES:
+            raise ValueError(f"a recurrence's kind must be one of {list(_RULES)}, got {self.kind!r}")
+
+    def layer(self, recipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention) -> GatedDeltaNet:
+        """One layer. It has no attention weights to drop: ``dropout`` is the residual's alone."""
+        if not self_attention:
+            raise ValueError(
+                f"attention={self.kind!r} is a causal recurrence: an encoder-decoder's cross-attention is not"
+            )
+        if n_kv_heads is not None:
+            raise ValueError(
+                f"n_kv_heads={n_kv_heads} is grouped-query attention's: attention={self.kind!r} "
+                "is a recurrence whose heads each keep a state"
+            )
+        return GatedDeltaNet(d_model, n_heads, mode=_RULES[self.kind], eps=recipe.norm_eps)

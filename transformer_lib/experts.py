@@ -2,7 +2,7 @@
 each token to its top k of them, as Mixtral, Qwen3's MoE models and DeepSeek-V3 do.
 
 :class:`ExpertsSpec` is the choice, a small frozen object that checks its own options and builds
-the layer: a recipe that holds one (``BlockRecipe(experts=ExpertsSpec(...))``) gives every layer
+the layer: a recipe that holds one (``BlockRecipe(ffn=ExpertsSpec(...))``) gives every layer
 an :class:`Experts` network in place of its feed-forward network, except the first
 ``dense_layers`` (DeepSeek-V3's ``first_k_dense_replace``), which keep the dense one.
 
@@ -28,15 +28,15 @@ computed and then forgotten. In eval mode the loss is the language model's alone
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_int, is_real
-from ._specs import FlatSpec
-from .modern_block import SwiGLU, swiglu_hidden
+from ._specs import FlatSpec, Spec
+from .modern_block import SwiGLU, SwiGLUSpec, swiglu_hidden
 
 __all__ = [
     "ExpertsSpec",
@@ -60,7 +60,7 @@ def _option(default, help_: str):
 
 
 @dataclass(frozen=True)
-class ExpertsSpec:
+class ExpertsSpec(Spec):
     """The choices of a mixture-of-experts feed-forward layer (chapter "Experts"); the defaults are
     a small Mixtral: eight experts, two per token, softmax scores renormalised over the two.
 
@@ -84,6 +84,13 @@ class ExpertsSpec:
     capacity: float | None = _option(
         None, "capacity factor: in training an expert takes at most factor * k N / E tokens"
     )
+    # the width of the first dense_layers' SwiGLU networks, and the experts' when d_expert is None
+    d_ff: int | None = field(
+        default=None,
+        metadata={"help": "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)", "flat": "d_ff"},
+    )
+
+    kind = "experts"  # its name among the recipe's feed-forward networks
 
     def __post_init__(self):
         check_int(self.n_experts, "n_experts")
@@ -121,12 +128,15 @@ class ExpertsSpec:
             if isinstance(value, bool) or not is_real(value) or not math.isfinite(value) or not value > 0:
                 raise ValueError(f"capacity must be None (no token dropped) or a number > 0, got {value!r}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def layer(self, recipe, d_model: int, d_ff: int | None = None) -> Experts:
+        """The layer of width ``d_model`` with the recipe's biases; ``d_ff`` (a layer's own) wins over
+        the spec's, and either is the experts' width when ``d_expert`` is None."""
+        return Experts(d_model, self, d_ff=self.d_ff if d_ff is None else d_ff, bias=recipe.bias)
 
-    def layer(self, d_model: int, d_ff: int | None = None, *, bias: bool = False) -> Experts:
-        """The layer of width ``d_model``; ``d_ff`` is the recipe's width, used when ``d_expert`` is None."""
-        return Experts(d_model, self, d_ff=d_ff, bias=bias)
+    def for_layer(self, index: int):
+        """This spec, or for one of the first ``dense_layers`` layers the dense SwiGLU network
+        (DeepSeek-V3 keeps its first three dense)."""
+        return SwiGLUSpec(d_ff=self.d_ff) if index < self.dense_layers else self
 
 
 # The command line's flat settings: ``experts`` is n_experts (0: none), ``experts_<field>`` the others.

@@ -12,12 +12,14 @@ latents directly, as multi-query attention with one key and value head, and comp
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
+from ._specs import Spec, option
 from .attention import check_mask, scaled_dot_product_attention
 from .kv_cache import crop_positions, is_prefix, select_rows
 from .masks import causal_mask
@@ -25,7 +27,7 @@ from .modern_block import RMSNorm
 from .multihead import MultiHeadAttention, merge_heads
 from .positional import RotaryEmbedding
 
-__all__ = ["LatentAttention", "LatentCache", "latent_from_deepseek"]
+__all__ = ["LatentAttention", "LatentCache", "LatentSpec", "latent_from_deepseek"]
 
 
 class LatentCache:
@@ -445,3 +447,49 @@ def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> Latent
             source = theirs[f"{names[module]}.{leaf}"]
             p.copy_(source[reorder[name]] if name in reorder else source)
     return new
+
+
+@dataclass(frozen=True)
+class LatentSpec(Spec):
+    """Multi-head latent attention as a recipe's choice (chapter "Latent, sparse and sink attention"):
+    its widths (None: a ``4 d_k`` latent, no query latent, half of each head rotated)."""
+
+    kind = "latent"
+    kv_latent: int | None = option(None, "latent attention: the latent each token caches (default: 4 d_k)")
+    q_latent: int | None = option(None, "latent attention: the query's latent (default: none, a full query projection)")
+    rope_dim: int | None = option(None, "latent attention: the rotated width of each head (default: d_k / 2)")
+
+    def __post_init__(self):
+        for name in ("kv_latent", "q_latent", "rope_dim"):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name)
+
+    def check(self, recipe) -> None:
+        """Latent attention rotates a small shared key: it needs rotary positions, as trained."""
+        if recipe.positions.kind != "rotary":
+            raise ValueError(
+                "attention='latent' rotates a small shared key (decoupled rotary positions): "
+                f"it needs positions='rotary', got {recipe.positions.kind!r}"
+            )
+        if recipe.positions.scaling is not None:
+            raise ValueError("rope_scaling rescales multi-head attention's rotary positions: attention is 'latent'")
+
+    def layer(self, recipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention) -> LatentAttention:
+        """One layer; one ``kv_latent``-wide latent per token is cached."""
+        if not self_attention:
+            raise ValueError(
+                "attention='latent' is a causal self-attention: an encoder-decoder's cross-attention is not"
+            )
+        if n_kv_heads is not None:
+            raise ValueError(f"n_kv_heads={n_kv_heads} is grouped-query attention's: latent attention shares a latent")
+        return LatentAttention(
+            d_model,
+            n_heads,
+            kv_latent=self.kv_latent or 4 * (d_model // n_heads),
+            q_latent=self.q_latent,
+            rope_dim=self.rope_dim,
+            rotary_base=recipe.positions.base,
+            eps=recipe.norm_eps,
+            dropout=dropout,
+            bias=recipe.bias,
+        )

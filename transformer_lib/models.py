@@ -6,7 +6,7 @@ checks both models share are in :mod:`transformer_lib.encoder_decoder`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,13 +19,15 @@ from .experts import FLAT_SPEC as EXPERTS_FLAT
 from .experts import training_loss as experts_training_loss
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
-from .recipe import RECURRENT, BlockRecipe, as_recipe
+from .recipe import GPT2_BLOCK, RECURRENT, BlockRecipe, as_recipe
 from .rope_scaling import FLAT_SPEC as ROPE_FLAT
 from .sampling import _sample, check_top_p
 
 __all__ = ["GPT", "GPTConfig"]
 
-RECIPE_FIELDS = tuple(f.name for f in fields(BlockRecipe))
+# The recipe's choices by their flat names (``config.norm``, ``config.kv_latent``): the names before the
+# recipe held its specs, read on the config as aliases of ``config.recipe.flat()``.
+RECIPE_FIELDS = tuple(GPT2_BLOCK.flat())
 
 
 def _check_loss_mask(loss_mask, targets: Tensor) -> Tensor:
@@ -92,47 +94,61 @@ class GPTConfig:
         check_int(self.n_layers, "n_layers", minimum=0)
         _check_shared(self)
         check_window(self.window)
-        if self.recipe.keep_first and self.window is None:
-            raise ValueError(
-                f"keep_first={self.recipe.keep_first} keeps the first tokens in a sliding window's view: give a window"
-            )
-        if self.window is not None and self.recipe.attention in RECURRENT:
-            raise ValueError(
-                f"window={self.window} slides an attention's view: attention="
-                f"{self.recipe.attention!r} is a recurrence whose state sums every token"
-            )
-        if self.recipe.full_every > self.n_layers > 0:
-            raise ValueError(
-                f"full_every={self.recipe.full_every} makes every {self.recipe.full_every}th layer multi-head "
-                f"attention: a model of n_layers={self.n_layers} would have none (use at most {self.n_layers})"
-            )
-        if self.recipe.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+        _check_layers(self)
+        if self.recipe.positions.kind == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"positions='rotary' rotates pairs of dimensions: the head width d_model / n_heads = "
                 f"{self.d_model // self.n_heads} must be even"
             )
 
     def __getattr__(self, name: str):
-        """A choice of the recipe read on the config (``config.norm``): the names before chapter 14's recipe."""
+        """A choice of the recipe read on the config by its flat name (``config.norm``,
+        ``config.kv_latent``): the names before chapter "Today's block"'s recipe, and before its specs."""
         recipe = self.__dict__.get("recipe")
         if recipe is not None and name in RECIPE_FIELDS:
-            return getattr(recipe, name)
+            return recipe.flat()[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict:
-        """The sizes and the recipe as a plain dict (what a checkpoint stores)."""
-        return asdict(self)
+        """The sizes and the recipe as a plain dict, the recipe's specs nested (what a checkpoint stores)."""
+        return {**{name: getattr(self, name) for name in _SHAPE}, "recipe": self.recipe.to_dict()}
 
     def settings(self) -> dict:
         """Every setting by its flat name, the recipe's choices too (what the command line's flags set);
         the experts' spec as ``experts`` (its number, 0: none) and ``experts_<option>``, the rotary
         rescaling as ``rope_scaling`` (its kind, None: none) and ``rope_<option>``."""
-        recipe = self.recipe.to_dict()
+        recipe = self.recipe.flat()
         specs = {}
         for spec in (EXPERTS_FLAT, ROPE_FLAT):  # chapters "Experts" and "Longer than trained"
-            del recipe[spec.key]
-            specs.update(spec.settings(getattr(self.recipe, spec.key)))
+            value = recipe.pop(spec.key)
+            specs.update({k: v for k, v in spec.settings(value).items() if k not in recipe})
         return {**{name: getattr(self, name) for name in _SHAPE}, **recipe, **specs}
+
+
+def _check_layers(config: GPTConfig) -> None:
+    """The recipe's layers against the config's shape: kept first tokens need a window, a recurrence
+    has none, and every rule of the per-layer pattern covers a layer of the stack."""
+    recipe = config.recipe
+    attentions = recipe.attentions()
+    keep_first = max(getattr(a, "keep_first", 0) for a in attentions)
+    if keep_first and config.window is None:
+        raise ValueError(f"keep_first={keep_first} keeps the first tokens in a sliding window's view: give a window")
+    recurrent = [a.kind for a in attentions if a.kind in RECURRENT]
+    if config.window is not None and recurrent:
+        raise ValueError(
+            f"window={config.window} slides an attention's view: attention="
+            f"{recurrent[0]!r} is a recurrence whose state sums every token"
+        )
+    for rule in recipe.layers:
+        if config.n_layers > 0 and not any(rule.covers(i) for i in range(config.n_layers)):
+            start = rule.layers.split(":")[0]
+            if recipe.attention.kind in RECURRENT and start and len(recipe.layers) == 1:  # a hybrid's full_every
+                every = int(start) + 1
+                raise ValueError(
+                    f"full_every={every} makes every {every}th layer multi-head attention: a model of "
+                    f"n_layers={config.n_layers} would have none (use at most {config.n_layers})"
+                )
+            raise ValueError(f"the rule for layers {rule.layers!r} covers no layer of n_layers={config.n_layers}")
 
 
 class GPT(nn.Module):
@@ -158,7 +174,7 @@ class GPT(nn.Module):
         c = self.config = config
         r = c.recipe  # chapter 14: the block's parts are the recipe's
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        learned = r.positions == "learned"  # chapter 14: rotary positions are applied inside attention instead
+        learned = r.positions.kind == "learned"  # chapter 14: rotary positions are applied inside attention instead
         self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout) if learned else None
         self.decoder = Decoder(
             c.d_model,
@@ -217,7 +233,7 @@ class GPT(nn.Module):
                 keep = _check_loss_mask(loss_mask, targets).reshape(-1)
                 each = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1), reduction="none")
                 loss = each[keep].mean()  # the mean over the marked targets only
-            if self.training and c.recipe.experts is not None:  # chapter "Experts": the balancing terms
+            if self.training:  # chapter "Experts": the balancing terms of its experts layers, if any
                 balancing = experts_training_loss(self)
                 loss = loss if balancing is None else loss + balancing
         elif loss_mask is not None:

@@ -21,17 +21,29 @@ no model: :mod:`transformer_lib.recipe` hands these parts to the layers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, is_real
+from ._checks import check_base, check_bool, check_int, is_real
+from ._specs import Spec, option
 from .multihead import MultiHeadAttention
 from .parts import find_parts
 from .positional import RotaryEmbedding
 
-__all__ = ["QKTransform", "RMSNorm", "SwiGLU", "attention_logit_max", "rotate_heads", "swiglu_hidden"]
+__all__ = [
+    "QKTransform",
+    "RMSNorm",
+    "RotarySpec",
+    "SwiGLU",
+    "SwiGLUSpec",
+    "attention_logit_max",
+    "qk_transformed",
+    "rotate_heads",
+    "swiglu_hidden",
+]
 
 
 def _check_eps(eps: object) -> None:
@@ -104,6 +116,37 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@dataclass(frozen=True)
+class SwiGLUSpec(Spec):
+    """Llama's gated feed-forward network as a recipe's choice (chapter "Today's block"), ``d_ff`` wide
+    (None: :func:`swiglu_hidden`, as many weights as GPT-2's network)."""
+
+    kind = "swiglu"
+    d_ff: int | None = option(None, "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)")
+
+    def __post_init__(self):
+        if self.d_ff is not None:
+            check_int(self.d_ff, "d_ff")
+
+    def layer(self, recipe, d_model: int, d_ff: int | None = None) -> SwiGLU:
+        """One network of width ``d_model``; ``d_ff`` (a layer's own) wins over the spec's."""
+        return SwiGLU(d_model, self.d_ff if d_ff is None else d_ff, bias=recipe.bias)
+
+
+@dataclass(frozen=True)
+class RotarySpec(Spec):
+    """Rotary positions as a recipe's choice (chapter "Today's block"): queries and keys rotated with
+    frequencies of base ``base`` (Llama's ``rope_theta``), rescaled by ``scaling`` (chapter "Longer
+    than trained": a :class:`~transformer_lib.rope_scaling.RopeScaling`; None: as trained)."""
+
+    kind = "rotary"
+    base: float = option(10000.0, "the base of the rotary frequencies", flat="rotary_base")
+    scaling: object = None  # a RopeScaling (its own flags: transformer_lib.rope_scaling)
+
+    def __post_init__(self):
+        check_base(self.base, "rotary_base")
+
+
 def rotate_heads(x: Tensor, rotary: RotaryEmbedding, start: int = 0) -> Tensor:
     """Rotary positions for queries or keys ``x (B, h, T, d_k)`` at positions ``start .. start + T - 1`` (chapter 14).
 
@@ -146,6 +189,22 @@ class QKTransform(nn.Module):
         if self.rotary is not None:
             q, k = rotate_heads(q, self.rotary, start), rotate_heads(k, self.rotary, start)
         return q, k
+
+
+def qk_transformed(mha: MultiHeadAttention, recipe, *, qk_norm: bool = False) -> MultiHeadAttention:
+    """``mha`` (a self-attention) with the query-key transform the recipe's positions and ``qk_norm``
+    ask for (chapter "Today's block"): rotary positions, rescaled or not, and query-key norms."""
+    positions = recipe.positions
+    rotary = isinstance(positions, RotarySpec)
+    if rotary or qk_norm:  # applied to q and k, before the scores and the cache
+        mha.qk_transform = QKTransform(
+            mha.d_k,
+            rotary_base=positions.base if rotary else None,
+            qk_norm=qk_norm,
+            eps=recipe.norm_eps,
+            rope_scaling=positions.scaling if rotary else None,
+        )
+    return mha
 
 
 @torch.no_grad()

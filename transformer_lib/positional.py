@@ -7,13 +7,17 @@ Every encoding takes ``d_model`` (the width) first, then ``context_len``; the re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_base, check_float_tensor, check_int, check_probability
+from ._specs import Spec
 
 __all__ = [
     "LearnedPositionalEmbedding",
+    "LearnedSpec",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "apply_rotary",
@@ -100,6 +104,14 @@ class LearnedPositionalEmbedding(nn.Module):
         _check_length(x, self.d_model, self.context_len, start)
         x = x + self.embedding.weight[start : start + x.shape[1]]  # (B, T, d_model): rows start, start + 1, ...
         return self.dropout(x) if self.dropout.p and self.training else x  # p = 0: no call at all
+
+
+@dataclass(frozen=True)
+class LearnedSpec(Spec):
+    """Learned position vectors added to the embeddings (GPT-2's), as a recipe's choice of positions
+    (chapter "Today's block"); it has no options."""
+
+    kind = "learned"
 
 
 def binary_encoding(n_bits: int, context_len: int) -> Tensor:

@@ -67,7 +67,7 @@ _GPT_OSS_ANY = (
     *("n_kv_heads", "window", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "sinks"),
     *("bias", "rope_scaling"),
 )
-GPT_OSS_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_GPT_OSS_ANY, ANY)
+GPT_OSS_SETTINGS = {name: LLAMA_BLOCK.flat().get(name) for name in SETTINGS} | dict.fromkeys(_GPT_OSS_ANY, ANY)
 _WHY = {"keep_first": "gpt-oss's sliding window drops the first tokens as it drops every old one"}
 # float32's largest number: gpt-oss's clamp at swiglu_limit then changes no finite pre-activation
 _NO_LIMIT = float(torch.finfo(torch.float32).max)

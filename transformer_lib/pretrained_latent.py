@@ -49,7 +49,7 @@ __all__ = ["deepseek_v3_from_gpt"]
 # What DeepSeek-V3's format writes of each setting: Llama's block with latent attention, its widths any.
 _LATENT_ANY = ("activation", "d_ff", "rotary_base", "tie_embeddings", "kv_latent", "q_latent", "rope_dim")
 DEEPSEEK_V3_SETTINGS = (
-    {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS}
+    {name: LLAMA_BLOCK.flat().get(name) for name in SETTINGS}
     | dict.fromkeys(_LATENT_ANY, ANY)
     | {"attention": "latent", "norm_eps": 1e-6}
 )

@@ -36,10 +36,10 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import is_int
-from .models import GPT, GPTConfig
+from .models import RECIPE_FIELDS, GPT, GPTConfig
 from .parts import find_parts, part_weights
 from .positional import half_split_rows
-from .recipe import LLAMA_BLOCK, BlockRecipe
+from .recipe import LLAMA_BLOCK
 from .rope_scaling import RopeScaling
 
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
@@ -59,7 +59,7 @@ class _Any:
 
 ANY = _Any()
 # Every setting a table names: the config's two attention sizes, then the recipe's fields.
-SETTINGS = ("n_kv_heads", "window", *(f.name for f in fields(BlockRecipe)))
+SETTINGS = ("n_kv_heads", "window", *RECIPE_FIELDS)  # the recipe by its flat names
 
 
 def missing_settings(table: dict) -> list[str]:
@@ -203,7 +203,7 @@ def _llama_rope_parameters(c: GPTConfig) -> dict:
     trained"): plain, or ``"linear"``, ``"yarn"``, ``"llama3"`` with the spec's values. The GPT's
     ``"ntk"`` is plain rotary positions of the larger base ``base * s^(d_k / (d_k - 2))`` (the same
     frequencies), and reads back as that base with no rescaling."""
-    r, base = c.recipe.rope_scaling, float(c.rotary_base)
+    r, base = c.rope_scaling, float(c.rotary_base)
     if r is None:
         return {"rope_type": "default", "rope_theta": base}
     if r.kind == "ntk":
@@ -284,7 +284,7 @@ def gpt_config_from_llama(cfg) -> GPTConfig:
 # What Llama's format writes of each setting (check_settings): ANY, or Llama's block's value. A SwiGLU
 # network reads no activation; a rotary rescaling is written as rope_parameters.
 _LLAMA_ANY = ("n_kv_heads", "norm_eps", "activation", "d_ff", "rotary_base", "tie_embeddings", "rope_scaling")
-LLAMA_SETTINGS = {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS} | dict.fromkeys(_LLAMA_ANY, ANY)
+LLAMA_SETTINGS = {name: LLAMA_BLOCK.flat().get(name) for name in SETTINGS} | dict.fromkeys(_LLAMA_ANY, ANY)
 
 # Llama's name (after "model.layers.i.") of each matrix of a layer, by the role and kind the book's part
 # gives it (transformer_lib.parts); the fused "qkv" is Llama's three, and the norms come in layer order.

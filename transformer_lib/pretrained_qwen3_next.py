@@ -66,7 +66,7 @@ _QWEN3_NEXT_ANY = (
     "rope_scaling",
 )
 QWEN3_NEXT_SETTINGS = (
-    {name: getattr(LLAMA_BLOCK, name, None) for name in SETTINGS}
+    {name: LLAMA_BLOCK.flat().get(name) for name in SETTINGS}
     | dict.fromkeys((*_QWEN3_NEXT_ANY, "full_every"), ANY)
     | {"attention": "gated_delta"}
 )
@@ -113,15 +113,15 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
     check_convertible(gpt, "qwen3_next_from_gpt", "Qwen3-Next")
     c = gpt.config
     check_settings(c, QWEN3_NEXT_SETTINGS, "Qwen3-Next's format", _WHY)
-    if not c.recipe.full_every:
+    if not c.full_every:
         raise ValueError(
             "Qwen3-Next's format needs full_every=N with N > 0, the GPT has full_every=0: transformers' Qwen3-Next "
             "counts the positions it has seen on its full-attention layers, and fails with none"
         )
-    if not c.recipe.qk_norm:
+    if not c.qk_norm:
         raise ValueError(
             f"Qwen3-Next's format needs qk_norm=True, the GPT has qk_norm=False: Qwen3-Next normalises the "
-            f"queries and keys of its full-attention layers (the GPT's every {c.recipe.full_every}th)"
+            f"queries and keys of its full-attention layers (the GPT's every {c.full_every}th)"
         )
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 

@@ -19,21 +19,23 @@ position 0. Shapes: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key leng
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_float_tensors, check_int
+from ._specs import Spec, option
 from .attention import check_mask
 from .inspect_heads import attention_layers, eval_attention
 from .kv_cache import KVCache, check_cache
 from .masks import causal_mask, sliding_window_mask
-from .modern_block import QKTransform
+from .modern_block import QKTransform, qk_transformed
 from .multihead import MultiHeadAttention
 from .positional import half_split_rows
 
-__all__ = ["SinkAttention", "attention_sink_mass", "sink_attention_from_gpt_oss", "sink_softmax"]
+__all__ = ["MultiHeadSpec", "SinkAttention", "attention_sink_mass", "sink_attention_from_gpt_oss", "sink_softmax"]
 
 
 def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
@@ -190,6 +192,36 @@ class SinkAttention(MultiHeadAttention):
         if self.sinks is None:
             return super()._attend_fused_masked(q, k, v, mask, p)
         return self._attend_by_hand(q, k, v, mask, p)[0]
+
+
+@dataclass(frozen=True)
+class MultiHeadSpec(Spec):
+    """Multi-head attention as a recipe's choice (chapters "Multi-head attention" and "Today's
+    block"), with its options: query-key norms, a learned sink logit per head (gpt-oss's) and, with a
+    sliding window, the first tokens kept in view (StreamingLLM)."""
+
+    kind = "multi_head"
+    qk_norm: bool = option(False, "RMSNorm on each head's queries and keys before the scores")
+    sinks: bool = option(False, "a learned sink logit per head (gpt-oss's attention sinks)")
+    keep_first: int = option(0, "with --window, every token also sees the first this many tokens")
+
+    def __post_init__(self):
+        check_bool(self.qk_norm, "qk_norm")
+        check_bool(self.sinks, "sinks")
+        check_int(self.keep_first, "keep_first", minimum=0)
+
+    def layer(self, recipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention) -> MultiHeadAttention:
+        """One layer: :class:`~transformer_lib.multihead.MultiHeadAttention`, or :class:`SinkAttention`
+        with sinks or kept first tokens; in self-attention with the recipe's query-key transform (an
+        encoder-decoder's cross-attention takes neither)."""
+        options = dict(n_kv_heads=n_kv_heads, dropout=dropout, bias=recipe.bias, _checked=True)
+        if not self_attention:
+            return MultiHeadAttention(d_model, n_heads, **options)
+        if self.sinks or self.keep_first:
+            mha = SinkAttention(d_model, n_heads, sinks=self.sinks, keep_first=self.keep_first, **options)
+        else:
+            mha = MultiHeadAttention(d_model, n_heads, **options)
+        return qk_transformed(mha, recipe, qk_norm=self.qk_norm)
 
 
 @torch.no_grad()

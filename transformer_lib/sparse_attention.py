@@ -8,19 +8,30 @@ auxiliary loss (:class:`AddAuxiliaryLoss`) on detached tensors: the model's trai
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_layer_dtype, check_window, is_real
+from ._specs import Spec, option
 from .attention import check_mask, masked_softmax, scaled_dot_product_attention
 from .kv_cache import KVCache, crop_positions, is_prefix, select_rows
 from .masks import sliding_window_mask
+from .modern_block import qk_transformed
 from .multihead import MultiHeadAttention, merge_heads
 from .positional import apply_rotary, half_split_rows
 
-__all__ = ["AddAuxiliaryLoss", "Indexer", "SparseAttention", "SparseCache", "indexer_from_deepseek", "select_keys"]
+__all__ = [
+    "AddAuxiliaryLoss",
+    "Indexer",
+    "SparseAttention",
+    "SparseCache",
+    "SparseSpec",
+    "indexer_from_deepseek",
+    "select_keys",
+]
 
 
 def _top_k(scores: Tensor, top_k: int) -> Tensor:
@@ -454,3 +465,45 @@ def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
     ours.k_norm.bias.copy_(indexer.k_norm.bias[order])
     ours.weights_proj.weight.copy_(indexer.weights_proj.weight)
     return ours.eval()
+
+
+@dataclass(frozen=True)
+class SparseSpec(Spec):
+    """Sparse attention as a recipe's choice (chapter "Latent, sparse and sink attention"): each query
+    reads the ``sparse_k`` keys an indexer picks (DeepSeek-V3.2's ``index_topk``)."""
+
+    kind = "sparse"
+    sparse_k: int | None = option(None, "sparse attention: the keys each query reads, picked by the indexer")
+    qk_norm: bool = option(False, "RMSNorm on each head's queries and keys before the scores")
+
+    def __post_init__(self):
+        if self.sparse_k is None:
+            raise ValueError("attention='sparse' needs sparse_k, the number of keys each query reads")
+        check_int(self.sparse_k, "sparse_k")
+        check_bool(self.qk_norm, "qk_norm")
+
+    def check(self, recipe) -> None:
+        """The indexer rotates its own keys: a rescaling of the positions would not reach it."""
+        if getattr(recipe.positions, "scaling", None) is not None:
+            raise ValueError("rope_scaling rescales multi-head attention's rotary positions: attention is 'sparse'")
+
+    def layer(self, recipe, d_model: int, n_heads: int, *, n_kv_heads, dropout, self_attention) -> SparseAttention:
+        """One layer, with the recipe's query-key transform; the indexer rotates half of its width
+        with rotary positions, as DeepSeek's."""
+        if not self_attention:
+            raise ValueError(
+                "attention='sparse' is a causal self-attention: an encoder-decoder's cross-attention is not"
+            )
+        rotary = recipe.positions.kind == "rotary"
+        sparse = SparseAttention(
+            d_model,
+            n_heads,
+            top_k=self.sparse_k,
+            rope_dim=(d_model // n_heads) // 2 if rotary else 0,
+            rotary_base=recipe.positions.base if rotary else 10000.0,
+            n_kv_heads=n_kv_heads,
+            dropout=dropout,
+            bias=recipe.bias,
+            _checked=True,
+        )
+        return qk_transformed(sparse, recipe, qk_norm=self.qk_norm)

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .experts import FLAT_HELP as EXPERTS_FLAT_HELP
+from .recipe import FLAT_HELP as RECIPE_FLAT_HELP
 from .recipe import LLAMA_BLOCK
-from .rope_scaling import FLAT_SPEC as ROPE_FLAT
 from .utils import DTYPES, check_fields
 
 __all__ = ["MODEL_SETTINGS", "PRESETS", "TrainConfig", "configure_optimizer", "lr_at", "make_scheduler"]
@@ -106,33 +105,11 @@ MODEL_SETTINGS = {
     "d_model": "width of the residual stream",
     "context_len": "context length T in tokens (characters, or BPE tokens with --tokenizer bpe)",
     "dropout": "dropout probability",
-    # chapter 14, "Today's block": GPT-2's block by default, Llama's parts by name
-    "bias": "biases in the linear maps and norms",
     "n_kv_heads": "key/value heads, grouped-query attention (default: n_heads)",
-    "norm": "the norm of every block: layernorm or rmsnorm",
-    "norm_eps": "the eps of every norm",
-    "ffn": "the feed-forward network: mlp (GELU) or swiglu (gated, 2/3 as wide: equal parameters)",
-    "d_ff": "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)",
-    "positions": "learned (added to the embeddings) or rotary (applied to queries and keys)",
-    "rotary_base": "the base of the rotary frequencies",
-    "qk_norm": "RMSNorm on each head's queries and keys before the scores",
-    "tie_embeddings": "the output head shares the token embedding's matrix",
-    # chapter 18, "Latent, sparse and sink attention"
     "window": "sliding-window attention: each token sees itself and the window - 1 before it (default: none)",
-    "attention": "the attention: multi_head, latent (DeepSeek-V3's) or sparse (DeepSeek-V3.2's); or a "
-    "recurrence: linear, delta or gated_delta (Qwen3-Next's gated DeltaNet)",
-    "kv_latent": "latent attention: the latent each token caches (default: 4 d_k)",
-    "q_latent": "latent attention: the query's latent (default: none, a full query projection)",
-    "rope_dim": "latent attention: the rotated width of each head (default: d_k / 2)",
-    "sparse_k": "sparse attention: the keys each query reads, picked by the indexer",
-    "sinks": "a learned sink logit per head (gpt-oss's attention sinks)",
-    "keep_first": "with --window, every token also sees the first this many tokens",
-    # chapter 19, "Attention as a recurrence"
-    "full_every": "with a recurrent --attention, every this many-th layer is multi-head attention (a hybrid; 0: none)",
-    # chapter "Experts": the flags of the experts' spec, with its own help (transformer_lib.experts)
-    **EXPERTS_FLAT_HELP,
-    # chapter "Longer than trained": the rotary rescaling's spec (transformer_lib.rope_scaling)
-    **ROPE_FLAT.help,
+    # chapter "Today's block" and after: the recipe's choices by their flat names, each kind's options
+    # with the help its spec's fields give (transformer_lib.recipe)
+    **RECIPE_FLAT_HELP,
 }
 
 # nanoGPT's character-level Shakespeare shapes: a "baby" GPT for a CPU (the defaults of GPTConfig

@@ -19,11 +19,10 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import CHECKPOINT_NAME
-from ..experts import FLAT_TYPES as EXPERTS_FLAT_TYPES
 from ..experts import SCORES
 from ..models import GPT, GPTConfig
-from ..recipe import RECIPE_CHOICES, BlockRecipe
-from ..rope_scaling import FLAT_SPEC as ROPE_FLAT
+from ..recipe import FLAT_CHOICES as RECIPE_CHOICES
+from ..recipe import FLAT_TYPES as RECIPE_TYPES
 from ..rope_scaling import ROPE_KINDS
 from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
 from ..run import flag as _flag
@@ -156,9 +155,8 @@ def add_setting_flags(
     those values and :class:`TrainConfig`'s for the rest."""
     if shape:
         group = parser.add_argument_group("model (default: the preset's, or the checkpoint's with --resume)")
-        model_types = {f.name: f.type for f in (*fields(GPTConfig), *fields(BlockRecipe))}  # the recipe's choices too
-        model_types.update(EXPERTS_FLAT_TYPES)  # chapter "Experts": the experts' spec's options
-        model_types.update(ROPE_FLAT.types)  # chapter "Longer than trained": the rotary rescaling's
+        model_types = {f.name: f.type for f in fields(GPTConfig)}
+        model_types.update(RECIPE_TYPES)  # the recipe's choices, from its specs' fields
         base = GPTConfig(vocab_size=1).settings()
         for name, help_ in MODEL_SETTINGS.items():
             values = {k: changes.get(name, base[name]) for k, (changes, _) in PRESETS.items()}
