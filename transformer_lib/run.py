@@ -4,7 +4,8 @@ writes and what its checkpoint holds, a typed record of what the run is, the rul
 ``--resume`` may change, :func:`start_model`, the model every command starts from, and
 :func:`load_run`, which gives a run back.
 
-A run folder holds (its files' names are this module's, and only this module's)::
+A run folder holds (the names of the checkpoint and its lock, which any folder of a checkpoint
+has, are checkpoint.py's; the others are this module's alone)::
 
     ckpt.pt         the checkpoint, atomic and checksummed (checkpoint.py)
     ckpt.pt.lock    while a run writes in the folder
@@ -68,7 +69,6 @@ __all__ = [
     "start_model",
 ]
 
-# The run folder's files beside the checkpoint and lock that any folder holding a checkpoint has (checkpoint.py)
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
 ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
 DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
