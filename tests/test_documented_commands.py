@@ -124,7 +124,7 @@ RULES = [
         r"--inplace",
     ),
     Rule(
-        r"\.venv/bin/python -m transformer_lib\.experiments ch14 --parts lr --seeds 0 --dry-run",
+        r"\.venv/bin/python -m transformer_lib\.experiments todays_block --parts lr --seeds 0 --dry-run",
         "cheap",
         "two steps of each run of the part, a dry run: nothing is written",
         "--steps 2",

@@ -12,7 +12,7 @@ writes an nbgrader course folder:
   credit), and every written exercise becomes a manually graded answer cell that holds the
   model answer (nbgrader replaces it by "YOUR ANSWER HERE" in the release).
 
-The points of every exercise are in one table, :data:`POINTS`. nbgrader itself is needed only
+The points of every exercise are in one table, :data:`CHAPTER_POINTS`, by chapter. nbgrader itself is needed only
 by instructors (``requirements-instructors.txt``); the same safety as the student edition
 applies (see :mod:`transformer_lib.student.notebooks`).
 """
@@ -23,6 +23,7 @@ import ast
 import re
 from pathlib import Path
 
+from ..chapters import CHAPTERS
 from .edition import class_header_end, function_body_start, one_line_functions_expanded
 from .notebooks import (
     SOLUTION_TAG,
@@ -39,96 +40,41 @@ from .notebooks import (
     write_files,
 )
 
-__all__ = ["NBGRADER_CONFIG", "POINTS", "course_notebook", "make_course", "mark_solutions"]
+__all__ = ["CHAPTER_POINTS", "NBGRADER_CONFIG", "POINTS", "course_notebook", "make_course", "mark_solutions"]
 
-#: Points of every exercise, by label. A coding exercise's points are shared equally by its
-#: checks (one autograded test cell each); a written exercise is graded by hand.
+#: Points of every exercise, by chapter (its slug, :mod:`transformer_lib.chapters`) and in the
+#: order of the chapter's exercises. A coding exercise's points are shared equally by its checks
+#: (one autograded test cell each); a written exercise is graded by hand.
+CHAPTER_POINTS: dict[str, tuple[int, ...]] = {
+    "why_attention": (2, 3, 2, 3),
+    "queries_keys_values": (1, 3, 3, 2, 3),
+    "scaling": (2, 3, 3, 3),
+    "masking": (3, 4, 2, 3),
+    "multihead": (3, 4, 4, 3),
+    "positional_encoding": (2, 3, 4, 3),
+    "transformer_block": (3, 4, 2, 3),
+    "encoder_decoder": (3, 4, 2, 3),
+    "gpt": (3, 3, 4, 3),
+    "generation": (4, 2, 3),
+    "long_context_and_precision": (4, 2, 3),
+    "what_attention_learns": (3, 4, 2, 3),
+    "tokens": (2, 3, 2, 2, 3),
+    "todays_block": (2, 3, 2, 3),
+    "fine_tuning": (2, 3, 2, 3, 3),
+    "measuring_a_model": (3, 3, 2, 3),
+    "preferences_and_rewards": (3, 3, 2, 3),
+    "latent_sparse_sink": (3, 3, 2, 3),
+    "attention_as_recurrence": (3, 3, 2, 2),
+    "experts": (3, 3, 2, 2),
+    "longer_than_trained": (3, 3, 2, 2),
+}
+#: The same points by the exercises' labels, ``ex-NN-k`` (the k-th exercise of the chapter in
+#: place NN), as the notebooks label them: derived from :data:`CHAPTER_POINTS` and the chapters'
+#: order, so a chapter inserted renumbers the labels here with no edit.
 POINTS: dict[str, int] = {
-    "ex-01-1": 2,
-    "ex-01-2": 3,
-    "ex-01-3": 2,
-    "ex-01-4": 3,
-    "ex-02-1": 1,
-    "ex-02-2": 3,
-    "ex-02-3": 3,
-    "ex-02-4": 2,
-    "ex-02-5": 3,
-    "ex-03-1": 2,
-    "ex-03-2": 3,
-    "ex-03-3": 3,
-    "ex-03-4": 3,
-    "ex-04-1": 3,
-    "ex-04-2": 4,
-    "ex-04-3": 2,
-    "ex-04-4": 3,
-    "ex-05-1": 3,
-    "ex-05-2": 4,
-    "ex-05-3": 4,
-    "ex-05-4": 3,
-    "ex-06-1": 2,
-    "ex-06-2": 3,
-    "ex-06-3": 4,
-    "ex-06-4": 3,
-    "ex-07-1": 3,
-    "ex-07-2": 4,
-    "ex-07-3": 2,
-    "ex-07-4": 3,
-    "ex-08-1": 3,
-    "ex-08-2": 4,
-    "ex-08-3": 2,
-    "ex-08-4": 3,
-    "ex-09-1": 3,
-    "ex-09-2": 3,
-    "ex-09-3": 4,
-    "ex-09-4": 3,
-    "ex-10-1": 4,
-    "ex-10-2": 2,
-    "ex-10-3": 3,
-    "ex-11-1": 4,
-    "ex-11-2": 2,
-    "ex-11-3": 3,
-    "ex-12-1": 3,
-    "ex-12-2": 4,
-    "ex-12-3": 2,
-    "ex-12-4": 3,
-    "ex-13-1": 2,
-    "ex-13-2": 3,
-    "ex-13-3": 2,
-    "ex-13-4": 2,
-    "ex-13-5": 3,
-    "ex-14-1": 2,
-    "ex-14-2": 3,
-    "ex-14-3": 2,
-    "ex-14-4": 3,
-    "ex-15-1": 2,
-    "ex-15-2": 3,
-    "ex-15-3": 2,
-    "ex-15-4": 3,
-    "ex-15-5": 3,
-    "ex-16-1": 3,
-    "ex-16-2": 3,
-    "ex-16-3": 2,
-    "ex-16-4": 3,
-    "ex-17-1": 3,
-    "ex-17-2": 3,
-    "ex-17-3": 2,
-    "ex-17-4": 3,
-    "ex-18-1": 3,
-    "ex-18-2": 3,
-    "ex-18-3": 2,
-    "ex-18-4": 3,
-    "ex-19-1": 3,
-    "ex-19-2": 3,
-    "ex-19-3": 2,
-    "ex-19-4": 2,
-    "ex-20-1": 3,
-    "ex-20-2": 3,
-    "ex-20-3": 2,
-    "ex-20-4": 2,
-    "ex-21-1": 3,
-    "ex-21-2": 3,
-    "ex-21-3": 2,
-    "ex-21-4": 2,
+    f"ex-{place:02d}-{k}": points
+    for place, chapter in enumerate(CHAPTERS, start=1)
+    for k, points in enumerate(CHAPTER_POINTS.get(chapter.slug, ()), start=1)
 }
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -250,7 +196,7 @@ def _written_answer(src: str, where: str) -> tuple[str, dict]:
 def _points(label: str | None, where: str) -> int:
     if label not in POINTS:
         raise MalformedNotebookError(
-            f"{where}: exercise {label!r} has no points in transformer_lib.student.nbgrader.POINTS"
+            f"{where}: exercise {label!r} has no points in transformer_lib.student.nbgrader.CHAPTER_POINTS (POINTS)"
         )
     return POINTS[label]
 
