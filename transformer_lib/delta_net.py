@@ -34,6 +34,7 @@ from ._specs import Spec, option
 from .kv_cache import select_rows
 from .linear_attention import delta_rule, delta_rule_weights, l2_normalize, linear_attention, linear_attention_weights
 from .modern_block import RMSNorm
+from .multihead import RecordsScores
 
 __all__ = [
     "DECAY_INITS",
@@ -154,7 +155,7 @@ class RecurrentState:
         return f"RecurrentState(shapes={shapes}, position={self.position})"
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecordsScores, nn.Module):
     """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 19). Causal self-attention only.
 
     ``GatedDeltaNet(d_model, n_heads, *, n_qk_heads=None, d_k=None, d_v=None, conv_kernel=4,
@@ -188,6 +189,9 @@ class GatedDeltaNet(nn.Module):
 
     The two draw different numbers from the generator, so every weight built after the layer differs
     too.
+
+    No softmax scores anything here: :meth:`~transformer_lib.multihead.RecordsScores.record_scores`
+    gives ``logits=None`` and, as ``weights``, the matrix that mixes the values (:meth:`attention_weights`).
     """
 
     part_role = "attention"  # see parts.py
@@ -319,14 +323,19 @@ class GatedDeltaNet(nn.Module):
                 "which no matrix over the new ones shows"
             )
         _check_mode(self.mode)
+        record = self._recording(cache)
         B, T, _ = query.shape
         shapes = (B, self.n_heads, self.d_k, self.d_v), (B, self.channels, self.conv_kernel - 1)
         if cache is not None:
             cache.check(*shapes)
         if T == 0:  # no token: an empty output, as multi-head attention gives, and the state as it was
+            if record:
+                self._report_scores(lambda: (None, query.new_zeros(B, self.n_heads, 0, 0)))
             weights = query.new_zeros(B, self.n_heads, 0, 0) if need_weights else None
             return query.new_zeros(B, 0, self.out_proj.out_features), weights
         q, k, v, beta, g, conv = self._inputs(query, cache)
+        if record:  # no logits: a recurrence has no softmax
+            self._report_scores(lambda: (None, self._weights(q, k, beta, g)))
         if cache is not None:  # a 16-bit layer (or autocast) keeps a float32 state
             cache.check(*shapes, torch.promote_types(v.dtype, torch.float32), conv.dtype)
         heads, state = self._recurrence(q, k, v, beta, g, None if cache is None else cache.state)

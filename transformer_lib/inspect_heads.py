@@ -1,25 +1,26 @@
-"""Looking inside a trained model (chapter "What attention learns", "What attention learns"): capture the attention
+"""Looking inside a trained model (chapter "What attention learns"): capture the attention
 weights of every layer and head in one forward pass, intervene on chosen heads, and score
 attention patterns.
 
-Everything here works through PyTorch hooks on the :class:`~transformer_lib.multihead.MultiHeadAttention`
-modules a model already has, so no model class changes and the model's own forward still takes
-its usual (fused) path; every hook is removed when the call or the ``with`` block ends, also
-when the forward raises. A layer is named as ``model.named_modules()`` names it, for example
+Everything here asks the attention layers a model already has through what every attention
+offers: its weights through one recording hook,
+:meth:`~transformer_lib.multihead.RecordsScores.record_scores`, and its heads through the input of
+its ``out_proj``, which a PyTorch hook reads or changes. No model class changes and the model's own
+forward still takes its usual (fused) path; every hook is removed when the call or the ``with``
+block ends, also when the forward raises. A layer is named as ``model.named_modules()`` names it, for example
 ``"decoder.layers.0.self_attn"`` in a :class:`~transformer_lib.models.GPT`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_index, is_int
-from .attention import scaled_dot_product_attention
-from .multihead import MultiHeadAttention, split_heads
+from .multihead import split_heads
 from .parts import find_parts
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "induction_score",
     "intervene_heads",
     "previous_token_score",
+    "recording_scores",
     "run_with_attention",
 ]
 
@@ -45,7 +47,7 @@ def attention_layers(model: nn.Module) -> dict[str, nn.Module]:
     return find_parts(model, "attention")
 
 
-def _choose(model: nn.Module, layers: Iterable[str] | None) -> dict[str, MultiHeadAttention]:
+def _choose(model: nn.Module, layers: Iterable[str] | None) -> dict[str, nn.Module]:
     """The attention layers named in ``layers`` (all of them for None), checked to exist."""
     found = attention_layers(model)
     if not found:
@@ -62,27 +64,42 @@ def _choose(model: nn.Module, layers: Iterable[str] | None) -> dict[str, MultiHe
     return chosen
 
 
-def _attention_inputs(args: tuple, kwargs: dict) -> tuple[Tensor, Tensor, Tensor]:
-    """``query, key, value`` of a call of :meth:`MultiHeadAttention.forward`, given by position or keyword."""
-    names = ("query", "key", "value")
-    return (*args[:3], *(kwargs[n] for n in names[len(args[:3]) :]))  # type: ignore[return-value]
+@contextmanager
+def _recording(layer: nn.Module, callback) -> Iterator[None]:
+    """``layer.record_scores(callback)``, the hook every attention layer of the library offers
+    (:class:`~transformer_lib.multihead.RecordsScores`). An attention written before the hook,
+    with only the ``attention_weights(...)`` of :mod:`transformer_lib.parts`, is recorded by a
+    forward hook that asks it for its weights on the inputs it saw: ``callback(None, weights)``."""
+    if hasattr(layer, "record_scores"):
+        with layer.record_scores(callback):
+            yield
+        return
+
+    def hook(module, args, kwargs, output):
+        if kwargs.get("cache") is not None:
+            raise ValueError(f"{type(module).__name__} is recorded without a KVCache: run the model without cache=")
+        with torch.no_grad():
+            callback(None, module.attention_weights(*args, **kwargs).detach())
+
+    handle = layer.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
-def _recompute_weights(module: MultiHeadAttention, args: tuple, kwargs: dict) -> Tensor:
-    """The weights ``(B, h, T_q, T_k)`` that ``module(*args, need_weights=True, **kwargs)`` returns
-    (before dropout): the same projections, causal mask and hand-written attention, run again."""
-    if kwargs.get("cache") is not None:
-        raise ValueError("capture_attention does not follow a KVCache: run the model without cache= to capture")
-    if type(module) is not MultiHeadAttention:  # a later chapter's attention computes its own
-        return module.attention_weights(*args, **kwargs)
-    query, key, value = _attention_inputs(args, kwargs)
-    # (B, h, T_q, d_k), (B, h_kv, T_k, d_k) twice: with chapter "Today's block"'s query-key transform (rotary, QK-norm)
-    q, k, v = module._project_cached(query, key, value, None)
-    k, v = module._shared_kv(k, v)  # (B, h, T_k, d_k)
-    mask = kwargs.get("mask")
-    if kwargs.get("is_causal", False):
-        mask = module._causal(mask, q.shape[2], k.shape[2], kwargs.get("window"), True, query.device)
-    return scaled_dot_product_attention(q, k, v, mask=mask)[1]  # (B, h, T_q, T_k)
+@contextmanager
+def recording_scores(layers: Mapping[str, nn.Module], callback) -> Iterator[None]:
+    """Record the scores of every layer of ``layers`` (``{name: attention layer}``, as
+    :func:`attention_layers` gives) during the forward passes inside the ``with`` block (chapter
+    "What attention learns"): each forward pass of a layer calls ``callback(name, logits,
+    weights)``, with the ``logits`` (None for a layer with no softmax) and ``weights`` of
+    :meth:`~transformer_lib.multihead.RecordsScores.record_scores`, the one hook the inspection
+    tools use. Every layer stops recording when the block ends, also on an error."""
+    with ExitStack() as stack:
+        for name, layer in layers.items():
+            stack.enter_context(_recording(layer, lambda logits, weights, name=name: callback(name, logits, weights)))
+        yield
 
 
 @contextmanager
@@ -93,39 +110,27 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
     Yields a dict that each forward fills with ``{layer name: weights (B, h, T_q, T_k)}``
     (detached; a layer called twice keeps its last call). ``layers``: names from
     :func:`attention_layers` (default: every attention layer). The model's outputs do not change:
-    a forward hook reads each layer's inputs and recomputes its weights with the hand-written
-    attention on the same projected queries and keys. The weights recorded are always the
-    attention probabilities before dropout (each row sums to 1, or is zeros where every key is
-    masked): in eval mode, or with no dropout, they are bitwise those the layer returns with
-    ``need_weights=True``; a layer in train mode with dropout returns the weights after dropout
-    (some zeroed, the rest scaled by ``1 / (1 - p)``), and the probabilities are recorded instead.
-    A layer run with a ``KVCache`` raises ``ValueError``. The hooks are removed when the block
-    ends, also on an error.
+    each layer records its weights through its
+    :meth:`~transformer_lib.multihead.RecordsScores.record_scores` hook, computed beside its
+    usual (fused) path with the hand-written attention on the same projected queries and keys.
+    The weights recorded are always the attention probabilities before dropout (each row sums to
+    1, or is zeros where every key is masked): in eval mode, or with no dropout, they are bitwise
+    those the layer returns with ``need_weights=True``; a layer in train mode with dropout
+    returns the weights after dropout (some zeroed, the rest scaled by ``1 / (1 - p)``), and the
+    probabilities are recorded instead. A layer run with a ``KVCache`` raises ``ValueError``.
+    The recording stops when the block ends, also on an error.
 
     >>> with capture_attention(model) as weights:
     ...     logits, _ = model(idx)
     """
     chosen = _choose(model, layers)
     weights: dict[str, Tensor] = {}
-    handles = []
 
-    def recorder(name: str):
-        def hook(module, args, kwargs, output):
-            if output[1] is not None and not (module.training and module.dropout > 0):
-                weights[name] = output[1].detach()  # the caller asked for the weights, before dropout: keep those
-                return
-            with torch.no_grad():
-                weights[name] = _recompute_weights(module, args, kwargs)
+    def keep(name: str, _logits: Tensor | None, layer_weights: Tensor) -> None:
+        weights[name] = layer_weights
 
-        return hook
-
-    try:
-        for name, module in chosen.items():
-            handles.append(module.register_forward_hook(recorder(name), with_kwargs=True))
+    with recording_scores(chosen, keep):
         yield weights
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def run_with_attention(model: nn.Module, *args, layers: Iterable[str] | None = None, **kwargs):
@@ -174,7 +179,7 @@ def head_activations(model: nn.Module, *args, layers: Iterable[str] | None = Non
     return out, found
 
 
-def _check_heads(chosen: dict[str, MultiHeadAttention], heads: Mapping) -> dict[str, list[int]]:
+def _check_heads(chosen: dict[str, nn.Module], heads: Mapping) -> dict[str, list[int]]:
     """``{layer name: [head indices]}``, each index an int in ``[0, n_heads)``: an int, a list or
     tuple of ints, or a 1-d integer tensor; a float, a bool or a 0-d tensor is a ``TypeError``
     naming the layer and the value."""

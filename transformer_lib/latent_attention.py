@@ -20,11 +20,11 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
 from ._specs import Spec, option
-from .attention import check_mask, scaled_dot_product_attention
+from .attention import check_mask, masked_softmax, scaled_dot_product_attention
 from .kv_cache import crop_positions, is_prefix, select_rows
 from .masks import causal_mask
 from .modern_block import RMSNorm
-from .multihead import MultiHeadAttention, merge_heads
+from .multihead import MultiHeadAttention, RecordsScores, merge_heads
 from .positional import RotaryEmbedding
 
 __all__ = ["LatentAttention", "LatentCache", "LatentSpec", "latent_from_deepseek"]
@@ -145,7 +145,7 @@ class LatentCache:
         return f"LatentCache(shapes={shapes}, position={self.position}{window})"
 
 
-class LatentAttention(nn.Module):
+class LatentAttention(RecordsScores, nn.Module):
     """Multi-head latent attention, DeepSeek-V2's and V3's (chapter 18). Self-attention only.
 
     ``LatentAttention(d_model, n_heads, *, kv_latent, q_latent=None, rope_dim=None, nope_dim=None,
@@ -170,6 +170,9 @@ class LatentAttention(nn.Module):
     ``[q_nope_i W_uk_i, q_rope_i]``, scored against ``[c, k_rope]``; the heads attend over the
     latents ``c`` and each head's latent result is mapped up by ``W_uv_i``, then by ``out_proj``.
     No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
+
+    :meth:`~transformer_lib.multihead.RecordsScores.record_scores` records the logits it scores,
+    ``q . k`` times its scale, and its weights, on either path.
     """
 
     part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
@@ -289,6 +292,17 @@ class LatentAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, mask | ~any_key, p, scale=self.scale)
         return torch.where(any_key, out, 0.0), None
 
+    def _scores(self, q: Tensor, k: Tensor, mask, causal: bool) -> tuple[Tensor, Tensor]:
+        """The record of :meth:`record_scores`, from :meth:`_attend`'s ``q`` and ``k``: the logits
+        ``(B, h, T_q, T_k)``, every pair's ``q . k`` times the scale, and the weights that
+        :meth:`_attend` computes with ``need_weights``, before dropout."""
+        logits = q @ k.transpose(-2, -1) * self.scale  # the folded path's one key head broadcasts to the heads
+        if causal:
+            mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
+        if q.shape[-1] != self.nope_dim + self.rope_dim:  # as _attend: rescaled to divide by sqrt(q's width)
+            q = q * (self.scale * math.sqrt(q.shape[-1]))
+        return logits, masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+
     def forward(
         self,
         query: Tensor,
@@ -321,12 +335,17 @@ class LatentAttention(nn.Module):
             check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
         folded, p = self.folded if folded is None else folded, self.dropout if self.training else 0.0
         check_bool(folded, "folded")
+        record = self._recording(cache)
         if T_q == 0:  # no token: an empty output, as multi-head attention gives, and the cache as it was
+            if record:
+                self._report_scores(lambda: (query.new_zeros(B, self.n_heads, 0, T_k),) * 2)
             weights = query.new_zeros(B, self.n_heads, 0, T_k) if need_weights else None
             return query.new_zeros(B, 0, self.d_model), weights
-        return self._run(query, mask, is_causal, window, cache, folded, need_weights, p)
+        return self._run(query, mask, is_causal, window, cache, folded, need_weights, p, record)
 
-    def _run(self, x, mask, is_causal, window, cache, folded, need_weights, p) -> tuple[Tensor, Tensor | None]:
+    def _run(
+        self, x, mask, is_causal, window, cache, folded, need_weights, p, record=False
+    ) -> tuple[Tensor, Tensor | None]:
         start = 0 if cache is None else cache.position
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q_nope, q_rope = self._queries(x, positions)  # (B, h, T_q, nope_dim), (B, h, T_q, rope_dim)
@@ -342,13 +361,18 @@ class LatentAttention(nn.Module):
         if folded:  # scores q_nope_i W_uk_i . c + q_rope_i . k_rope; values: the latents, W_uv_i after
             q = torch.cat([torch.einsum("bhtn,hnl->bhtl", q_nope, W_uk), q_rope], dim=-1)  # (B, h, T_q, L + r)
             k = torch.cat([c, k_rope], dim=-1).unsqueeze(1)  # (B, 1, T_k, L + r): one head shared by all
+            if record:
+                self._report_scores(lambda: self._scores(q, k, mask, causal))
             lat, weights = self._attend(q, k, c.unsqueeze(1), mask, causal, need_weights, p)  # (B, h, T_q, L)
             heads = torch.einsum("bhtl,hvl->bhtv", lat, W_uv)  # (B, h, T_q, v_dim)
         else:
             kv = self.kv_up(c).view(x.shape[0], T_k, self.n_heads, -1).transpose(1, 2)  # (B, h, T_k, nope + v)
             k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
             k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1)  # (B, h, T_k, n + r)
-            heads, weights = self._attend(torch.cat([q_nope, q_rope], -1), k, v, mask, causal, need_weights, p)
+            q = torch.cat([q_nope, q_rope], -1)  # (B, h, T_q, n + r)
+            if record:
+                self._report_scores(lambda: self._scores(q, k, mask, causal))
+            heads, weights = self._attend(q, k, v, mask, causal, need_weights, p)
         return self.out_proj(merge_heads(heads)), weights  # (B, T_q, d_model)
 
     def attention_weights(

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_int, is_real
 from ._specs import Spec, option
+from .inspect_heads import recording_scores
 from .multihead import MultiHeadAttention
 from .parts import find_parts
 from .positional import RotaryEmbedding
@@ -212,51 +213,27 @@ def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     """The largest attention logit ``|q . k| / sqrt(d_k)`` of each attention layer of ``model`` on
     ``model(*inputs)`` (chapter 14): ``(n_layers,)``, in the order the layers run.
 
-    The queries and keys are the ones the layer scores, after query-key normalisation and rotary
-    positions; every pair is counted, masked ones too (a mask hides a logit, it does not shrink it).
+    Each layer gives its logits through its one recording hook,
+    :meth:`~transformer_lib.multihead.RecordsScores.record_scores`: the queries and keys are the
+    ones the layer scores, after query-key normalisation and rotary positions; every pair is
+    counted, masked ones too (a mask hides a logit, it does not shrink it).
     Chapter 18's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
     Chapter 19's recurrent layers score no logits: a hybrid's value is its multi-head layers', and a
     model with no layer that scores is refused by name.
     """
     found: list[Tensor] = []
-    layers = list(find_parts(model, "attention").values())
+    layers = find_parts(model, "attention")
 
-    def recording(layer: MultiHeadAttention):
-        project = layer._project_cached
+    def keep(_name: str, logits: Tensor | None, _weights: Tensor) -> None:
+        if logits is not None:  # a recurrence scores none
+            found.append(logits.abs().amax())
 
-        def run(*args, **kwargs):
-            q, k, v = project(*args, **kwargs)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
-            k_all = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, h, T_k, d_k)
-            found.append((q @ k_all.transpose(-2, -1)).abs().amax() / q.shape[-1] ** 0.5)
-            return q, k, v
-
-        return run
-
-    def recording_scored(layer: nn.Module):  # chapter 18's latent attention: its scores, folded or not
-        attend = layer._attend
-
-        def run(q, k, v, *args, **kwargs):  # q (B, h, T_q, d), k (B, h or 1, T_k, d)
-            found.append((q @ k.transpose(-2, -1)).abs().amax() * layer.scale)
-            return attend(q, k, v, *args, **kwargs)
-
-        return run
-
-    hooked = []
-    for layer in layers:
-        if isinstance(layer, MultiHeadAttention):
-            layer._project_cached = recording(layer)
-            hooked.append((layer, "_project_cached"))
-        elif hasattr(layer, "_attend") and hasattr(layer, "scale"):
-            layer._attend = recording_scored(layer)
-            hooked.append((layer, "_attend"))
-    try:
+    with recording_scores(layers, keep):
         model(*inputs)
-    finally:
-        for layer, name in hooked:
-            delattr(layer, name)  # the class's method again
-    if layers and not hooked:
+    if layers and not found:
+        first = next(iter(layers.values()))
         raise ValueError(
-            f"{type(model).__name__}'s attention layers ({type(layers[0]).__name__}) score no logits: "
+            f"{type(model).__name__}'s attention layers ({type(first).__name__}) score no logits: "
             "a recurrence has no softmax to saturate"
         )
     return torch.stack(found) if found else torch.zeros(0)

@@ -7,6 +7,8 @@ heads in one batched matrix product by reshaping ``(B, T, d_model)`` to ``(B, h,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -14,11 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_divisible, check_float_tensors, check_int, check_kv_heads, check_probability
-from .attention import check_mask, scaled_dot_product_attention
+from .attention import check_mask, masked_softmax, scaled_dot_product_attention
 from .kv_cache import KVCache, check_cache
 from .masks import causal_mask, sliding_window_mask
 
-__all__ = ["MultiHeadAttention", "Projection", "head_contributions", "merge_heads", "split_heads"]
+__all__ = ["MultiHeadAttention", "Projection", "RecordsScores", "head_contributions", "merge_heads", "split_heads"]
 
 
 def _sdpa_has_gqa() -> bool:
@@ -86,7 +88,65 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, d_model)
 
 
-class MultiHeadAttention(nn.Module):
+class RecordsScores:
+    """The one hook through which the inspection tools read an attention layer's scores (chapter
+    "What attention learns").
+
+    ``with layer.record_scores(callback): ...`` asks the layer to call ``callback(logits,
+    weights)`` once in each of its forward passes inside the block. ``logits (B, h, T_q, T_k)``
+    are the scaled scores ``q . k / sqrt(d)`` of every query-key pair, masked pairs included (a
+    mask hides a score, it does not change it); ``weights (B, h, T_q, T_k)`` are the attention
+    probabilities the layer mixes its values with, before dropout, zero where a key is hidden.
+    Both are detached. A layer whose mixing has no softmax (a recurrence, chapter "Attention as
+    a recurrence") passes ``logits=None`` and its mixing matrix as ``weights``. The layer's own
+    output does not change: the record is computed beside it, without gradients. A layer run
+    with a key-value cache while it records raises ``ValueError``: the record is of a whole
+    sequence. Several callbacks may record at once; each leaves when its ``with`` block ends,
+    also on an error.
+
+    Every attention layer of the library inherits this class and computes its record in
+    ``forward``; a new kind of attention may inherit it too, or offer its own ``record_scores``
+    with the same meaning. Tools such as :func:`~transformer_lib.inspect_heads.capture_attention`
+    and :func:`~transformer_lib.modern_block.attention_logit_max` use nothing else.
+    """
+
+    _score_callbacks: tuple = ()  # the callbacks recording now; none by default
+
+    @contextmanager
+    def record_scores(self, callback: Callable[[Tensor | None, Tensor], object]) -> Iterator[None]:
+        """Call ``callback(logits, weights)`` in every forward pass inside the ``with`` block."""
+        if not callable(callback):
+            raise TypeError(f"record_scores needs a function callback(logits, weights), got {type(callback).__name__}")
+        self._score_callbacks = (*self._score_callbacks, callback)
+        try:
+            yield
+        finally:
+            rest = tuple(c for c in self._score_callbacks if c is not callback)
+            if rest:
+                self._score_callbacks = rest
+            else:
+                del self._score_callbacks  # the class's empty tuple again
+
+    def _recording(self, cache: object) -> bool:
+        """Does this forward pass record its scores? A cache cannot be recorded: ``ValueError``."""
+        if not self._score_callbacks:
+            return False
+        if cache is not None:
+            raise ValueError(
+                f"{type(self).__name__} records its scores over a whole sequence, not through a KVCache: "
+                "run the model without cache= while recording"
+            )
+        return True
+
+    def _report_scores(self, scores: Callable[[], tuple[Tensor | None, Tensor]]) -> None:
+        """Compute ``(logits, weights)`` with ``scores()``, without gradients, and give them to every callback."""
+        with torch.no_grad():
+            logits, weights = scores()
+        for callback in self._score_callbacks:
+            callback(logits, weights)
+
+
+class MultiHeadAttention(RecordsScores, nn.Module):
     """Multi-head attention with Q, K, V and output projections (chapter 5).
 
     The three input projections are stored as ``torch.nn.MultiheadAttention`` stores them: one
@@ -244,7 +304,11 @@ class MultiHeadAttention(nn.Module):
         T_k = key.shape[1] if cache is None else cache.keys_after(key.shape[1])
         if not _trusted:
             check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
+        recording = self._recording(cache)
         q, k, v = self._project_cached(query, key, value, cache)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
+        if recording:  # the weights' mask, as need_weights=True builds it
+            seen = self._causal(mask, T_q, T_k, window, True, query.device) if is_causal else mask
+            self._report_scores(lambda: self._scores(q, k, seen))
         if is_causal:
             mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
         p = self.dropout if self.training else 0.0
@@ -304,6 +368,15 @@ class MultiHeadAttention(nn.Module):
         if group == 1:
             return k, v
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def _scores(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The record of :meth:`record_scores`: ``q (B, h, T_q, d_k)`` and ``k (B, h_kv, T_k, d_k)`` ->
+        ``logits (B, h, T_q, T_k)``, every pair's ``q . k / sqrt(d_k)``, and the weights the
+        hand-written attention computes from them under ``mask``, before dropout."""
+        group = self.n_heads // self.n_kv_heads  # grouped-query attention: query head i reads key head i // group
+        k = k.repeat_interleave(group, dim=1) if group > 1 else k  # (B, h, T_k, d_k)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # as scaled_dot_product_attention scores
+        return logits, masked_softmax(logits, mask)
 
     def _attend_by_hand(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> tuple[Tensor, Tensor]:
         """The library's hand-written attention, which returns the weights ``(B, h, T_q, T_k)``."""

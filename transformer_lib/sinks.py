@@ -167,15 +167,28 @@ class SinkAttention(MultiHeadAttention):
             return super()._attend_by_hand(q, k, v, mask, p)
         k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, -math.inf)
-        weights = sink_softmax(scores, self.sinks.to(scores.dtype))  # (B, h, T_q, T_k)
+        weights = self._sink_weights(scores, mask)  # (B, h, T_q, T_k)
         if p > 0.0:
             weights = F.dropout(weights, p=p, training=True)
         out = weights @ v  # (B, h, T_q, d_k)
         if mask is not None:  # a query with no key: zeros, also where a masked value holds NaN
             out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return out, weights
+
+    def _sink_weights(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+        """``scores (B, h, T_q, T_k)``, masked keys set to ``-inf``, through :func:`sink_softmax`."""
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf)
+        return sink_softmax(scores, self.sinks.to(scores.dtype))
+
+    def _scores(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The record of :meth:`record_scores`: the parent's logits and, with sinks, the weights of
+        :meth:`_attend_by_hand` (a row sums to less than 1)."""
+        if self.sinks is None:
+            return super()._scores(q, k, mask)
+        k = self._shared_kv(k, k)[0]  # (B, h, T_k, d_k)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+        return logits, self._sink_weights(logits, mask)
 
     def _attend_fused(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, causal: bool = False

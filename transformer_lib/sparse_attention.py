@@ -354,17 +354,20 @@ class SparseAttention(MultiHeadAttention):
             self._check_inputs(query, key, value, is_causal, window, cache, _checked)
             T_k = query.shape[1] + (0 if cache is None else cache.length)
             check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], T_k)))
+        recording = self._recording(cache)
         q, k, v, visible, scores, at = self._select(query, mask, window, cache)
         p = self.dropout if self.training else 0.0
-        if gathered:
-            heads, weights = self._attend_gathered(q, k, v, visible, at, p, need_weights)
-        else:  # every score computed, the keys not selected masked
+        if recording or not gathered:  # the keys attended to, as a mask
             chosen = _chosen(at, k.shape[2])[:, None]  # (B, 1, T_q, T_k)
             attended = chosen if visible is None else visible & chosen  # (B, 1 or h, T_q, T_k)
-            if need_weights:
-                heads, weights = self._attend_by_hand(q, k, v, attended, p)  # (B, h, T, d_k), (B, h, T, T_k)
-            else:
-                heads, weights = self._attend_fused_masked(q, k, v, attended, p), None
+        if recording:  # the logits of every pair, the weights on the selected keys only
+            self._report_scores(lambda: self._scores(q, k, attended))
+        if gathered:
+            heads, weights = self._attend_gathered(q, k, v, visible, at, p, need_weights)
+        elif need_weights:  # every score computed, the keys not selected masked
+            heads, weights = self._attend_by_hand(q, k, v, attended, p)  # (B, h, T, d_k), (B, h, T, T_k)
+        else:
+            heads, weights = self._attend_fused_masked(q, k, v, attended, p), None
         out = self.out_proj(merge_heads(heads))  # (B, T, d_model)
         if self._learns():
             loss = self._imitation_loss(q, k, visible, scores)
