@@ -13,6 +13,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib import cli
 from transformer_lib import data as D
+from transformer_lib import recipe as recipe_module
 from transformer_lib.data import corpus as C
 
 TINY = (
@@ -144,20 +145,27 @@ def test_every_training_setting_has_one_flag_made_from_its_field():
         if f.name != "out_dir":
             assert f.name in flags and flags[f.name].default is None, f.name
             assert flags[f.name].help.startswith(f.metadata["help"]) and "default" in flags[f.name].help
-    model_fields = fields_of(tl.GPTConfig) | fields_of(tl.BlockRecipe)  # the shape and the block's choices
+    # the shape, then the recipe's choices by their flat names: each kind's options are its spec's fields
+    shape = fields_of(tl.GPTConfig) - {"vocab_size", "recipe"}
+    assert set(cli.MODEL_SETTINGS) == shape | set(recipe_module.FLAT_HELP)
     # chapters "Experts" and "Longer than trained": a spec's fields are flags too, named after its recipe field
     specs = {"experts": tl.ExpertsSpec, "rope_scaling": tl.RopeScaling}
     spec_flags = {
-        ("experts" if f.name == "n_experts" else "rope_scaling" if f.name == "kind" else prefix + f.name): f
+        (
+            "experts"
+            if f.name == "n_experts"
+            else "rope_scaling"
+            if f.name == "kind"
+            else f.metadata.get("flat") or prefix + f.name
+        ): f
         for key, cls in specs.items()
         for prefix in [{"experts": "experts_", "rope_scaling": "rope_"}[key]]
         for f in fields(cls)
     }
     for name in cli.MODEL_SETTINGS:
-        assert (name in model_fields or name in spec_flags) and flags[name].default is None, name
+        assert flags[name].default is None, name
     for name, f in spec_flags.items():  # its help is the spec's field's own
         assert flags[name].help.startswith(f.metadata["help"]), name
-    assert model_fields - {"vocab_size", "recipe", "activation", *specs} == set(cli.MODEL_SETTINGS) - set(spec_flags)
 
 
 def fields_of(cls):

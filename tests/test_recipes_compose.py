@@ -162,7 +162,12 @@ def test_lora_adapts_every_block_matrix_and_merges_exactly(choices):
     # Q, K, V fused and the output; latent: q (down, up), kv down, up, out; a recurrence: Q, K, V fused,
     # write strength, decay, output gate and output
     n_attention = [
-        2 if a in ("multi_head", "sparse") else 4 if a == "latent" and not r.attention.q_latent else 5 for a in _attentions(r)
+        2
+        if a in ("multi_head", "sparse")
+        else 4
+        if a == "separate" or (a == "latent" and not r.attention.q_latent)
+        else 5
+        for a in _attentions(r)
     ]
     assert len(names) == sum(n + _feed_forward_matrices(r.for_layer(i)) for i, n in enumerate(n_attention))
     x = ids()

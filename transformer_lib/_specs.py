@@ -6,7 +6,7 @@ A spec such as :class:`~transformer_lib.experts.ExpertsSpec` is one field of
 :class:`~transformer_lib.recipe.BlockRecipe`; on the command line it is one switch flag (the number
 of experts, the kind of scaling) and one flag per other field, named ``<prefix><field>``, with the
 help its field's metadata gives. :class:`FlatSpec` makes both directions from the dataclass, so no
-list of flags is written twice. This module imports nothing of the book.
+list of flags is written twice. This module imports only the book's checks.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from __future__ import annotations
 from dataclasses import MISSING, field, fields, replace
 from typing import ClassVar
 
+from ._checks import plain_number
+
 __all__ = ["FlatSpec", "Spec", "option", "spec_from_value"]
 
 
-def option(default, help_: str, *, flat: str | None = None):
+def option(default, help_: str, *, flat: str | None = None, choices: tuple | None = None):
     """A spec's field with the help its command-line flag shows; ``flat`` is the flag's name when it
-    is not the field's own (latent attention's ``kv`` is ``--kv-latent``)."""
-    return field(default=default, metadata={"help": help_, "flat": flat})
+    is not the field's own (a recurrence's ``kind`` is ``--attention``), ``choices`` the values it takes."""
+    return field(default=default, metadata={"help": help_, "flat": flat, "choices": choices})
 
 
 def flat_name(f) -> str:
@@ -39,6 +41,12 @@ class Spec:
     """
 
     kind: ClassVar[str]
+
+    def __post_init__(self):
+        """NumPy's numbers kept as Python's, as a checkpoint loads them; a subclass that checks its
+        options calls this first."""
+        for f in fields(self):
+            object.__setattr__(self, f.name, plain_number(getattr(self, f.name)))
 
     def to_dict(self) -> dict:
         """The kind and the options as a plain dict; a nested spec as its own dict."""

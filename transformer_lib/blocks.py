@@ -83,10 +83,15 @@ class MLPSpec(Spec):
     ``activation``, Linear, ``d_ff`` wide (None: ``4 d_model``)."""
 
     kind = "mlp"
-    activation: str = option("gelu", "the mlp network's activation: gelu, or gelu_tanh (GPT-2's approximation)")
+    activation: str = option(
+        "gelu",
+        "the mlp network's activation: gelu, or gelu_tanh (GPT-2's approximation)",
+        choices=("gelu", "gelu_tanh"),
+    )
     d_ff: int | None = option(None, "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be one of ['gelu', 'gelu_tanh'], got {self.activation!r}")
         if self.d_ff is not None:

@@ -11,6 +11,7 @@ loaded back are :mod:`transformer_lib.run`'s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -320,3 +321,12 @@ def restore_rng(rng: dict, get_batch) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
     if rng["batches"] is not None and hasattr(get_batch, "load_state_dict"):
         get_batch.load_state_dict(rng["batches"])
+
+
+def config_dict(model) -> dict | None:
+    """The model's config as a checkpoint stores it: its own ``to_dict`` (a recipe's specs name their
+    kinds), or the dataclass's fields; None for a model without one."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)

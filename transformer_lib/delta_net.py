@@ -487,6 +487,7 @@ class RecurrenceSpec(Spec):
     kind: str = option("gated_delta", "the recurrence: linear, delta or gated_delta", flat="attention")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.kind not in _RULES:
             raise ValueError(f"a recurrence's kind must be one of {list(_RULES)}, got {self.kind!r}")
 

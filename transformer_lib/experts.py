@@ -93,6 +93,7 @@ class ExpertsSpec(Spec):
     kind = "experts"  # its name among the recipe's feed-forward networks
 
     def __post_init__(self):
+        super().__post_init__()
         check_int(self.n_experts, "n_experts")
         check_int(self.top_k, "top_k")
         if self.top_k > self.n_experts:

@@ -484,6 +484,7 @@ class LatentSpec(Spec):
     rope_dim: int | None = option(None, "latent attention: the rotated width of each head (default: d_k / 2)")
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("kv_latent", "q_latent", "rope_dim"):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name)

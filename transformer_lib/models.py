@@ -106,7 +106,9 @@ class GPTConfig:
         ``config.kv_latent``): the names before chapter "Today's block"'s recipe, and before its specs."""
         recipe = self.__dict__.get("recipe")
         if recipe is not None and name in RECIPE_FIELDS:
-            return recipe.flat()[name]
+            # a pattern no flag can say has no full_every: reading it is refused by name; the rest
+            # are the recipe's own parts
+            return recipe.flat(strict=name == "full_every")[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict:

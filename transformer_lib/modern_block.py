@@ -126,6 +126,7 @@ class SwiGLUSpec(Spec):
     d_ff: int | None = option(None, "the feed-forward width (default: 4 d_model, or 2/3 of it for swiglu)")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.d_ff is not None:
             check_int(self.d_ff, "d_ff")
 
@@ -145,6 +146,7 @@ class RotarySpec(Spec):
     scaling: object = None  # a RopeScaling (its own flags: transformer_lib.rope_scaling)
 
     def __post_init__(self):
+        super().__post_init__()
         check_base(self.base, "rotary_base")
 
 

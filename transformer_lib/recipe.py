@@ -184,13 +184,14 @@ class BlockRecipe:
         out["layers"] = [r.to_dict() for r in self.layers]
         return out
 
-    def flat(self) -> dict:
+    def flat(self, strict: bool = True) -> dict:
         """The choices by their flat names, as the command line and the checkpoints written before
         the specs name them (``attention="latent"``, ``kv_latent=32``, ``full_every=4``, ...): the
         kinds by name, every option of every kind (a kind not chosen at its defaults), the experts
         and the rotary rescaling as their specs (or None). A pattern other than a hybrid's
-        ``full_every`` has no flat form and is refused by name."""
-        return _to_flat(self)
+        ``full_every`` has no flat form and is refused by name; with ``strict=False`` it is left out
+        (``full_every`` 0): the choices of the recipe's own parts."""
+        return _to_flat(self, strict)
 
     def changes(self) -> dict:
         """The flat choices that differ from GPT-2's block, as keyword arguments of :func:`as_recipe`."""
@@ -295,14 +296,18 @@ for _name, (_default, _help) in _SELECTORS.items():
                 if _option_name not in FLAT_HELP:
                     FLAT_HELP[_option_name] = _field.metadata["help"]
                     FLAT_TYPES[_option_name], FLAT_DEFAULTS[_option_name] = _field.type, _field.default
+# the names each kind flag accepts: the tables' own keys, so a kind added to a table is a choice at once
+FLAT_CHOICES = {"norm": NORMS, "ffn": ("mlp", "swiglu"), "positions": POSITIONS.keys(), "attention": ATTENTIONS.keys()}
+for _role in ("ffn", "positions", "attention"):  # an option's own choices, where its field names them
+    for _option_name, (_field, _) in _OPTIONS[_role].items():
+        if _field.metadata.get("choices"):
+            FLAT_CHOICES[_option_name] = _field.metadata["choices"]
 _KINDS_FLAT = tuple(FLAT_HELP)  # the kinds' names and options, the experts' and the rescaling's aside
 for _spec in _SPECIAL:
     for _name in _spec.names:
         if _name not in FLAT_HELP:
             FLAT_HELP[_name], FLAT_TYPES[_name] = _spec.help[_name], _spec.types[_name]
             FLAT_DEFAULTS[_name] = _spec.defaults.get(_spec.names[_name]) if _name != _spec.key else _spec.off
-# the names each kind flag accepts: the tables' own keys, so a kind added to a table is a choice at once
-FLAT_CHOICES = {"norm": NORMS, "ffn": ("mlp", "swiglu"), "positions": POSITIONS.keys(), "attention": ATTENTIONS.keys()}
 #: the flat names a recipe's dict may hold: the flags', and the experts' and rescaling's specs themselves
 _FLAT_NAMES = set(FLAT_HELP)
 
@@ -381,25 +386,34 @@ def recipe_from_flat(flat: dict) -> BlockRecipe:
     return BlockRecipe(**block, ffn=ffn, positions=positions, attention=attention, layers=layers)
 
 
-def _to_flat(recipe: BlockRecipe) -> dict:
+def _is_hybrid(recipe: BlockRecipe) -> bool:
+    """Whether the recipe's pattern is a hybrid's ``full_every``: a recurrence, and plain multi-head
+    attention in the last layer of every group of ``full_every``."""
+    if len(recipe.layers) != 1:
+        return False
+    rule = recipe.layers[0]
+    s = _slice(rule.layers)
+    return (
+        rule.ffn is None
+        and isinstance(rule.attention, MultiHeadSpec)
+        and not (rule.attention.sinks or rule.attention.keep_first)
+        and s.stop is None
+        and s.step is not None
+        and s.start == s.step - 1
+        and recipe.attention.kind in RECURRENT
+    )
+
+
+def _to_flat(recipe: BlockRecipe, strict: bool = True) -> dict:
     """:meth:`BlockRecipe.flat`."""
     flat = {name: FLAT_DEFAULTS[name] for name in _KINDS_FLAT}
     flat.update({name: getattr(recipe, name) for name in ("norm", "norm_eps", "bias", "tie_embeddings")})
     flat["experts"], flat["rope_scaling"] = None, None
     full_every = 0
-    if recipe.layers:
+    if recipe.layers and (strict or _is_hybrid(recipe)):
         rule = recipe.layers[0]
         s = _slice(rule.layers)
-        is_hybrid = (
-            len(recipe.layers) == 1
-            and rule.ffn is None
-            and isinstance(rule.attention, MultiHeadSpec)
-            and not (rule.attention.sinks or rule.attention.keep_first)
-            and s.stop is None
-            and s.step is not None
-            and s.start == s.step - 1
-            and recipe.attention.kind in RECURRENT
-        )
+        is_hybrid = _is_hybrid(recipe)
         if not is_hybrid:
             raise ValueError(
                 f"the layer pattern {[r.layers for r in recipe.layers]} has no flat form (only a hybrid's "

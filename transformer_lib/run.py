@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +44,7 @@ from .checkpoint import (
     build_model,
     check_recorded,
     checkpoint_file,
+    config_dict,
     own_folder,
     prepare_folder,
     read_checkpoint,
@@ -319,7 +320,7 @@ class TrainingFile:
         config, and ``rest`` (train_config, rng, tokenizer, history, meta, changes) as given (chapter 9)."""
         state = {key: parts[key].state_dict() for key in TrainingFile.PARTS}
         state |= {"model_class": type(model).__name__, "step": step, "eval_pending": eval_pending}
-        return state | {"model_config": asdict(model.config) if hasattr(model, "config") else None, **rest}
+        return state | {"model_config": config_dict(model), **rest}
 
     def resumed(self, mark) -> None:
         """The run resumed the state ``mark`` (step, eval_pending): the one on disk, if there is one."""

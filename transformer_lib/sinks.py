@@ -219,6 +219,7 @@ class MultiHeadSpec(Spec):
     keep_first: int = option(0, "with --window, every token also sees the first this many tokens")
 
     def __post_init__(self):
+        super().__post_init__()
         check_bool(self.qk_norm, "qk_norm")
         check_bool(self.sinks, "sinks")
         check_int(self.keep_first, "keep_first", minimum=0)

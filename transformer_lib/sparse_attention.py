@@ -480,6 +480,7 @@ class SparseSpec(Spec):
     qk_norm: bool = option(False, "RMSNorm on each head's queries and keys before the scores")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.sparse_k is None:
             raise ValueError("attention='sparse' needs sparse_k, the number of keys each query reads")
         check_int(self.sparse_k, "sparse_k")

@@ -23,6 +23,7 @@ from ..experts import SCORES
 from ..models import GPT, GPTConfig
 from ..recipe import FLAT_CHOICES as RECIPE_CHOICES
 from ..recipe import FLAT_TYPES as RECIPE_TYPES
+from ..recipe import RECIPES
 from ..rope_scaling import ROPE_KINDS
 from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
 from ..run import flag as _flag
@@ -158,6 +159,12 @@ def add_setting_flags(
         model_types = {f.name: f.type for f in fields(GPTConfig)}
         model_types.update(RECIPE_TYPES)  # the recipe's choices, from its specs' fields
         base = GPTConfig(vocab_size=1).settings()
+        group.add_argument(
+            "--recipe",
+            choices=sorted(RECIPES),
+            default=None,
+            help="start from a named block recipe (its choices replace the preset's; the flags below change them)",
+        )
         for name, help_ in MODEL_SETTINGS.items():
             values = {k: changes.get(name, base[name]) for k, (changes, _) in PRESETS.items()}
             shown = None if None in values.values() else _preset_defaults(values)
@@ -200,6 +207,9 @@ def model_settings(args, ckpt: dict | None, file: Path) -> tuple[str, dict, Trai
     defaults = GPTConfig(vocab_size=1).settings()
     shape = {name: shape_changes.get(name, defaults[name]) for name in MODEL_SETTINGS}
     given_shape = {k: getattr(args, k) for k in MODEL_SETTINGS if getattr(args, k) is not None}
+    if getattr(args, "recipe", None) is not None:  # a named recipe's choices, then the flags that change them
+        named = GPTConfig(vocab_size=1, recipe=args.recipe).settings()
+        given_shape = {**{k: named[k] for k in RECIPE_TYPES}, **given_shape}
     if ckpt is not None:
         recorded = GPTConfig(**ckpt["model_config"]).settings()  # any version's: flat or with its recipe
         shape = {k: recorded[k] for k in MODEL_SETTINGS}

@@ -1,4 +1,4 @@
-"""Chapter "A GPT from scratch"'s GPT ("A GPT from scratch") trained in full, over seeds, and the model the chapter
+"""The GPT of chapter "A GPT from scratch" trained in full, over seeds, and the model the chapter
 reads: the notebook trains the first steps live, to show the loss falling, and takes the rest
 from the record, ``transformer_lib/data/ch09/gpt_runs.json`` (``recorded("gpt")``), and the
 trained weights from the checkpoint shipped beside it, ``gpt.pt`` (:func:`recorded_model`).
@@ -142,7 +142,7 @@ def write_checkpoint(model: tl.GPT, path: str | Path = CHECKPOINT) -> Path:
     tokenizer = corpus()[0]
     state = {
         "model_class": "GPT",
-        "model_config": asdict(model.config),
+        "model_config": model.config.to_dict() if hasattr(model.config, "to_dict") else asdict(model.config),
         "model": model.state_dict(),
         "tokenizer": tokenizer.to_dict(),
         "step": TRAIN["max_iters"],
