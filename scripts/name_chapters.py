@@ -27,9 +27,11 @@ this script keeps (``NUMBERED``). Usage::
     python scripts/name_chapters.py FILE ...          # rewrite the files in place
     python scripts/name_chapters.py --check FILE ...  # list what would change, exit 1 if anything
 
-A Python file that would no longer parse is left as it was and reported. The result is meant to be
-read afterwards: a sentence such as "chapter 14's block" becomes 'chapter "Today's block"'s block',
-which is correct and may deserve a better turn of phrase by hand.
+A Python file that would no longer parse is left as it was and reported. Text that documents the
+old names on purpose (``transformer_lib/chapters.py``, the aliases' docstrings, this script) is
+not for it. The result is meant to be read afterwards: a sentence such as "chapter 14's block"
+becomes 'chapter "Today's block"'s block', which is correct and may deserve a better turn of
+phrase by hand.
 """
 
 from __future__ import annotations
@@ -71,10 +73,12 @@ LINE_WIDTH = 120
 _NUMBER = r"\d{1,2}(?![\d_]|\.\d)"  # 14, not 04_masking nor 4.2
 _LIST = rf"{_NUMBER}(?:\s*(?:,|and|,\s*and|-|–|to)\s*{_NUMBER})*"
 _PROSE = re.compile(rf"\b([Cc]hapters(?=\s+{_NUMBER}\s*(?:,|and|-|–|to)\s*\d)|[Cc]hapters?)(\s+)({_LIST})('s)?")
+# a title said twice once the number is gone: 'chapter "Masking" ("Masking")', 'chapter "Masking", "Masking"'
+_TWICE = re.compile(r'(\b[Cc]hapter (\\?)"([^"\\]+)\2")(?: \(\2"\3\2"\)|, \2"\3\2")')
 _NAMED_EXERCISE = re.compile(r'(\b[Cc]hapter (\\?)"[^"\\]+\2", [Ee]xercise )(\d{1,2})\.(\d{1,2})\b')
 _EXERCISE = re.compile(r"\b([Ee]xercise )(\d{1,2})\.(\d{1,2})\b(?!\.\d)")
 _OLD = "|".join(sorted(OLD_NAMES, reverse=True))
-_MODULE = re.compile(rf"\b(experiments|exercises)([./])({_OLD})\b(?=[_a-z0-9]*)")
+_MODULE = re.compile(rf"\b(experiments|exercises)([./])({_OLD})(?![0-9])")
 _RELATIVE = re.compile(rf"(from \.)({_OLD})(?=[_a-z0-9]*\s+import)")
 _TEST_MODULE = re.compile(rf"\b(test_exercises_|test_experiments_)({_OLD})\b")
 _QUOTED = re.compile(rf"(?<!/ )(?<!data/)([\"'])({_OLD})\1")
@@ -122,6 +126,7 @@ def convert(text: str, quote: str = "") -> str:
     """``text`` with its chapters named by name (see the module's docstring). ``quote`` is the
     delimiter of the one-line Python string that ``text`` is the inside of, if it is one."""
     text = _PROSE.sub(lambda m: _prose(m, quote), text)
+    text = _TWICE.sub(r"\1", text)
     text = _NAMED_EXERCISE.sub(lambda m: f"{m[1]}{m[4]}", text)
     text = _EXERCISE.sub(lambda m: f"{m[1]}{m[3]} of chapter {title(int(m[2]), quote)}", text)
     text = _MODULE.sub(lambda m: f"{m[1]}{m[2]}{OLD_NAMES[m[3]]}", text)

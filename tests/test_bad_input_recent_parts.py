@@ -530,7 +530,7 @@ def out_run(content, *flags):
 def refused(got):
     status, err, after, calls = got
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    assert "mine.json holds something other than a record of ch12" in err and "--force" in err
+    assert "mine.json holds something other than a record of what_attention_learns" in err and "--force" in err
     assert calls == []  # before any training
 
 
@@ -560,7 +560,7 @@ EXPERIMENT_ROWS = [
     ("--out: a JSON list", out_run("[1, 2]"), refused),
     ("--out: --force replaces a user's file", out_run(json.dumps(USERS["settings only"]), "--force"), written),
     (
-        "--out: a record of ch12 is merged into",
+        "--out: a record of what_attention_learns is merged into",
         out_run(json.dumps({"versions": STAMP, "repeats": {"runs": []}})),
         merged,
     ),

@@ -281,6 +281,11 @@ def test_every_list_a_chapter_joins_agrees_with_the_one_list():
         assert not missing, f"modules with no API page: {missing}"
     for _, _, named, _ in api_pages.PAGES:
         assert named in api_pages.SPECIAL or set(named.split()) - {"to"} <= set(slugs), named
+    # the course's points: by slug, in the book's order, and the labels the notebooks use follow it
+    from transformer_lib.student.nbgrader import CHAPTER_POINTS, POINTS
+
+    assert list(CHAPTER_POINTS) == [s for s in slugs if s in CHAPTER_POINTS], "CHAPTER_POINTS by slug, in order"
+    assert sum(map(len, CHAPTER_POINTS.values())) == len(POINTS)
     # the README's table of chapters: the titles in the book's order
     readme = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| \d+ \| ([^|]+) \|", readme, flags=re.M)

@@ -1,4 +1,4 @@
-"""Attention functions: chapter "Queries, keys and values" ("Queries, keys and values") and chapter "Why divide by
+"""Attention functions: chapter "Queries, keys and values" and chapter "Why divide by
 sqrt(d_k)" ("Why divide by sqrt(d_k)": the softmax's entropy, Jacobian and temperature).
 
 Shapes follow the book's notation: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key

@@ -1,4 +1,4 @@
-"""Byte-level byte-pair encoding (chapter "Tokens", "Tokens").
+"""Byte-level byte-pair encoding (chapter "Tokens").
 
 Text becomes UTF-8 bytes, ids ``0 .. 255``; training merges the most frequent adjacent pair of ids
 into a new id, ``256, 257, ...``, one merge at a time. Before counting, the text is split into

@@ -1,4 +1,4 @@
-"""Measuring a model (chapter "Measuring a model", "Measuring a model"): one quantity in three units, multiple
+"""Measuring a model (chapter "Measuring a model"): one quantity in three units, multiple
 choice scored by log-likelihood as the standard harness scores it, pass@k, an interval on every
 score, a judge's position bias, and the report card that puts them together.
 

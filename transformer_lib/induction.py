@@ -1,4 +1,4 @@
-"""Induction heads (chapter "What attention learns", "What attention learns"): a small attention-only transformer,
+"""Induction heads (chapter "What attention learns"): a small attention-only transformer,
 its heads' OV circuits, and the training run on repeated sequences whose history shows the
 phase change in which induction heads form; and the chapter's other probes: the loss at each
 position of the context, and the subject-verb agreement sentences of chapter "A GPT from scratch"'s grammar.

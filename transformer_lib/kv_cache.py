@@ -1,4 +1,4 @@
-"""The key-value cache of incremental decoding (chapter "Generation", "Generation").
+"""The key-value cache of incremental decoding (chapter "Generation").
 
 Generating token by token, a causal model would recompute the keys and values of every earlier
 token at every step. A :class:`KVCache` keeps one attention layer's; a :class:`LayerCache` holds a

@@ -1,4 +1,4 @@
-"""Low-rank adapters, LoRA (chapter "Fine-tuning", "Fine-tuning"; Hu et al., 2021).
+"""Low-rank adapters, LoRA (chapter "Fine-tuning"; Hu et al., 2021).
 
 A weight matrix ``W (out, in)`` that stays frozen is used as ``W + (alpha / r) B A`` with two
 small trainable matrices ``A (r, in)`` and ``B (out, r)``. ``A`` starts random and ``B`` at zero,

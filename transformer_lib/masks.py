@@ -1,4 +1,4 @@
-"""Boolean attention masks, ``True`` = may attend (chapter "Masking", "Masking").
+"""Boolean attention masks, ``True`` = may attend (chapter "Masking").
 
 Shapes: a causal mask is ``(T_q, T_k)``, a padding mask ``(B, T)``, and the combined mask that
 attention layers take is ``(B, 1, T_q, T_k)`` (the ``1`` broadcasts over heads).
@@ -112,7 +112,7 @@ def combine_masks(key_padding_mask: Tensor | None = None, causal: bool = False, 
     return mask.contiguous()
 
 
-# --- Added in chapter "Masking" ("Masking"): conversions to other conventions and the three masks of a
+# --- Added in chapter "Masking": conversions to other conventions and the three masks of a
 # --- sequence-to-sequence model.
 
 

@@ -1,4 +1,4 @@
-"""Preferences and rewards (chapter "Preferences and rewards", "Preferences and rewards"): tuning a model from pairs of
+"""Preferences and rewards (chapter "Preferences and rewards"): tuning a model from pairs of
 answers one of which is preferred (DPO), and from rewards on groups of its own sampled answers
 (GRPO), computing the quantities that TRL's ``DPOTrainer`` and ``GRPOTrainer`` compute.
 

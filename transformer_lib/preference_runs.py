@@ -1,4 +1,4 @@
-"""Preference and reward tuning as training runs (chapter "Preferences and rewards", "Preferences and rewards"): batches
+"""Preference and reward tuning as training runs (chapter "Preferences and rewards"): batches
 that :func:`~transformer_lib.train.train` steps on unchanged, because they score the model
 themselves (their ``loss(model, batch)``, :func:`~transformer_lib.train.batch_loss`).
 

@@ -1,4 +1,4 @@
-"""Weight quantisation, measured (chapter "Measuring a model", "Measuring a model").
+"""Weight quantisation, measured (chapter "Measuring a model").
 
 A weight matrix ``W (out, in)`` is stored as small integer codes and a few float32 scales, and
 used as its dequantised value, each code's value times its scale. Two schemes, each equal bit

@@ -1,4 +1,4 @@
-"""Sampling from a language model (chapter "A GPT from scratch", "A GPT from scratch"): temperature, top-k and
+"""Sampling from a language model (chapter "A GPT from scratch"): temperature, top-k and
 generating text from a prompt; nucleus (top-p) sampling is added in chapter "Generation"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the choice of tokens changes for a model (chapter "Tokens", "Tokens"): a loss in bits per byte,
+"""What the choice of tokens changes for a model (chapter "Tokens"): a loss in bits per byte,
 which does not depend on the vocabulary, and the small training run the chapter and its recorded
 sweep compare a character model and a BPE model with.
 
@@ -136,7 +136,7 @@ def token_run(
 
     AdamW at a constant ``lr`` with no weight decay; batches of random windows from a generator
     seeded with ``seed``. ``model_options`` are further :class:`~transformer_lib.models.GPTConfig`
-    settings (chapter "Today's block"'s block: ``norm``, ``ffn``, ``positions``, ``qk_norm``, ``bias``). Returns
+    settings (the block of chapter "Today's block": ``norm``, ``ffn``, ``positions``, ``qk_norm``, ``bias``). Returns
     the validation loss of :func:`bits_per_byte`, the training loss of every step (``losses``), the
     training time, the model (trained, in eval mode) and its token embeddings before training.
     """

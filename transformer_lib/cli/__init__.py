@@ -1,4 +1,4 @@
-"""The command line (chapter "A GPT from scratch", "A GPT from scratch"): train a GPT on characters or (chapter
+"""The command line (chapter "A GPT from scratch"): train a GPT on characters or (chapter
 "Tokens") on byte-level BPE tokens, sample from it, (chapter "Fine-tuning") fine-tune it on prompt/response pairs, and
 export it in Hugging Face's format.
 

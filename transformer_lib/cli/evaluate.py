@@ -1,4 +1,4 @@
-"""The ``evaluate`` command (chapter "Measuring a model", "Measuring a model"): ``python -m transformer_lib evaluate
+"""The ``evaluate`` command (chapter "Measuring a model"): ``python -m transformer_lib evaluate
 --ckpt RUN`` prints a run's report card (:func:`~transformer_lib.evaluate.report_card`), a Markdown
 table of the loss on held-out text in three units, multiple choice, and for a fine-tuned model
 exact match and pass@k, each with its 95 % interval; ``--compare RUN2`` adds a second run scored on

@@ -1,4 +1,4 @@
-"""The ``train`` command (chapter "A GPT from scratch", "A GPT from scratch"; chapter "Tokens"'s BPE tokens):
+"""The ``train`` command (chapter "A GPT from scratch"; chapter "Tokens"'s BPE tokens):
 ``python -m transformer_lib train [flags]`` trains a GPT on characters or on byte-level BPE
 tokens and saves checkpoints; under ``torchrun`` it joins the process group and each rank trains
 on its own share of every batch. Its flags and settings are in :mod:`transformer_lib.cli.settings`.

@@ -1,4 +1,4 @@
-"""The language model's text (chapter "A GPT from scratch", "A GPT from scratch"): Tiny Shakespeare, shipped with the
+"""The language model's text (chapter "A GPT from scratch"): Tiny Shakespeare, shipped with the
 package (public domain, 1,115,394 characters) and verified by its SHA-256. A user's own file or
 ``TINY_SHAKESPEARE`` comes first; without the shipped copy (a trimmed install), a verified copy in
 a cache folder, one download, and, with a warning, text that every Python installation has: the

@@ -1,4 +1,4 @@
-"""The small English-like language of chapter "A GPT from scratch" ("A GPT from scratch"), generated from a grammar.
+"""The small English-like language of chapter "A GPT from scratch", generated from a grammar.
 
 A grammar is a tree: a ``str`` is itself, a ``list`` is its parts one after another, and a
 :class:`Choice` is one of its options, drawn with the given probabilities. Because the tree is

@@ -1,4 +1,4 @@
-"""Prompt/response data for instruction-style fine-tuning (chapter "Fine-tuning", "Fine-tuning").
+"""Prompt/response data for instruction-style fine-tuning (chapter "Fine-tuning").
 
 A pair is a prompt and the response a model should write after it. Each is laid out for a
 decoder-only model as ``prompt, PROMPT_END, response, <|endoftext|>`` and trained on with the

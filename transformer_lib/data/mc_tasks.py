@@ -1,4 +1,4 @@
-"""Multiple-choice tasks from the shipped text (chapter "Measuring a model", "Measuring a model"), and the files
+"""Multiple-choice tasks from the shipped text (chapter "Measuring a model"), and the files
 that let ``lm-eval`` score the very same items.
 
 Both tasks read the held-out part of Tiny Shakespeare (by default its last 10 %, which the

@@ -1,4 +1,4 @@
-"""Labelled tasks from the shipped text (chapter "Fine-tuning", "Fine-tuning"): Tiny Shakespeare is a
+"""Labelled tasks from the shipped text (chapter "Fine-tuning"): Tiny Shakespeare is a
 sequence of speeches, each under its speaker's name, so every speech carries a label.
 
 :func:`split_speeches` splits a text into :class:`Speech` records; :func:`speaker_task` picks the

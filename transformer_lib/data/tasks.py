@@ -1,4 +1,4 @@
-"""Sequence-to-sequence tasks (chapter "Encoder-decoder and cross-attention", "Encoder-decoder and cross-attention"):
+"""Sequence-to-sequence tasks (chapter "Encoder-decoder and cross-attention"):
 copy, reverse and sort random sequences, and translate dates written in many human formats to ISO.
 
 Ids ``pad = 0``, ``bos = 1``, ``eos = 2`` (the defaults of

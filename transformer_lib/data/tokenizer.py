@@ -1,5 +1,5 @@
 """A character tokenizer and padding (chapter "Encoder-decoder and cross-attention", "Encoder-decoder and
-cross-attention"), and tokenizer files for either kind, character or byte-level BPE (chapter "Tokens", "Tokens")."""
+cross-attention"), and tokenizer files for either kind, character or byte-level BPE (chapter "Tokens")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A task whose answers a program checks (chapter "Preferences and rewards", "Preferences and rewards"): chapter
+"""A task whose answers a program checks (chapter "Preferences and rewards"): chapter
 "Fine-tuning"'s dates, written in a human format, to be rewritten in ISO form ``yyyy-mm-dd``.
 
 A reward is a function ``reward(answer, target) -> float`` in ``[0, 1]`` (:data:`REWARDS`):

@@ -1,4 +1,4 @@
-"""Checks for chapter "Attention as a recurrence" ("Attention as a recurrence"): causal linear attention in its plain
+"""Checks for chapter "Attention as a recurrence": causal linear attention in its plain
 form, and one write of the delta rule.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

@@ -1,4 +1,4 @@
-"""Checks for chapter "Encoder-decoder and cross-attention" ("Encoder-decoder and cross-attention"): the teacher-forcing
+"""Checks for chapter "Encoder-decoder and cross-attention": the teacher-forcing
 shift and a greedy decoding loop written by the student.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

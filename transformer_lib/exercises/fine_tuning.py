@@ -1,4 +1,4 @@
-"""Checks for chapter "Fine-tuning" ("Fine-tuning"): the LoRA weight, the loss mask of a prompt/response
+"""Checks for chapter "Fine-tuning": the LoRA weight, the loss mask of a prompt/response
 row and the number of parameters LoRA trains.
 
 ``reference_lora_weight``, ``reference_response_mask`` and ``reference_lora_parameter_count``

@@ -1,4 +1,4 @@
-"""Checks for chapter "Generation" ("Generation"): one step of attention with a key-value cache.
+"""Checks for chapter "Generation": one step of attention with a key-value cache.
 
 - :func:`check_cached_attention` for ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_all, v_all)``
   (exercise ex-10-1);

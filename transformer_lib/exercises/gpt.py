@@ -1,4 +1,4 @@
-"""Checks for chapter "A GPT from scratch" ("A GPT from scratch"): the inputs and targets of a language model, and
+"""Checks for chapter "A GPT from scratch": the inputs and targets of a language model, and
 top-k filtering of the next-token logits.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

@@ -1,4 +1,4 @@
-"""Checks for chapter "Latent, sparse and sink attention" ("Latent, sparse and sink attention"): the softmax with a
+"""Checks for chapter "Latent, sparse and sink attention": the softmax with a
 sink, and the key up-projection folded into the query.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

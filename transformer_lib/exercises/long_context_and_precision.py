@@ -1,4 +1,4 @@
-"""Checks for chapter "Long context and precision" ("Long context and precision"): the online-softmax merge of two
+"""Checks for chapter "Long context and precision": the online-softmax merge of two
 blocks of keys.
 
 - :func:`check_softmax_merge` for ``fn(m1, l1, o1, m2, l2, o2) -> (m, l, o)`` (exercise ex-11-1).

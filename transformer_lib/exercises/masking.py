@@ -1,4 +1,4 @@
-"""Checks for chapter "Masking" ("Masking"): a causal mask and a masked softmax written by the student.
+"""Checks for chapter "Masking": a causal mask and a masked softmax written by the student.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.
 """

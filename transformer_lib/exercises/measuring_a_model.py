@@ -1,4 +1,4 @@
-"""Checks for chapter "Measuring a model" ("Measuring a model"): the unbiased estimator of pass@k, and a weight
+"""Checks for chapter "Measuring a model": the unbiased estimator of pass@k, and a weight
 quantised to 8 bits per output channel as PyTorch quantises it.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

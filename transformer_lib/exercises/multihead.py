@@ -1,4 +1,4 @@
-"""Checks for chapter "Multi-head attention", "Multi-head attention".
+"""Checks for chapter "Multi-head attention".
 
 - :func:`check_mha_param_count` for ``fn(d_model, n_heads, bias=True) -> int`` (exercise ex-05-1);
 - :func:`check_split_heads` for ``fn(x (B, T, d_model), n_heads) -> (B, h, T, d_k)`` and

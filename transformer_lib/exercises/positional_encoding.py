@@ -1,4 +1,4 @@
-"""Checks for chapter "Positional encoding" ("Positional encoding").
+"""Checks for chapter "Positional encoding".
 
 Two coding exercises:
 

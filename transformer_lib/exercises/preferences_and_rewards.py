@@ -1,4 +1,4 @@
-"""Checks for chapter "Preferences and rewards" ("Preferences and rewards"): DPO's loss from four log-probabilities, and
+"""Checks for chapter "Preferences and rewards": DPO's loss from four log-probabilities, and
 GRPO's advantages, centred and scaled within each prompt's group.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

@@ -1,4 +1,4 @@
-"""Checks for chapter "Queries, keys and values" ("Queries, keys and values"): a soft lookup and attention by hand.
+"""Checks for chapter "Queries, keys and values": a soft lookup and attention by hand.
 
 Two coding exercises:
 

@@ -1,4 +1,4 @@
-"""Checks for chapter "Why divide by sqrt(d_k)", "Why divide by sqrt(d_k)".
+"""Checks for chapter "Why divide by sqrt(d_k)".
 
 - :func:`check_scaled_scores`: the student's ``scaled_scores(q, k)`` returns ``q k^T / sqrt(d_k)``.
 - :func:`check_softmax_jacobian`: the student's ``softmax_jacobian(p)`` returns ``diag(p) - p p^T``.

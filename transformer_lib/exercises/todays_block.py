@@ -1,4 +1,4 @@
-"""Checks for chapter "Today's block" ("Today's block"): RMSNorm and the gated (SwiGLU) feed-forward network.
+"""Checks for chapter "Today's block": RMSNorm and the gated (SwiGLU) feed-forward network.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.
 """

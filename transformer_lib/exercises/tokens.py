@@ -1,4 +1,4 @@
-"""Checks for chapter "Tokens" ("Tokens"): one BPE merge, encoding a chunk by merge rank, and bits per
+"""Checks for chapter "Tokens": one BPE merge, encoding a chunk by merge rank, and bits per
 byte.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

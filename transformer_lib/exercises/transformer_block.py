@@ -1,4 +1,4 @@
-"""Checks for chapter "The transformer block" ("The transformer block"): the feed-forward network's parameter count and
+"""Checks for chapter "The transformer block": the feed-forward network's parameter count and
 the two ways of wrapping a sublayer in a residual connection and LayerNorm (pre-LN and post-LN).
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

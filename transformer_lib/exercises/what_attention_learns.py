@@ -1,4 +1,4 @@
-"""Checks for chapter "What attention learns" ("What attention learns"): the previous-token score and the
+"""Checks for chapter "What attention learns": the previous-token score and the
 prefix-matching (induction) score of attention patterns.
 
 Each check prints one verdict line and returns a :class:`~transformer_lib.exercises.CheckResult`.

@@ -1,4 +1,4 @@
-"""Checks for chapter "Why attention?" ("Why attention?"): how many convolution layers connect two positions.
+"""Checks for chapter "Why attention?": how many convolution layers connect two positions.
 
 The chapter's coding exercise asks for ``layers_to_connect(n, k, dilated=False)``: the smallest
 number of stacked causal 1-D convolutions with kernel width ``k`` after which the last of ``n``

@@ -1,4 +1,4 @@
-r"""Chapter "Attention as a recurrence"'s experiments over seeds: what a state of fixed size forgets (associative
+r"""The experiments over seeds of chapter "Attention as a recurrence": what a state of fixed size forgets (associative
 recall), and hybrids of recurrent and softmax layers on Tiny Shakespeare. The chapter reads the record,
 ``transformer_lib/data/ch19/recurrence.json`` (``recorded("attention_as_recurrence")``).
 

@@ -1,5 +1,5 @@
-"""Chapter "Encoder-decoder and cross-attention"'s experiments over seeds: the encoder-decoders the chapter trains three
-times. The chapter reads the record, ``transformer_lib/data/ch08/encoder_decoder.json``
+"""The experiments over seeds of chapter "Encoder-decoder and cross-attention": the encoder-decoders the chapter trains
+three times. The chapter reads the record, ``transformer_lib/data/ch08/encoder_decoder.json``
 (``recorded("encoder_decoder")``), and the trained dates model of seed 0, ``transformer_lib/data/ch08/dates_seed0.pt``;
 it trains seed 0 of the two small models again, and the first 50 steps of the dates model's seed 0.
 

@@ -1,4 +1,4 @@
-"""Chapter "Experts"'s experiment over seeds: does a mixture of experts beat a dense model of equal
+"""The experiment over seeds of chapter "Experts": does a mixture of experts beat a dense model of equal
 *active* parameters (the same computation per token) and one of equal *total* parameters (the
 same memory), and what happens to the experts' loads without a balancing term, with the Switch
 loss and with DeepSeek-V3's bias update. The chapter reads the record,

@@ -1,4 +1,4 @@
-"""Chapter "Fine-tuning"'s fine-tuning runs over seeds: the chapter reads the record,
+"""The fine-tuning runs over seeds of chapter "Fine-tuning": the chapter reads the record,
 ``transformer_lib/data/ch15/finetune_sweep.json`` (``recorded("fine_tuning")``), and re-runs seed 0 of
 some of them live.
 
@@ -277,7 +277,7 @@ def instructions(seeds: list[int], steps: int | None = None) -> dict:
 
 def diagnosis(seeds: list[int], steps: int | None = None) -> dict:
     """Why LoRA learned the dates' format and not the dates, and the fix
-    (:mod:`transformer_lib.experiments.ch15_diagnosis`)."""
+    (:mod:`transformer_lib.experiments.fine_tuning_diagnosis`)."""
     return fine_tuning_diagnosis.diagnosis(seeds, steps, sys.modules[__name__])
 
 

@@ -1,4 +1,4 @@
-"""Chapter "Fine-tuning"'s diagnosis of a failed fine-tune (part ``diagnosis`` of
+"""The diagnosis, in chapter "Fine-tuning", of a failed fine-tune (part ``diagnosis`` of
 :mod:`transformer_lib.experiments.fine_tuning`): why LoRA learned the dates' format and never the dates, and the fix.
 
 The dates are digits, and Tiny Shakespeare, the base's pretraining text, has one digit: the rows of

@@ -1,4 +1,4 @@
-r"""Chapter "Generation"'s experiments ("Generation"): the small GPT the chapter generates with, and
+r"""The experiments of chapter "Generation": the small GPT the chapter generates with, and
 grouped-query attention over seeds. The chapter loads the model from a shipped float64
 checkpoint, ``transformer_lib/data/ch10/small_gpt.pt`` (chapter "Long context and precision" loads the same one), trains
 one seed of the sweep live, and reads the rest from the record,

@@ -1,4 +1,4 @@
-"""Chapter "Latent, sparse and sink attention"'s experiments over seeds: what a cache byte buys, sparse attention
+"""The experiments over seeds of chapter "Latent, sparse and sink attention": what a cache byte buys, sparse attention
 against a window of the same width, and attention sinks. The chapter reads the record,
 ``transformer_lib/data/ch18/attention_today.json`` (``recorded("latent_sparse_sink")``).
 

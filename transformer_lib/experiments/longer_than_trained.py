@@ -1,4 +1,4 @@
-"""Chapter "Longer than trained"'s experiment over seeds: where a model read past the length it was
+"""The experiment over seeds of chapter "Longer than trained": where a model read past the length it was
 trained at fails (loss by position out to 4 and 8 times that length, rotary and learned
 positions), and what each rescaling of the rotary frequencies recovers at 4 times the length,
 with no training, after a short fine-tune at the new length, and against two controls. The

@@ -1,4 +1,4 @@
-"""Chapter "Measuring a model"'s experiment over seeds: the report card (:func:`transformer_lib.report_card`) of
+"""The experiment over seeds of chapter "Measuring a model": the report card (:func:`transformer_lib.report_card`) of
 chapter "Fine-tuning"'s models, before and after fine-tuning, and of each one quantised. The chapter reads
 the record, ``transformer_lib/data/ch16/report_cards.json`` (``recorded("measuring_a_model")``).
 

@@ -1,4 +1,4 @@
-r"""Chapter "Preferences and rewards"'s experiments over seeds: DPO and GRPO from the shipped dates model (chapter
+r"""The experiments over seeds of chapter "Preferences and rewards": DPO and GRPO from the shipped dates model (chapter
 "Measuring a model"'s ``DATES_ADAPTER_PATH``: chapter "Fine-tuning"'s base with a LoRA fine-tune that is right about
 half the time), against more supervised steps, the reward a model learns to fool, and a scratchpad's steps as the
 reward. The chapter reads the record, ``transformer_lib/data/ch17/preferences.json``

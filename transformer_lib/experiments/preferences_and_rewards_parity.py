@@ -1,4 +1,4 @@
-"""Chapter "Preferences and rewards"'s parity with TRL (``trl``, from ``requirements-eval.txt``): its DPO and GRPO
+"""The parity of chapter "Preferences and rewards" with TRL (``trl``, from ``requirements-eval.txt``): its DPO and GRPO
 losses on fixed inputs (:data:`PARITY`), recorded by the ``trl`` part of chapter "Preferences and rewards"'s experiment,
 and the inputs themselves, which the chapter builds again to compare the book's numbers with TRL's:
 chapter "Fine-tuning"'s base as the reference, a copy with every weight moved a little as the policy

@@ -1,4 +1,4 @@
-r"""Chapter "Today's block"'s experiments over seeds: GPT-2's block turned into a Llama-style one, one change
+r"""The experiments over seeds of chapter "Today's block": GPT-2's block turned into a Llama-style one, one change
 at a time. The chapter trains one configuration live and reads the rest from the record,
 ``transformer_lib/data/ch14/block_sweep.json`` (``recorded("todays_block")``).
 

@@ -1,4 +1,4 @@
-"""Chapter "Tokens"'s comparison of a character model and a BPE model over seeds: the chapter trains
+"""The comparison in chapter "Tokens" of a character model and a BPE model over seeds: the chapter trains
 seed 0 live and reads the other seeds from the record,
 ``transformer_lib/data/ch13/token_sweep.json`` (``recorded("tokens")``).
 

@@ -1,4 +1,4 @@
-r"""Chapter "What attention learns"'s experiments ("What attention learns") over seeds: the chapter trains one seed of
+r"""The experiments over seeds of chapter "What attention learns": the chapter trains one seed of
 each live; the claims that need several seeds read the record,
 ``transformer_lib/data/ch12/induction_sweep.json`` (``recorded("what_attention_learns")``).
 

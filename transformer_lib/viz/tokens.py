@@ -1,4 +1,4 @@
-"""A passage drawn as its tokens, one coloured box each (chapter "Tokens", "Tokens")."""
+"""A passage drawn as its tokens, one coloured box each (chapter "Tokens")."""
 
 from __future__ import annotations
 
