@@ -195,7 +195,7 @@ CHAPTER_TITLES = {c.title for c in chapters.CHAPTERS}
 #: until ``python scripts/name_chapters.py FILE ...`` is run on them; then this is empty again.
 NOT_YET_NAMED = set(
     "_specs blocks checkpoint delta_net experts export finetune latent_attention models modern_block multihead "
-    "positional pretrained pretrained_experts pretrained_gpt_oss pretrained_latent pretrained_llama "
+    "pretrained pretrained_experts pretrained_gpt_oss pretrained_latent pretrained_llama "
     "pretrained_qwen3_next recipe rope_scaling run sinks sparse_attention train train_config cli.finetune "
     "cli.settings cli.tune".split()
 )

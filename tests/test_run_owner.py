@@ -18,7 +18,7 @@ LIBRARY = Path(tl.__file__).parent
 CLI = LIBRARY / "cli"
 # Where each name of a run folder's files may be written as a string: run.py defines the run's own
 # files; checkpoint.py the name of the checkpoint in a folder and of the lock that owns the folder
-# (the mechanics of one file, which chapter 9 uses on a folder of its own).
+# (the mechanics of one file, which chapter "A GPT from scratch" uses on a folder of its own).
 DEFINED_IN = {
     run.TOKENIZER_NAME: "run.py",
     run.ADAPTER_NAME: "run.py",

@@ -1,4 +1,4 @@
-"""Positional encodings (chapter 6, "Positional encoding").
+"""Positional encodings (chapter "Positional encoding").
 
 Both modules take token embeddings ``x (B, T, d_model)`` and return ``x`` plus a position
 vector for each of the ``T`` positions. Sequences longer than ``context_len`` raise a ``ValueError``.
@@ -31,7 +31,7 @@ __all__ = [
 
 
 def sinusoidal_encoding(d_model: int, context_len: int, *, base: float = 10000.0) -> Tensor:
-    """The paper's encoding, ``(context_len, d_model)``, float32 (chapter 6).
+    """The paper's encoding, ``(context_len, d_model)``, float32 (chapter "Positional encoding").
 
     PE(pos, 2i) = sin(pos / base^(2i/d_model)) and PE(pos, 2i+1) = cos(pos / base^(2i/d_model)):
     sines on the even dimensions, cosines on the odd ones, interleaved.
@@ -61,10 +61,11 @@ def _check_length(x: Tensor, d_model: int, context_len: int, start: int) -> None
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds the fixed sinusoidal encoding (no parameters) to ``x (B, T, d_model)``, then dropout (chapter 6).
+    """Adds the fixed sinusoidal encoding (no parameters) to ``x (B, T, d_model)``, then dropout (chapter "Positional
+    encoding").
 
     Returns ``(B, T, d_model)``; ``T`` must be at most ``context_len``. ``forward(x, start=s)``
-    places ``x`` at positions ``s, s + 1, ...`` (chapter 10: the new tokens after a cache).
+    places ``x`` at positions ``s, s + 1, ...`` (chapter "Generation": the new tokens after a cache).
     """
 
     def __init__(self, d_model: int, context_len: int = 5000, *, dropout: float = 0.0):
@@ -82,10 +83,11 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """Adds a learned vector per position (an ``nn.Embedding`` of ``context_len`` rows) to ``x`` (chapter 6).
+    """Adds a learned vector per position (an ``nn.Embedding`` of ``context_len`` rows) to ``x`` (chapter "Positional
+    encoding").
 
     ``x (B, T, d_model)`` in, ``(B, T, d_model)`` out, then dropout; ``T`` at most ``context_len``.
-    ``forward(x, start=s)`` places ``x`` at positions ``s, s + 1, ...`` (chapter 10: after a cache).
+    ``forward(x, start=s)`` places ``x`` at positions ``s, s + 1, ...`` (chapter "Generation": after a cache).
     """
 
     def __init__(self, d_model: int, context_len: int, *, dropout: float = 0.0):
@@ -115,7 +117,7 @@ class LearnedSpec(Spec):
 
 
 def binary_encoding(n_bits: int, context_len: int) -> Tensor:
-    """Positions written in binary, ``(context_len, n_bits)`` float32 of 0s and 1s (chapter 6).
+    """Positions written in binary, ``(context_len, n_bits)`` float32 of 0s and 1s (chapter "Positional encoding").
 
     Column ``j`` holds bit ``j`` of the position, lowest bit first, so column 0 flips at every
     step and column ``j`` has period ``2^(j+1)``. Positions wrap around modulo ``2^n_bits``.
@@ -128,7 +130,8 @@ def binary_encoding(n_bits: int, context_len: int) -> Tensor:
 
 
 def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
-    """The angular frequencies ``omega_i = base^(-2i/d_model)``, ``(ceil(d_model/2),)`` float64 (chapter 6).
+    """The angular frequencies ``omega_i = base^(-2i/d_model)``, ``(ceil(d_model/2),)`` float64 (chapter "Positional
+    encoding").
 
     Pair ``i`` of the sinusoidal encoding (dimensions ``2i`` and ``2i+1``) is
     ``(sin(pos * omega_i), cos(pos * omega_i))``.
@@ -140,7 +143,8 @@ def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
 
 
 def relative_rotation(k: int | float, d_model: int, *, base: float = 10000.0) -> Tensor:
-    """The ``(d_model, d_model)`` float64 matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)`` (chapter 6).
+    """The ``(d_model, d_model)`` float64 matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)`` (chapter "Positional
+    encoding").
 
     ``M_k`` is block-diagonal: for each frequency ``omega_i`` the 2x2 block
     ``[[cos(k w), sin(k w)], [-sin(k w), cos(k w)]]`` (``w = omega_i``) turns the pair
@@ -157,7 +161,7 @@ def relative_rotation(k: int | float, d_model: int, *, base: float = 10000.0) ->
 
 
 def apply_rotary(x: Tensor, positions: Tensor | None = None, *, base: float = 10000.0) -> Tensor:
-    """Rotary position embedding (RoPE) of ``x (..., T, d)`` with ``d`` even (chapter 6).
+    """Rotary position embedding (RoPE) of ``x (..., T, d)`` with ``d`` even (chapter "Positional encoding").
 
     Each pair of dimensions ``(2i, 2i+1)`` of the vector at position ``m`` is rotated by the
     angle ``m * omega_i`` with ``omega_i = base^(-2i/d)``, the frequencies of the sinusoidal
@@ -180,7 +184,7 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, *, base: float = 10
 
 def rotate_pairs(x: Tensor, positions: Tensor, omega: Tensor, scale: float = 1.0) -> Tensor:
     """Pair ``(2i, 2i+1)`` of ``x (..., T, d)`` at position ``positions[t]`` rotated by the angle
-    ``positions[t] * omega[i]`` (chapter 6; chapter "Longer than trained" passes rescaled
+    ``positions[t] * omega[i]`` (chapter "Positional encoding"; chapter "Longer than trained" passes rescaled
     frequencies ``omega (d/2,)``), and multiplied by ``scale`` (YaRN's attention factor: 1 leaves
     the norms unchanged). Returns the shape and dtype of ``x``."""
     omega = omega.to(device=x.device, dtype=torch.float64)  # (d / 2,)
@@ -194,7 +198,7 @@ def rotate_pairs(x: Tensor, positions: Tensor, omega: Tensor, scale: float = 1.0
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding for ``d``-wide queries or keys (chapter 6); no parameters.
+    """Rotary position embedding for ``d``-wide queries or keys (chapter "Positional encoding"); no parameters.
 
     ``forward(x, positions=None)`` is :func:`apply_rotary` with this module's ``base``. Use it
     on ``q`` and ``k`` of shape ``(B, h, T, d_k)`` after splitting heads, never on ``v``.
@@ -229,8 +233,8 @@ class RotaryEmbedding(nn.Module):
 
 
 def half_split_rows(n_heads: int, d: int) -> Tensor:
-    """The rows that turn rotary weights of the half-split convention into the book's (chapters 14
-    and 18): ``(n_heads * d,)`` indices, per head ``0, d/2, 1, d/2 + 1, ...``.
+    """The rows that turn rotary weights of the half-split convention into the book's (chapters "Today's block"
+    and "Latent, sparse and sink attention"): ``(n_heads * d,)`` indices, per head ``0, d/2, 1, d/2 + 1, ...``.
 
     The book rotates neighbouring dimensions ``(2i, 2i + 1)`` together (:func:`apply_rotary`);
     ``transformers``' Llama, gpt-oss and DeepSeek-V3.2's indexer rotate ``(i, i + d/2)``, with the
