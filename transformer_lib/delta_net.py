@@ -43,7 +43,6 @@ __all__ = [
     "RecurrenceSpec",
     "RecurrentState",
     "decay_init",
-    "gated_delta_net_from_qwen3_next",
     "keep_per_token",
 ]
 
@@ -189,9 +188,6 @@ class GatedDeltaNet(RecordsScores, nn.Module):
 
     The two draw different numbers from the generator, so every weight built after the layer differs
     too.
-
-    No softmax scores anything here: :meth:`~transformer_lib.multihead.RecordsScores.record_scores`
-    gives ``logits=None`` and, as ``weights``, the matrix that mixes the values (:meth:`attention_weights`).
     """
 
     part_role = "attention"  # see parts.py
@@ -329,8 +325,6 @@ class GatedDeltaNet(RecordsScores, nn.Module):
         if cache is not None:
             cache.check(*shapes)
         if T == 0:  # no token: an empty output, as multi-head attention gives, and the state as it was
-            if record:
-                self._report_scores(lambda: (None, query.new_zeros(B, self.n_heads, 0, 0)))
             weights = query.new_zeros(B, self.n_heads, 0, 0) if need_weights else None
             return query.new_zeros(B, 0, self.out_proj.out_features), weights
         q, k, v, beta, g, conv = self._inputs(query, cache)
@@ -357,9 +351,9 @@ class GatedDeltaNet(RecordsScores, nn.Module):
         window: int | None = None,
         **_,
     ) -> Tensor:
-        """The weights ``(B, h, T, T)`` of ``forward(query, key, value, need_weights=True)`` (for the
-        inspection tools of chapter 12): each row mixes the convolved values, lower triangular; not a
-        softmax's, so a row need not sum to 1 nor be positive."""
+        """The weights ``(B, h, T, T)`` of ``forward(query, key, value, need_weights=True)``: each row
+        mixes the convolved values, lower triangular; not a softmax's, so a row need not sum to 1 nor be
+        positive, and :meth:`record_scores` gives them with ``logits=None``: a recurrence scores none."""
         _check_call(mask, is_causal, window)
         self._check_inputs(query, key, value, None)
         _check_mode(self.mode)
@@ -425,54 +419,6 @@ def _check_call(mask, is_causal, window) -> None:
             f"GatedDeltaNet is causal by construction (a recurrence): is_causal must be True, got {is_causal!r}"
         )
     _refuse_window(window)
-
-
-def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
-    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 19).
-
-    Qwen3-Next fuses its maps per query-key head: ``in_proj_qkvz`` gives, for each of the
-    ``n_qk_heads`` groups, that group's query, key, values and output gates ``z`` side by side, and
-    ``in_proj_ba`` its betas then its decay inputs ``a``. Their rows are sorted here into the
-    book's maps (``in_proj``: all queries, all keys, all values); ``A_log`` is ``log_rate``,
-    ``dt_bias`` is ``step_bias``; the convolution, the gated norm and ``out_proj`` are copied as they are.
-    """
-    if type(layer).__name__ != "Qwen3NextGatedDeltaNet":
-        raise TypeError(f"layer must be a transformers Qwen3NextGatedDeltaNet, got {type(layer).__name__}")
-    if layer.activation != "silu" or layer.conv1d.bias is not None:
-        raise ValueError(
-            f"gated_delta_net_from_qwen3_next follows a SiLU convolution without bias, got "
-            f"hidden_act={layer.activation!r}, bias={layer.conv1d.bias is not None}"
-        )
-    w = layer.in_proj_qkvz.weight
-    new = GatedDeltaNet(
-        layer.hidden_size,
-        layer.num_v_heads,
-        n_qk_heads=layer.num_k_heads,
-        d_k=layer.head_k_dim,
-        d_v=layer.head_v_dim,
-        conv_kernel=layer.conv_kernel_size,
-        eps=layer.norm.variance_epsilon,
-    ).to(device=w.device, dtype=w.dtype)
-    n_qk, d_k, group_v = layer.num_k_heads, layer.head_k_dim, layer.head_v_dim * layer.num_v_heads // layer.num_k_heads
-    q, k, v, z = (
-        t.reshape(-1, w.shape[1]) for t in w.view(n_qk, -1, w.shape[1]).split([d_k, d_k, group_v, group_v], 1)
-    )
-    ba = layer.in_proj_ba.weight
-    b, a = (t.reshape(-1, ba.shape[1]) for t in ba.view(n_qk, 2, -1, ba.shape[1]).unbind(1))
-    with torch.no_grad():
-        for mine, theirs in (
-            (new.in_proj.weight, torch.cat([q, k, v])),
-            (new.gate_proj.weight, z),
-            (new.beta_proj.weight, b),
-            (new.decay_proj.weight, a),
-            (new.conv.weight, layer.conv1d.weight),
-            (new.log_rate, layer.A_log),
-            (new.step_bias, layer.dt_bias),
-            (new.norm.weight, layer.norm.weight),
-            (new.out_proj.weight, layer.out_proj.weight),
-        ):
-            mine.copy_(theirs)
-    return new
 
 
 _RULES = {"linear": "linear", "delta": "delta", "gated_delta": "gated"}  # a recurrence's name -> its mode

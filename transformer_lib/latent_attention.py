@@ -20,14 +20,14 @@ from torch import Tensor, nn
 
 from ._checks import check_base, check_bool, check_float_tensors, check_int, check_probability, check_window
 from ._specs import Spec, option
-from .attention import check_mask, masked_softmax, scaled_dot_product_attention
+from .attention import check_mask, scaled_dot_product_attention
 from .kv_cache import crop_positions, is_prefix, select_rows
 from .masks import causal_mask
 from .modern_block import RMSNorm
 from .multihead import MultiHeadAttention, RecordsScores, merge_heads
 from .positional import RotaryEmbedding
 
-__all__ = ["LatentAttention", "LatentCache", "LatentSpec", "latent_from_deepseek"]
+__all__ = ["LatentAttention", "LatentCache", "LatentSpec"]
 
 
 class LatentCache:
@@ -170,9 +170,6 @@ class LatentAttention(RecordsScores, nn.Module):
     ``[q_nope_i W_uk_i, q_rope_i]``, scored against ``[c, k_rope]``; the heads attend over the
     latents ``c`` and each head's latent result is mapped up by ``W_uv_i``, then by ``out_proj``.
     No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
-
-    :meth:`~transformer_lib.multihead.RecordsScores.record_scores` records the logits it scores,
-    ``q . k`` times its scale, and its weights, on either path.
     """
 
     part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
@@ -292,17 +289,6 @@ class LatentAttention(RecordsScores, nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, mask | ~any_key, p, scale=self.scale)
         return torch.where(any_key, out, 0.0), None
 
-    def _scores(self, q: Tensor, k: Tensor, mask, causal: bool) -> tuple[Tensor, Tensor]:
-        """The record of :meth:`record_scores`, from :meth:`_attend`'s ``q`` and ``k``: the logits
-        ``(B, h, T_q, T_k)``, every pair's ``q . k`` times the scale, and the weights that
-        :meth:`_attend` computes with ``need_weights``, before dropout."""
-        logits = q @ k.transpose(-2, -1) * self.scale  # the folded path's one key head broadcasts to the heads
-        if causal:
-            mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
-        if q.shape[-1] != self.nope_dim + self.rope_dim:  # as _attend: rescaled to divide by sqrt(q's width)
-            q = q * (self.scale * math.sqrt(q.shape[-1]))
-        return logits, masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
-
     def forward(
         self,
         query: Tensor,
@@ -337,15 +323,11 @@ class LatentAttention(RecordsScores, nn.Module):
         check_bool(folded, "folded")
         record = self._recording(cache)
         if T_q == 0:  # no token: an empty output, as multi-head attention gives, and the cache as it was
-            if record:
-                self._report_scores(lambda: (query.new_zeros(B, self.n_heads, 0, T_k),) * 2)
             weights = query.new_zeros(B, self.n_heads, 0, T_k) if need_weights else None
             return query.new_zeros(B, 0, self.d_model), weights
         return self._run(query, mask, is_causal, window, cache, folded, need_weights, p, record)
 
-    def _run(
-        self, x, mask, is_causal, window, cache, folded, need_weights, p, record=False
-    ) -> tuple[Tensor, Tensor | None]:
+    def _run(self, x, mask, is_causal, window, cache, folded, need_weights, p, record=False) -> tuple:
         start = 0 if cache is None else cache.position
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q_nope, q_rope = self._queries(x, positions)  # (B, h, T_q, nope_dim), (B, h, T_q, rope_dim)
@@ -361,8 +343,6 @@ class LatentAttention(RecordsScores, nn.Module):
         if folded:  # scores q_nope_i W_uk_i . c + q_rope_i . k_rope; values: the latents, W_uv_i after
             q = torch.cat([torch.einsum("bhtn,hnl->bhtl", q_nope, W_uk), q_rope], dim=-1)  # (B, h, T_q, L + r)
             k = torch.cat([c, k_rope], dim=-1).unsqueeze(1)  # (B, 1, T_k, L + r): one head shared by all
-            if record:
-                self._report_scores(lambda: self._scores(q, k, mask, causal))
             lat, weights = self._attend(q, k, c.unsqueeze(1), mask, causal, need_weights, p)  # (B, h, T_q, L)
             heads = torch.einsum("bhtl,hvl->bhtv", lat, W_uv)  # (B, h, T_q, v_dim)
         else:
@@ -370,9 +350,9 @@ class LatentAttention(RecordsScores, nn.Module):
             k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
             k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1)  # (B, h, T_k, n + r)
             q = torch.cat([q_nope, q_rope], -1)  # (B, h, T_q, n + r)
-            if record:
-                self._report_scores(lambda: self._scores(q, k, mask, causal))
             heads, weights = self._attend(q, k, v, mask, causal, need_weights, p)
+        if record:  # record_scores: every pair's logit q . k * scale; the weights as need_weights gives them
+            self._report_scores(lambda: (q @ k.mT * self.scale, self._attend(q, k, k, mask, causal, True, 0.0)[1]))
         return self.out_proj(merge_heads(heads)), weights  # (B, T_q, d_model)
 
     def attention_weights(
@@ -413,64 +393,6 @@ class LatentAttention(RecordsScores, nn.Module):
                 f"this LatentCache keeps only what a window of {cache.window} needs, but the attention's window is "
                 f"{window}: give the cache the attention's window (or none)"
             )
-
-
-def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> LatentAttention:
-    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 18).
-
-    ``interleaved`` says how the source lays out its rotary rows: True for ``rope_interleave=True``
-    (pairs ``(2i, 2i + 1)``, the book's own: copied as they are), False for half-split pairs
-    ``(i, i + rope_dim / 2)``, whose rows of the query and of ``kv_down``'s rotary key are then
-    reordered into pairs. The wrong choice loads without complaint and computes other scores.
-    """
-    if type(attn).__name__ != "DeepseekV3Attention":
-        raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
-    check_bool(interleaved, "interleaved")
-    rope, n_kv = dict(attn.config.rope_parameters or {}), attn.config.num_key_value_heads
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"latent_from_deepseek follows plain rotary only, got rope_type={rope['rope_type']!r}")
-    if n_kv != attn.num_heads:
-        raise ValueError(
-            f"num_key_value_heads ({n_kv}) must equal num_attention_heads "
-            f"({attn.num_heads}): every head has its own key"
-        )
-    w = attn.kv_a_proj_with_mqa.weight
-    new = LatentAttention(
-        attn.hidden_size,
-        attn.num_heads,
-        kv_latent=attn.kv_lora_rank,
-        q_latent=attn.q_lora_rank,
-        rope_dim=attn.qk_rope_head_dim,
-        nope_dim=attn.qk_nope_head_dim,
-        v_dim=attn.v_head_dim,
-        rotary_base=rope.get("rope_theta", 10000.0),
-        eps=attn.kv_a_layernorm.variance_epsilon,
-        dropout=float(attn.attention_dropout),
-        bias=attn.kv_a_proj_with_mqa.bias is not None,
-    ).to(device=w.device, dtype=w.dtype)
-    r, L, width = new.rope_dim, new.kv_latent, new.nope_dim + new.rope_dim
-    pairs = torch.arange(r) if interleaved else torch.arange(r).view(2, r // 2).t().reshape(-1)  # 0, r/2, 1, ...
-    q_rows = torch.arange(new.n_heads)[:, None] * width + torch.cat([torch.arange(new.nope_dim), new.nope_dim + pairs])
-    kv_rows = torch.cat([torch.arange(L), L + pairs])  # the latent's rows, then the rotary key's
-    reorder = dict.fromkeys(("q_proj.weight", "q_up.weight"), q_rows.reshape(-1))  # per head: nope rows, rope rows
-    reorder |= dict.fromkeys(("kv_down.weight", "kv_down.bias"), kv_rows)
-    names = dict(
-        q_proj="q_proj",
-        q_down="q_a_proj",
-        q_norm="q_a_layernorm",
-        q_up="q_b_proj",
-        out_proj="o_proj",
-        kv_down="kv_a_proj_with_mqa",
-        kv_norm="kv_a_layernorm",
-        kv_up="kv_b_proj",
-    )
-    theirs = attn.state_dict()
-    with torch.no_grad():
-        for name, p in new.named_parameters():
-            module, leaf = name.split(".")
-            source = theirs[f"{names[module]}.{leaf}"]
-            p.copy_(source[reorder[name]] if name in reorder else source)
-    return new
 
 
 @dataclass(frozen=True)

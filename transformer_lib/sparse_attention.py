@@ -21,7 +21,7 @@ from .kv_cache import KVCache, crop_positions, is_prefix, select_rows
 from .masks import sliding_window_mask
 from .modern_block import qk_transformed
 from .multihead import MultiHeadAttention, merge_heads
-from .positional import apply_rotary, half_split_rows
+from .positional import apply_rotary
 
 __all__ = [
     "AddAuxiliaryLoss",
@@ -29,7 +29,6 @@ __all__ = [
     "SparseAttention",
     "SparseCache",
     "SparseSpec",
-    "indexer_from_deepseek",
     "select_keys",
 ]
 
@@ -354,13 +353,11 @@ class SparseAttention(MultiHeadAttention):
             self._check_inputs(query, key, value, is_causal, window, cache, _checked)
             T_k = query.shape[1] + (0 if cache is None else cache.length)
             check_mask(mask, torch.Size((query.shape[0], self.n_heads, query.shape[1], T_k)))
-        recording = self._recording(cache)
         q, k, v, visible, scores, at = self._select(query, mask, window, cache)
         p = self.dropout if self.training else 0.0
-        if recording or not gathered:  # the keys attended to, as a mask
-            chosen = _chosen(at, k.shape[2])[:, None]  # (B, 1, T_q, T_k)
-            attended = chosen if visible is None else visible & chosen  # (B, 1 or h, T_q, T_k)
-        if recording:  # the logits of every pair, the weights on the selected keys only
+        chosen = _chosen(at, k.shape[2])[:, None]  # (B, 1, T_q, T_k)
+        attended = chosen if visible is None else visible & chosen  # (B, 1 or h, T_q, T_k)
+        if self._recording(cache):  # record_scores: the logits of every pair, the weights on the selected keys
             self._report_scores(lambda: self._scores(q, k, attended))
         if gathered:
             heads, weights = self._attend_gathered(q, k, v, visible, at, p, need_weights)
@@ -440,34 +437,6 @@ class SparseAttention(MultiHeadAttention):
         T = x.shape[1]
         allowed = sliding_window_mask(T, T, window or T, device=x.device)  # a window of T: causal
         return select_keys(self._ready_indexer().scores(x, start=start), self.top_k, allowed)
-
-
-@torch.no_grad()
-def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
-    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter 18).
-
-    DeepSeek rotates the half-split pairs ``(i, i + r/2)`` of the first ``r`` dimensions of each
-    head, the book neighbouring pairs, with the same frequencies: the rotated rows of the query
-    heads and of the key (with its LayerNorm's weight and bias) are reordered, the others kept.
-    Its queries read DeepSeek's query latent (``q_lora_rank`` wide): pass it as ``q_input``.
-    """
-    if type(indexer).__name__ != "DeepseekV32Indexer":
-        raise TypeError(f"indexer must be a transformers DeepseekV32Indexer, got {type(indexer).__name__}")
-    config = indexer.config
-    r, D, H = indexer.qk_rope_head_dim, indexer.head_dim, indexer.n_heads
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"only the default rotary frequencies can be copied, got rope_type={rope['rope_type']!r}")
-    order = torch.cat([half_split_rows(1, r), torch.arange(r, D)])  # (D,): the rope rows reordered
-    base = float(rope.get("rope_theta", 10000.0))
-    ours = Indexer(config.hidden_size, H, D, rope_dim=r, q_dim=indexer.q_lora_rank, rotary_base=base)
-    ours = ours.to(indexer.wk.weight.dtype)
-    ours.q_proj.weight.copy_(indexer.wq_b.weight.view(H, D, -1)[:, order].reshape(H * D, -1))
-    ours.k_proj.weight.copy_(indexer.wk.weight[order])
-    ours.k_norm.weight.copy_(indexer.k_norm.weight[order])
-    ours.k_norm.bias.copy_(indexer.k_norm.bias[order])
-    ours.weights_proj.weight.copy_(indexer.weights_proj.weight)
-    return ours.eval()
 
 
 @dataclass(frozen=True)
