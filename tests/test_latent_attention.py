@@ -9,9 +9,10 @@ from _float64_patches import float64_rms_norm_and_rotary
 from transformer_lib.blocks import DecoderLayer
 from transformer_lib.inspect_heads import capture_attention
 from transformer_lib.kv_cache import KVCache
-from transformer_lib.latent_attention import LatentAttention, LatentCache, latent_from_deepseek
+from transformer_lib.latent_attention import LatentAttention, LatentCache
 from transformer_lib.multihead import MultiHeadAttention
 from transformer_lib.parts import part_weights
+from transformer_lib.pretrained_latent import latent_from_deepseek
 
 transformers = pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache  # noqa: E402

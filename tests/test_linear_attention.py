@@ -18,7 +18,6 @@ from transformer_lib.delta_net import (
     GatedDeltaNet,
     RecurrentState,
     decay_init,
-    gated_delta_net_from_qwen3_next,
     keep_per_token,
 )
 from transformer_lib.inspect_heads import capture_attention
@@ -32,6 +31,7 @@ from transformer_lib.linear_attention import (
     linear_attention_weights,
 )
 from transformer_lib.parts import part_weights
+from transformer_lib.pretrained_qwen3_next import gated_delta_net_from_qwen3_next
 
 transformers = pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache  # noqa: E402
@@ -420,7 +420,7 @@ def test_bad_calls_are_refused_by_name():
 
 RECIPE_BAD = [
     ({"attention": "gated_delta", "window": 8}, "is a recurrence whose state sums every token"),
-    ({"attention": "gated_delta", "qk_norm": True}, "qk_norm=True is multi_head or sparse attention.s: attention is .gated_delta."),
+    ({"attention": "gated_delta", "qk_norm": True}, "qk_norm=True is multi_head or sparse attention.s"),
     ({"attention": "delta", "n_kv_heads": 1}, "grouped-query attention's"),
     ({"full_every": 4}, "full_every=4 is linear or delta or gated_delta attention's"),
     ({"attention": "linear", "full_every": -1}, "full_every"),

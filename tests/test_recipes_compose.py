@@ -6,8 +6,10 @@ heads, save and load a checkpoint, the Llama converter both ways where it applie
 line's LoRA fine-tuning of a Llama-block model, which once asked for GPT-2's attribute paths, is
 tested end to end. Tiny shapes and a few steps, so the whole matrix stays fast."""
 
+import contextlib
 import copy
 import dataclasses
+import math
 import os
 
 import pytest
@@ -308,6 +310,15 @@ class SeparateProjections(torch.nn.Module):
         self.n_heads = n_heads
         self.q, self.k, self.v = (torch.nn.Linear(d_model, d_model) for _ in range(3))
         self.out_proj = torch.nn.Linear(d_model, d_model)
+        self.callbacks = []
+
+    @contextlib.contextmanager
+    def record_scores(self, callback):  # the inspection tools' one hook: each forward's logits and weights
+        self.callbacks.append(callback)
+        try:
+            yield
+        finally:
+            self.callbacks.remove(callback)
 
     def new_cache(self, window):
         return tl.KVCache(window=window)
@@ -317,8 +328,11 @@ class SeparateProjections(torch.nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         T_q, T_k = q.shape[2], k.shape[2]
-        mask = tl.causal_mask(T_q, T_k)  # end-aligned: the new queries come after the cached keys
-        return tl.scaled_dot_product_attention(q, k, v, mask=mask)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T_q, T_k)
+        weights = tl.masked_softmax(logits, tl.causal_mask(T_q, T_k))  # end-aligned after a cache
+        for callback in self.callbacks:
+            callback(logits.detach(), weights.detach())
+        return weights @ v, weights
 
     def attention_weights(self, x, *args, cache=None, **kwargs):
         return self._weights(x, None)[1]

@@ -12,12 +12,12 @@ from transformer_lib.kv_cache import KVCache
 from transformer_lib.masks import causal_mask, sliding_window_mask
 from transformer_lib.modern_block import QKTransform
 from transformer_lib.multihead import MultiHeadAttention
+from transformer_lib.pretrained_latent import indexer_from_deepseek
 from transformer_lib.sparse_attention import (
     AddAuxiliaryLoss,
     Indexer,
     SparseAttention,
     SparseCache,
-    indexer_from_deepseek,
     select_keys,
 )
 

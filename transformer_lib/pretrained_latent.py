@@ -19,7 +19,7 @@ network (``first_k_dense_replace = num_hidden_layers``: its ``DeepseekV3MLP`` is
   book every norm the recipe's ``norm_eps``: only a GPT with ``norm_eps=1e-6`` is written (the
   recipe ``"latent"`` keeps Llama's 1e-5 and is refused by that setting).
 
-This is :func:`~transformer_lib.latent_attention.latent_from_deepseek` (``interleaved=True``) read
+This is :func:`latent_from_deepseek` (``interleaved=True``) read
 backwards, for a whole model. A setting DeepSeek-V3's format cannot write is refused by name
 (``pretrained_llama.check_settings``): biases (DeepSeek's ``attention_bias`` has no counterpart
 in the feed-forward network and the norms), experts (the book's experts GPT uses multi-head
@@ -28,11 +28,14 @@ attention), a window, sinks. ``transformers`` is imported only when called.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from ._checks import check_bool
 from .latent_attention import LatentAttention
 from .models import GPT
 from .parts import find_parts
+from .positional import half_split_rows
 from .pretrained_llama import (
     _LLAMA_MATRICES,
     _LLAMA_NORMS,
@@ -43,8 +46,9 @@ from .pretrained_llama import (
     check_settings,
 )
 from .recipe import LLAMA_BLOCK
+from .sparse_attention import Indexer
 
-__all__ = ["deepseek_v3_from_gpt"]
+__all__ = ["deepseek_v3_from_gpt", "indexer_from_deepseek", "latent_from_deepseek"]
 
 # What DeepSeek-V3's format writes of each setting: Llama's block with latent attention, its widths any.
 _LATENT_ANY = ("activation", "d_ff", "rotary_base", "tie_embeddings", "kv_latent", "q_latent", "rope_dim")
@@ -139,3 +143,89 @@ def deepseek_v3_from_gpt(gpt: GPT) -> nn.Module:
     model = DeepseekV3ForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=not c.tie_embeddings)
     return model.eval()
+
+
+def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> LatentAttention:
+    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 18).
+
+    ``interleaved`` says how the source lays out its rotary rows: True for ``rope_interleave=True``
+    (pairs ``(2i, 2i + 1)``, the book's own: copied as they are), False for half-split pairs
+    ``(i, i + rope_dim / 2)``, whose rows of the query and of ``kv_down``'s rotary key are then
+    reordered into pairs. The wrong choice loads without complaint and computes other scores.
+    """
+    if type(attn).__name__ != "DeepseekV3Attention":
+        raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
+    check_bool(interleaved, "interleaved")
+    rope, n_kv = dict(attn.config.rope_parameters or {}), attn.config.num_key_value_heads
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"latent_from_deepseek follows plain rotary only, got rope_type={rope['rope_type']!r}")
+    if n_kv != attn.num_heads:
+        raise ValueError(
+            f"num_key_value_heads ({n_kv}) must equal num_attention_heads "
+            f"({attn.num_heads}): every head has its own key"
+        )
+    w = attn.kv_a_proj_with_mqa.weight
+    new = LatentAttention(
+        attn.hidden_size,
+        attn.num_heads,
+        kv_latent=attn.kv_lora_rank,
+        q_latent=attn.q_lora_rank,
+        rope_dim=attn.qk_rope_head_dim,
+        nope_dim=attn.qk_nope_head_dim,
+        v_dim=attn.v_head_dim,
+        rotary_base=rope.get("rope_theta", 10000.0),
+        eps=attn.kv_a_layernorm.variance_epsilon,
+        dropout=float(attn.attention_dropout),
+        bias=attn.kv_a_proj_with_mqa.bias is not None,
+    ).to(device=w.device, dtype=w.dtype)
+    r, L, width = new.rope_dim, new.kv_latent, new.nope_dim + new.rope_dim
+    pairs = torch.arange(r) if interleaved else torch.arange(r).view(2, r // 2).t().reshape(-1)  # 0, r/2, 1, ...
+    q_rows = torch.arange(new.n_heads)[:, None] * width + torch.cat([torch.arange(new.nope_dim), new.nope_dim + pairs])
+    kv_rows = torch.cat([torch.arange(L), L + pairs])  # the latent's rows, then the rotary key's
+    reorder = dict.fromkeys(("q_proj.weight", "q_up.weight"), q_rows.reshape(-1))  # per head: nope rows, rope rows
+    reorder |= dict.fromkeys(("kv_down.weight", "kv_down.bias"), kv_rows)
+    names = dict(
+        q_proj="q_proj",
+        q_down="q_a_proj",
+        q_norm="q_a_layernorm",
+        q_up="q_b_proj",
+        out_proj="o_proj",
+        kv_down="kv_a_proj_with_mqa",
+        kv_norm="kv_a_layernorm",
+        kv_up="kv_b_proj",
+    )
+    theirs = attn.state_dict()
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            module, leaf = name.split(".")
+            source = theirs[f"{names[module]}.{leaf}"]
+            p.copy_(source[reorder[name]] if name in reorder else source)
+    return new
+
+
+@torch.no_grad()
+def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
+    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter 18).
+
+    DeepSeek rotates the half-split pairs ``(i, i + r/2)`` of the first ``r`` dimensions of each
+    head, the book neighbouring pairs, with the same frequencies: the rotated rows of the query
+    heads and of the key (with its LayerNorm's weight and bias) are reordered, the others kept.
+    Its queries read DeepSeek's query latent (``q_lora_rank`` wide): pass it as ``q_input``.
+    """
+    if type(indexer).__name__ != "DeepseekV32Indexer":
+        raise TypeError(f"indexer must be a transformers DeepseekV32Indexer, got {type(indexer).__name__}")
+    config = indexer.config
+    r, D, H = indexer.qk_rope_head_dim, indexer.head_dim, indexer.n_heads
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only the default rotary frequencies can be copied, got rope_type={rope['rope_type']!r}")
+    order = torch.cat([half_split_rows(1, r), torch.arange(r, D)])  # (D,): the rope rows reordered
+    base = float(rope.get("rope_theta", 10000.0))
+    ours = Indexer(config.hidden_size, H, D, rope_dim=r, q_dim=indexer.q_lora_rank, rotary_base=base)
+    ours = ours.to(indexer.wk.weight.dtype)
+    ours.q_proj.weight.copy_(indexer.wq_b.weight.view(H, D, -1)[:, order].reshape(H * D, -1))
+    ours.k_proj.weight.copy_(indexer.wk.weight[order])
+    ours.k_norm.weight.copy_(indexer.k_norm.weight[order])
+    ours.k_norm.bias.copy_(indexer.k_norm.bias[order])
+    ours.weights_proj.weight.copy_(indexer.weights_proj.weight)
+    return ours.eval()

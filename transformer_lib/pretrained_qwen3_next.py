@@ -12,7 +12,7 @@ The book's recipe ``"gated_delta"`` is Llama's block (chapter 14) with Qwen3-Nex
 - **zero-centred norms.** Qwen3-Next's RMSNorms multiply by ``1 + weight``: the book's weight
   ``w`` is written as ``w - 1`` (exact up to one rounding of the 1). The gated norm inside a
   DeltaNet layer multiplies by its weight, as the book's does;
-- **the gated DeltaNet layer**: :func:`~transformer_lib.delta_net.gated_delta_net_from_qwen3_next`
+- **the gated DeltaNet layer**: :func:`gated_delta_net_from_qwen3_next`
   read backwards (the book's maps fused per query-key head into ``in_proj_qkvz`` and
   ``in_proj_ba``);
 - **the full-attention layers' output gate.** Qwen3-Next multiplies each head's output by
@@ -57,7 +57,7 @@ from .pretrained_llama import (
 )
 from .recipe import LLAMA_BLOCK
 
-__all__ = ["QWEN3_NEXT_SETTINGS", "qwen3_next_from_gpt"]
+__all__ = ["QWEN3_NEXT_SETTINGS", "gated_delta_net_from_qwen3_next", "qwen3_next_from_gpt"]
 
 # What Qwen3-Next's format writes of each setting (check_settings): Llama's block with the gated delta
 # rule, any widths, any pattern of full-attention layers (those with query-key norms: checked apart).
@@ -196,3 +196,51 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
     model = Qwen3NextForCausalLM(cfg).to(book["tok_embed.weight"].dtype)
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=not c.tie_embeddings)
     return model.eval()
+
+
+def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
+    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 19).
+
+    Qwen3-Next fuses its maps per query-key head: ``in_proj_qkvz`` gives, for each of the
+    ``n_qk_heads`` groups, that group's query, key, values and output gates ``z`` side by side, and
+    ``in_proj_ba`` its betas then its decay inputs ``a``. Their rows are sorted here into the
+    book's maps (``in_proj``: all queries, all keys, all values); ``A_log`` is ``log_rate``,
+    ``dt_bias`` is ``step_bias``; the convolution, the gated norm and ``out_proj`` are copied as they are.
+    """
+    if type(layer).__name__ != "Qwen3NextGatedDeltaNet":
+        raise TypeError(f"layer must be a transformers Qwen3NextGatedDeltaNet, got {type(layer).__name__}")
+    if layer.activation != "silu" or layer.conv1d.bias is not None:
+        raise ValueError(
+            f"gated_delta_net_from_qwen3_next follows a SiLU convolution without bias, got "
+            f"hidden_act={layer.activation!r}, bias={layer.conv1d.bias is not None}"
+        )
+    w = layer.in_proj_qkvz.weight
+    new = GatedDeltaNet(
+        layer.hidden_size,
+        layer.num_v_heads,
+        n_qk_heads=layer.num_k_heads,
+        d_k=layer.head_k_dim,
+        d_v=layer.head_v_dim,
+        conv_kernel=layer.conv_kernel_size,
+        eps=layer.norm.variance_epsilon,
+    ).to(device=w.device, dtype=w.dtype)
+    n_qk, d_k, group_v = layer.num_k_heads, layer.head_k_dim, layer.head_v_dim * layer.num_v_heads // layer.num_k_heads
+    q, k, v, z = (
+        t.reshape(-1, w.shape[1]) for t in w.view(n_qk, -1, w.shape[1]).split([d_k, d_k, group_v, group_v], 1)
+    )
+    ba = layer.in_proj_ba.weight
+    b, a = (t.reshape(-1, ba.shape[1]) for t in ba.view(n_qk, 2, -1, ba.shape[1]).unbind(1))
+    with torch.no_grad():
+        for mine, theirs in (
+            (new.in_proj.weight, torch.cat([q, k, v])),
+            (new.gate_proj.weight, z),
+            (new.beta_proj.weight, b),
+            (new.decay_proj.weight, a),
+            (new.conv.weight, layer.conv1d.weight),
+            (new.log_rate, layer.A_log),
+            (new.step_bias, layer.dt_bias),
+            (new.norm.weight, layer.norm.weight),
+            (new.out_proj.weight, layer.out_proj.weight),
+        ):
+            mine.copy_(theirs)
+    return new
