@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", help="folder to write into")
     parser.add_argument("--chapters", default="chapters", help="folder of the book's notebooks (default: chapters)")
-    parser.add_argument("--chapter", action="append", metavar="NAME", help="only this chapter, by its name, e.g. masking")
+    parser.add_argument(
+        "--chapter", action="append", metavar="NAME", help="only this chapter, by its name, e.g. masking"
+    )
     parser.add_argument("--nbgrader", action="store_true", help="write an nbgrader course folder")
     parser.add_argument("--force", action="store_true", help="overwrite files that exist")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
