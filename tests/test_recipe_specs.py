@@ -154,3 +154,44 @@ def test_a_new_kind_works_with_every_tool(name, new_kinds, tmp_path):
         compose.test_finetuning_a_classifier_trains_what_the_method_says(choices, method)
     compose.test_lora_adapts_every_block_matrix_and_merges_exactly(choices)
     compose.test_capture_ablate_and_patch_heads(choices)
+
+
+# A recipe as checkpoints stored it before the specs: every choice flat, the experts and the
+# rescaling as their own dicts.
+OLD_HYBRID = {
+    "norm": "rmsnorm",
+    "norm_eps": 1e-5,
+    "ffn": "swiglu",
+    "activation": "gelu",
+    "d_ff": None,
+    "positions": "rotary",
+    "rotary_base": 10000.0,
+    "attention": "gated_delta",
+    "qk_norm": True,
+    "bias": False,
+    "tie_embeddings": True,
+    "kv_latent": None,
+    "q_latent": None,
+    "rope_dim": None,
+    "sparse_k": None,
+    "sinks": False,
+    "keep_first": 0,
+    "full_every": 4,
+    "experts": {"n_experts": 4, "top_k": 2},
+    "rope_scaling": {"kind": "linear", "factor": 2.0},
+}
+
+
+def test_an_old_flat_checkpoint_loads_through_the_one_conversion():
+    config = tl.GPTConfig(20, 16, 4, 2, 16, recipe=OLD_HYBRID)
+    r = config.recipe
+    assert r.attention == tl.RecurrenceSpec("gated_delta")
+    assert r.layers == (tl.LayerRule("3::4", attention=tl.MultiHeadSpec(qk_norm=True)),)
+    assert r.ffn == tl.ExpertsSpec(n_experts=4) and r.positions.scaling == tl.RopeScaling("linear", 2.0)
+    assert r == tl.recipe_from_flat(OLD_HYBRID)
+    stored = config.to_dict()["recipe"]  # what a checkpoint stores now: each spec with its kind
+    assert stored["attention"] == {"kind": "gated_delta"} and stored["layers"][0]["layers"] == "3::4"
+    assert tl.GPTConfig(**config.to_dict()).recipe == r
+    assert {k: v for k, v in r.flat().items() if k not in ("experts", "rope_scaling")} == {
+        k: v for k, v in OLD_HYBRID.items() if k not in ("experts", "rope_scaling")
+    }
