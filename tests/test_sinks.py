@@ -1,7 +1,7 @@
 """Tests of attention sinks (chapter "Latent, sparse and sink attention"): the sink logit in the online softmax, in
 tiled attention (forward and hand-written backward) and in :class:`SinkAttention`; the first keys kept by the
-sliding-window mask and the key-value cache (StreamingLLM); parity with gpt-oss's attention in
-``transformers``; the sink mass of a model's heads."""
+sliding-window mask and the key-value cache (StreamingLLM: :func:`keep_first_mask`, :class:`KeepFirstKVCache`);
+parity with gpt-oss's attention in ``transformers``; the sink mass of a model's heads."""
 
 import math
 
@@ -21,7 +21,7 @@ from transformer_lib.masks import sliding_window_mask
 from transformer_lib.models import GPT, GPTConfig
 from transformer_lib.modern_block import QKTransform
 from transformer_lib.multihead import MultiHeadAttention
-from transformer_lib.sinks import SinkAttention, attention_sink_mass, sink_softmax
+from transformer_lib.sinks import KeepFirstKVCache, SinkAttention, attention_sink_mass, keep_first_mask, sink_softmax
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIGHT = dict(rtol=1e-12, atol=1e-13)
@@ -213,7 +213,7 @@ def explicit_mask(T_q, T_k, window, keep_first):
 @pytest.mark.parametrize("T_q, T_k", [(9, 9), (3, 11), (1, 7)])
 @pytest.mark.parametrize("window, keep_first", [(3, 0), (3, 2), (1, 1), (4, 6), (20, 2)])
 def test_sliding_window_mask_keeps_the_first_keys(T_q, T_k, window, keep_first):
-    mask = sliding_window_mask(T_q, T_k, window, keep_first=keep_first)
+    mask = keep_first_mask(T_q, T_k, window, keep_first)
     assert torch.equal(mask, explicit_mask(T_q, T_k, window, keep_first))
     if not keep_first:
         assert torch.equal(mask, sliding_window_mask(T_q, T_k, window))
@@ -222,9 +222,9 @@ def test_sliding_window_mask_keeps_the_first_keys(T_q, T_k, window, keep_first):
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
 def test_keep_first_must_be_a_non_negative_int(bad, error):
     with pytest.raises(error, match="keep_first"):
-        sliding_window_mask(4, 4, 2, keep_first=bad)
+        keep_first_mask(4, 4, 2, bad)
     with pytest.raises(error, match="keep_first"):
-        KVCache(window=2, keep_first=bad)
+        KeepFirstKVCache(window=2, keep_first=bad)
     with pytest.raises(error, match="keep_first"):
         SinkAttention(8, 2, keep_first=bad)
 
@@ -232,7 +232,7 @@ def test_keep_first_must_be_a_non_negative_int(bad, error):
 @pytest.mark.parametrize("chunks", [[1] * 12, [5, 1, 3, 1, 2]])
 def test_a_cache_keeps_the_first_positions_and_the_window(chunks):
     window, keep_first = 4, 2
-    cache = KVCache(window=window, keep_first=keep_first)
+    cache = KeepFirstKVCache(window=window, keep_first=keep_first)
     seen = 0
     for n in chunks:
         positions = torch.arange(seen, seen + n, dtype=torch.float64).view(1, 1, n, 1)  # each key holds its position
@@ -247,16 +247,36 @@ def test_a_cache_keeps_the_first_positions_and_the_window(chunks):
 
 
 def test_keep_first_needs_a_window_and_a_matching_attention():
-    with pytest.raises(ValueError, match="give the KVCache a window"):
-        KVCache(keep_first=2)
+    with pytest.raises(ValueError, match="give the cache a window"):
+        KeepFirstKVCache(window=None, keep_first=2)
     x = torch.randn(1, 3, 8, dtype=torch.float64)
     plain = MultiHeadAttention(8, 2).double()
     with pytest.raises(ValueError, match="keep_first"):  # it would read the kept keys as recent ones
-        plain(x, x, x, is_causal=True, window=2, cache=KVCache(window=2, keep_first=1))
+        plain(x, x, x, is_causal=True, window=2, cache=KeepFirstKVCache(window=2, keep_first=1))
     attn = SinkAttention(8, 2, keep_first=1).double()
     with pytest.raises(ValueError, match="keep_first=1"):
         attn(x, x, x, is_causal=True, window=2, cache=KVCache(window=2))
     assert attn.new_cache(None).keep_first == 0 and attn.new_cache(3).keep_first == 1
+    assert type(attn.new_cache(3)) is KeepFirstKVCache and type(attn.new_cache(None)) is KVCache
+    assert type(SinkAttention(8, 2).new_cache(3)) is KVCache  # keep_first=0: the plain window's cache
+
+
+def test_a_cache_that_keeps_the_first_positions_crops_back_to_what_it_held():
+    window, keep_first = 4, 2
+
+    def filled(n):
+        cache = KeepFirstKVCache(window=window, keep_first=keep_first)
+        for p in range(n):
+            cache.append(*(torch.full((1, 1, 1, 1), float(p), dtype=torch.float64),) * 2)
+        return cache
+
+    cache = filled(8)  # holds 0, 1 and 5, 6, 7
+    assert cache.k.view(-1).tolist() == [0, 1, 5, 6, 7]
+    cache.crop(2)  # the first two tokens' cache: the kept first positions alone
+    assert cache.k.view(-1).tolist() == filled(2).k.view(-1).tolist() == [0, 1] and cache.position == 2
+    with pytest.raises(ValueError, match="already dropped position 2"):
+        filled(6).crop(5)  # the first 5 tokens' cache held 0 .. 4, and 2 is gone
+    assert repr(filled(3)) == "KVCache(shape=(1, 1, 3, 1), position=3, window=4, keep_first=2)"
 
 
 # ---------------------------------------------------------------- SinkAttention

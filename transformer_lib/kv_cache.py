@@ -17,6 +17,7 @@ it in), refuses by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -27,23 +28,35 @@ from ._checks import check_bool, check_int, check_window
 __all__ = ["DecoderCache", "KVCache", "LayerCache"]  # crop_positions, is_prefix, select_rows: for the other caches
 
 
-def crop_positions(position: int, length: int, n: int, *, window: int | None, keep_first: int = 0, what: str) -> Tensor:
+def window_positions(total: int, window: int | None) -> list[int]:
+    """The positions a cache holds after ``total`` tokens (chapter "Generation"): all of them without a
+    window, the last ``window - 1`` with one."""
+    if window is None or total <= window - 1:
+        return list(range(total))
+    return list(range(total - (window - 1), total))
+
+
+def crop_positions(
+    position: int,
+    length: int,
+    n: int,
+    *,
+    window: int | None,
+    what: str,
+    held: Callable[[int], list[int]] | None = None,
+) -> Tensor:
     """The indices, among the ``length`` positions a cache holds after ``position`` tokens, of those
-    it would hold after the first ``n`` tokens only (chapter "Generation"): every position without a window;
-    with one, the last ``window - 1`` and the first ``keep_first``. Refuses an ``n`` outside
-    ``[0, position]``, and one whose positions a window has already dropped (``what`` names the cache)."""
+    it would hold after the first ``n`` tokens only (chapter "Generation"). ``held(total)`` lists the
+    positions the cache holds after ``total`` tokens, by default :func:`window_positions` with
+    ``window``. Refuses an ``n`` outside ``[0, position]``, and one whose positions a window has
+    already dropped (``what`` names the cache)."""
     check_int(n, "n", minimum=0)
     if n > position:
         raise ValueError(f"cannot crop {what} to n={n}: it holds {position} tokens (crop only goes back)")
-
-    def kept(total: int) -> list[int]:  # the positions a cache holds after `total` tokens
-        if window is None or total <= keep_first + window - 1:
-            return list(range(total))
-        return list(range(keep_first)) + list(range(total - (window - 1), total))
-
-    held = kept(position)
-    assert len(held) == length, (held, length)  # what the cache's own append keeps
-    where = {p: i for i, p in enumerate(held)}
+    kept = held if held is not None else (lambda total: window_positions(total, window))
+    now = kept(position)
+    assert len(now) == length, (now, length)  # what the cache's own append keeps
+    where = {p: i for i, p in enumerate(now)}
     need = kept(n)
     lost = [p for p in need if p not in where]
     if lost:
@@ -81,10 +94,9 @@ class KVCache:
     * ``KVCache()`` (self-attention): :meth:`append` adds the new tokens' keys and values and
       returns all of them. With ``window`` (sliding-window attention) only the last
       ``window - 1`` are kept, which is all the next token can see besides itself, so the memory
-      stays bounded; without it, everything is kept. ``keep_first`` (chapter "Latent, sparse and sink attention", with a
-    window
-      only) also keeps the first ``keep_first`` positions ever appended, StreamingLLM's attention
-      sinks: at most ``keep_first + window - 1`` positions are held.
+      stays bounded; without it, everything is kept. A window's cache that also keeps the first
+      positions ever appended (StreamingLLM's attention sinks) is chapter "Latent, sparse and sink
+      attention"'s :class:`~transformer_lib.sinks.KeepFirstKVCache`.
     * ``KVCache(static=True)`` (cross-attention): filled once, by :meth:`set` or by the first
       forward call, with the projected keys and values of the encoder's output; every later call
       reuses them and does not project the memory again.
@@ -100,18 +112,17 @@ class KVCache:
     and for a window's short cache, it concatenates.
     """
 
-    def __init__(self, *, window: int | None = None, keep_first: int = 0, static: bool = False, _checked: bool = False):
+    #: The first positions a window's cache keeps besides its last ``window - 1``: none here
+    #: (:class:`~transformer_lib.sinks.KeepFirstKVCache` keeps some); attentions check it (:func:`check_cache`).
+    keep_first = 0
+
+    def __init__(self, *, window: int | None = None, static: bool = False, _checked: bool = False):
         if not _checked:  # a layer making its cache checked its window where it entered
             check_window(window)
-        check_int(keep_first, "keep_first", minimum=0)
         check_bool(static, "static")
         if static and window is not None:
             raise ValueError("a static (cross-attention) KVCache keeps every key: give it no window")
-        if keep_first and window is None:
-            raise ValueError(
-                f"keep_first={keep_first} keeps the first keys besides a window: give the KVCache a window"
-            )
-        self.window, self.keep_first, self.static = window, keep_first, static
+        self.window, self.static = window, static
         self.k: Tensor | None = None  # (B, n_kv_heads, T_cached, d_k)
         self.v: Tensor | None = None
         self.position = 0
@@ -178,13 +189,15 @@ class KVCache:
 
     def _kept(self, x: Tensor) -> Tensor:
         """What a window keeps of ``x (B, n_kv_heads, T, d_k)``, every position held plus the new ones:
-        the last ``window - 1`` positions, and the first ``keep_first`` ever appended (chapter "Latent, sparse and sink
-        attention")."""
+        the last ``window - 1`` positions."""
         T = x.shape[2]
-        if self.window is None or T <= self.keep_first + self.window - 1:
+        if self.window is None or T <= self.window - 1:
             return x
-        recent = x[:, :, T - (self.window - 1) :]
-        return torch.cat([x[:, :, : self.keep_first], recent], dim=2) if self.keep_first else recent
+        return x[:, :, T - (self.window - 1) :]
+
+    def _held(self, total: int) -> list[int]:
+        """The positions :meth:`_kept` holds after ``total`` tokens (what :meth:`crop` goes back to)."""
+        return window_positions(total, self.window)
 
     def _write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append into the buffers (amortised: a copy of the cache only when the capacity doubles)."""
@@ -227,9 +240,7 @@ class KVCache:
         (cross-attention) cache holds the source, not decoded tokens, and is left as it is."""
         if self.static:
             return
-        index = crop_positions(
-            self.position, self.length, n, window=self.window, keep_first=self.keep_first, what="this KVCache"
-        )
+        index = crop_positions(self.position, self.length, n, window=self.window, held=self._held, what="this KVCache")
         if is_prefix(index):
             self._keep_prefix(index.numel())
         else:
@@ -257,14 +268,18 @@ class KVCache:
     def __repr__(self) -> str:
         shape = None if self.k is None else tuple(self.k.shape)
         extra = ", static=True" if self.static else (f", window={self.window}" if self.window else "")
-        extra += f", keep_first={self.keep_first}" if self.keep_first else ""
-        return f"KVCache(shape={shape}, position={self.position}{extra})"
+        return f"KVCache(shape={shape}, position={self.position}{extra}{self._repr_extra()})"
+
+    def _repr_extra(self) -> str:
+        """What a subclass adds to the settings :meth:`__repr__` shows: nothing here."""
+        return ""
 
 
 def check_cache(cache: object, window: int | None, batch: int, keep_first: int = 0) -> None:
-    """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` (and
-    ``keep_first``, chapter "Latent, sparse and sink attention") and a query batch of ``batch`` may use (chapter
-    "Generation"); a clear error otherwise."""
+    """That ``cache`` is a :class:`KVCache` an attention layer with this ``window`` and a query batch of
+    ``batch`` may use (chapter "Generation"); a clear error otherwise. ``keep_first`` is the first keys
+    the attention keeps in view of its window, which the cache must keep too (chapter "Latent, sparse
+    and sink attention"'s :class:`~transformer_lib.sinks.SinkAttention`; 0 for every other attention)."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
     if cache.window is not None and (window is None or cache.window < window):

@@ -45,7 +45,6 @@ def sliding_window_mask(
     T_k: int | None = None,
     window: int | None = None,
     *,
-    keep_first: int = 0,
     device: torch.device | str | None = None,
 ) -> Tensor:
     """Bool ``(T_q, T_k)``: causal attention that sees only the last ``window`` positions (chapter "Long context and
@@ -56,10 +55,9 @@ def sliding_window_mask(
     (new tokens attending to a cache), so query ``i`` sits at key position ``p = i + T_k - T_q`` and
     sees keys ``max(0, p - window + 1) .. p``. ``window`` is a positive int (required; it is the
     third argument only so that ``sliding_window_mask(T_q, T_k, window)`` reads naturally);
-    ``window >= T_k`` gives :func:`causal_mask`.
-
-    ``keep_first`` (chapter "Latent, sparse and sink attention", StreamingLLM's attention sinks): every query also sees
-    the first ``keep_first`` keys, ``0 .. keep_first - 1``, those not in its future.
+    ``window >= T_k`` gives :func:`causal_mask`. A window that also keeps the first keys in view
+    (StreamingLLM's attention sinks) is chapter "Latent, sparse and sink attention"'s
+    :func:`~transformer_lib.sinks.keep_first_mask`.
     """
     T_k = T_q if T_k is None else T_k
     for name, n in (("T_q", T_q), ("T_k", T_k)):
@@ -68,13 +66,10 @@ def sliding_window_mask(
     if window is None:
         raise ValueError("sliding_window_mask needs a window (a positive int), got None")
     check_int(window, "window")
-    check_int(keep_first, "keep_first", minimum=0)
     ones = torch.ones(T_q, T_k, dtype=torch.bool, device=device)
     offset = T_k - T_q  # query i sits at key position i + offset
     causal = torch.tril(ones, diagonal=offset)
     recent = ~torch.tril(ones, diagonal=offset - window)
-    if keep_first:
-        recent[:, :keep_first] = True  # the first keys stay in view (still only where causal)
     return causal & recent
 
 

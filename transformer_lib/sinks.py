@@ -10,7 +10,11 @@ the first one: an attention sink. Two ways to take that into account:
   attention that uses it;
 - keep the first tokens (StreamingLLM): a sliding window drops old keys, and with them the
   first token the model had learned to park attention on. ``keep_first`` keeps the first keys
-  in view of every query, in the mask and in the key-value cache.
+  in view of every query, in the mask (:func:`keep_first_mask`) and in the key-value cache
+  (:class:`KeepFirstKVCache`).
+
+The online softmax and the tiled attention of chapter "Long context and precision" take a learned
+sink too (their ``sink`` argument): there it starts the running maximum and sum, inside the loop.
 
 :func:`attention_sink_mass` measures how much of each head's attention a trained model gives to
 position 0. Shapes: ``B`` batch, ``h`` heads, ``T_q``/``T_k`` query and key lengths.
@@ -29,13 +33,21 @@ from ._checks import check_bool, check_float_tensors, check_int
 from ._specs import Spec, option
 from .attention import check_mask
 from .inspect_heads import attention_layers, eval_attention
-from .kv_cache import KVCache, check_cache
+from .kv_cache import KVCache, check_cache, window_positions
 from .masks import causal_mask, sliding_window_mask
 from .modern_block import QKTransform, qk_transformed
 from .multihead import MultiHeadAttention
 from .positional import half_split_rows
 
-__all__ = ["MultiHeadSpec", "SinkAttention", "attention_sink_mass", "sink_attention_from_gpt_oss", "sink_softmax"]
+__all__ = [
+    "KeepFirstKVCache",
+    "MultiHeadSpec",
+    "SinkAttention",
+    "attention_sink_mass",
+    "keep_first_mask",
+    "sink_attention_from_gpt_oss",
+    "sink_softmax",
+]
 
 
 def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
@@ -64,6 +76,61 @@ def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
     denominator = e.sum(dim=-1) + torch.exp(s - m)  # (..., h, T_q)
     denominator = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
     return e / denominator[..., None]
+
+
+def keep_first_mask(
+    T_q: int, T_k: int | None, window: int, keep_first: int, *, device: torch.device | str | None = None
+) -> Tensor:
+    """Bool ``(T_q, T_k)``: a sliding window that also keeps the first keys in view, StreamingLLM's
+    attention sinks (chapter "Latent, sparse and sink attention").
+
+    Every query sees what :func:`~transformer_lib.masks.sliding_window_mask` shows it (itself and
+    the ``window - 1`` keys before it, the queries being the last ``T_q`` of ``T_k`` positions) and,
+    besides, the first ``keep_first`` keys ``0 .. keep_first - 1``, those not in its future.
+    ``keep_first=0`` is the sliding window alone.
+    """
+    check_int(keep_first, "keep_first", minimum=0)
+    mask = sliding_window_mask(T_q, T_k, window, device=device)  # (T_q, T_k)
+    if keep_first:
+        first = causal_mask(T_q, T_k, device=device)[:, :keep_first]  # the first keys, where not in the future
+        mask[:, :keep_first] |= first
+    return mask
+
+
+class KeepFirstKVCache(KVCache):
+    """A sliding window's key-value cache that also keeps the first ``keep_first`` positions ever
+    appended, StreamingLLM's attention sinks (chapter "Latent, sparse and sink attention").
+
+    ``KeepFirstKVCache(window=w, keep_first=n)`` holds at most ``n + w - 1`` positions: the first
+    ``n``, then the last ``w - 1`` in order, which is the order :func:`keep_first_mask` reads them
+    in. Everything else is :class:`~transformer_lib.kv_cache.KVCache`'s (``append``, ``crop``,
+    ``select``, ``nbytes``); :meth:`SinkAttention.new_cache` makes one for its attention.
+    """
+
+    def __init__(self, *, window: int | None, keep_first: int, _checked: bool = False):
+        super().__init__(window=window, _checked=_checked)
+        check_int(keep_first, "keep_first", minimum=0)
+        if window is None:
+            raise ValueError(f"keep_first={keep_first} keeps the first keys besides a window: give the cache a window")
+        self.keep_first = keep_first
+
+    def _kept(self, x: Tensor) -> Tensor:
+        """What the cache keeps of ``x (B, n_kv_heads, T, d_k)``, every position held plus the new
+        ones: the first ``keep_first`` positions and the last ``window - 1``."""
+        T = x.shape[2]
+        if T <= self.keep_first + self.window - 1:
+            return x
+        recent = x[:, :, T - (self.window - 1) :]
+        return torch.cat([x[:, :, : self.keep_first], recent], dim=2) if self.keep_first else recent
+
+    def _held(self, total: int) -> list[int]:
+        """The positions :meth:`_kept` holds after ``total`` tokens (what ``crop`` goes back to)."""
+        if total <= self.keep_first + self.window - 1:
+            return list(range(total))
+        return list(range(self.keep_first)) + window_positions(total, self.window)
+
+    def _repr_extra(self) -> str:
+        return f", keep_first={self.keep_first}" if self.keep_first else ""
 
 
 class SinkAttention(MultiHeadAttention):
@@ -106,8 +173,11 @@ class SinkAttention(MultiHeadAttention):
 
     def new_cache(self, window: int | None) -> KVCache:
         """An empty :class:`~transformer_lib.kv_cache.KVCache` for this attention with ``window``
-        (chapter 18): with a window it also keeps the first ``keep_first`` keys."""
-        return KVCache(window=window, keep_first=self.keep_first if window is not None else 0, _checked=True)
+        (chapter 18): with a window and ``keep_first``, a :class:`KeepFirstKVCache` that also keeps
+        the first ``keep_first`` keys."""
+        if window is None or not self.keep_first:
+            return KVCache(window=window, _checked=True)
+        return KeepFirstKVCache(window=window, keep_first=self.keep_first, _checked=True)
 
     def attention_weights(
         self,
@@ -157,7 +227,7 @@ class SinkAttention(MultiHeadAttention):
         ones followed by the recent ones in order, so the same mask fits them."""
         if not self.keep_first or window is None or window >= T_k:
             return super()._causal(mask, T_q, T_k, window, need_weights, device)
-        structural = sliding_window_mask(T_q, T_k, window, keep_first=self.keep_first, device=device)  # (T_q, T_k)
+        structural = keep_first_mask(T_q, T_k, window, self.keep_first, device=device)  # (T_q, T_k)
         return structural if mask is None else mask & structural
 
     def _attend_by_hand(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> tuple[Tensor, Tensor]:
