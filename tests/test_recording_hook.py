@@ -140,6 +140,12 @@ def test_every_library_attention_records_what_it_computes(kind):
     if kind in ("multi_head", "grouped", "latent", "latent_folded"):  # plain causal softmax of those logits
         torch.testing.assert_close(weights, tl.masked_softmax(logits, tl.causal_mask(7, 7)), atol=1e-12, rtol=0)
     assert layer._score_callbacks == ()  # both left
+    if kind in ("sinks", "sparse", "sparse_gathered"):
+        return  # these take no empty sequence at all
+    empty, records = x[:, :0], []
+    with layer.record_scores(lambda *record: records.append(record)):
+        layer(empty, empty, empty, is_causal=True)
+    assert records[0][1].shape == (2, 4, 0, 0)  # no token: an empty record, not none
 
 
 @pytest.mark.parametrize("kind", ["multi_head", "latent", "gated_delta"])
@@ -153,6 +159,17 @@ def test_recording_refuses_a_cache_and_a_callback_that_is_no_function(kind):
     with pytest.raises(TypeError, match="callback"):
         with layer.record_scores("weights"):
             pass
+
+
+def test_the_tools_refuse_an_attention_without_the_hook_by_name():
+    class NoHook(torch.nn.Module):
+        part_role = "attention"
+
+    model = torch.nn.Sequential(tl.MultiHeadAttention(8, 2), NoHook())
+    with pytest.raises(TypeError, match="'1' \\(NoHook\\) offers no record_scores"):
+        with tl.capture_attention(model):
+            pass
+    assert model[0]._score_callbacks == ()
 
 
 def test_logit_max_reads_each_layers_record():

@@ -325,6 +325,8 @@ class GatedDeltaNet(RecordsScores, nn.Module):
         if cache is not None:
             cache.check(*shapes)
         if T == 0:  # no token: an empty output, as multi-head attention gives, and the state as it was
+            if record:
+                self._report_scores(lambda: (None, query.new_zeros(B, self.n_heads, 0, 0)))
             weights = query.new_zeros(B, self.n_heads, 0, 0) if need_weights else None
             return query.new_zeros(B, 0, self.out_proj.out_features), weights
         q, k, v, beta, g, conv = self._inputs(query, cache)

@@ -65,30 +65,6 @@ def _choose(model: nn.Module, layers: Iterable[str] | None) -> dict[str, nn.Modu
 
 
 @contextmanager
-def _recording(layer: nn.Module, callback) -> Iterator[None]:
-    """``layer.record_scores(callback)``, the hook every attention layer of the library offers
-    (:class:`~transformer_lib.multihead.RecordsScores`). An attention written before the hook,
-    with only the ``attention_weights(...)`` of :mod:`transformer_lib.parts`, is recorded by a
-    forward hook that asks it for its weights on the inputs it saw: ``callback(None, weights)``."""
-    if hasattr(layer, "record_scores"):
-        with layer.record_scores(callback):
-            yield
-        return
-
-    def hook(module, args, kwargs, output):
-        if kwargs.get("cache") is not None:
-            raise ValueError(f"{type(module).__name__} is recorded without a KVCache: run the model without cache=")
-        with torch.no_grad():
-            callback(None, module.attention_weights(*args, **kwargs).detach())
-
-    handle = layer.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@contextmanager
 def recording_scores(layers: Mapping[str, nn.Module], callback) -> Iterator[None]:
     """Record the scores of every layer of ``layers`` (``{name: attention layer}``, as
     :func:`attention_layers` gives) during the forward passes inside the ``with`` block (chapter
@@ -96,9 +72,15 @@ def recording_scores(layers: Mapping[str, nn.Module], callback) -> Iterator[None
     weights)``, with the ``logits`` (None for a layer with no softmax) and ``weights`` of
     :meth:`~transformer_lib.multihead.RecordsScores.record_scores`, the one hook the inspection
     tools use. Every layer stops recording when the block ends, also on an error."""
+    for name, layer in layers.items():
+        if not callable(getattr(layer, "record_scores", None)):
+            raise TypeError(
+                f"the attention layer {name!r} ({type(layer).__name__}) offers no record_scores(callback), the hook "
+                "through which the tools read its scores (transformer_lib.multihead.RecordsScores gives it)"
+            )
     with ExitStack() as stack:
         for name, layer in layers.items():
-            stack.enter_context(_recording(layer, lambda logits, weights, name=name: callback(name, logits, weights)))
+            stack.enter_context(layer.record_scores(lambda logits, weights, name=name: callback(name, logits, weights)))
         yield
 
 

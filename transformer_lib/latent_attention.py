@@ -170,6 +170,9 @@ class LatentAttention(RecordsScores, nn.Module):
     ``[q_nope_i W_uk_i, q_rope_i]``, scored against ``[c, k_rope]``; the heads attend over the
     latents ``c`` and each head's latent result is mapped up by ``W_uv_i``, then by ``out_proj``.
     No key or value of a head is ever made: what decoding from a :class:`LatentCache` wants.
+
+    :meth:`~transformer_lib.multihead.RecordsScores.record_scores` records, on either path, the
+    logits it scores (``q . k`` times its scale) and the weights ``need_weights=True`` returns.
     """
 
     part_role = "attention"  # part_matrices names both query forms; only those the layer has are found
@@ -323,6 +326,8 @@ class LatentAttention(RecordsScores, nn.Module):
         check_bool(folded, "folded")
         record = self._recording(cache)
         if T_q == 0:  # no token: an empty output, as multi-head attention gives, and the cache as it was
+            if record:
+                self._report_scores(lambda: (query.new_zeros(B, self.n_heads, 0, T_k),) * 2)
             weights = query.new_zeros(B, self.n_heads, 0, T_k) if need_weights else None
             return query.new_zeros(B, 0, self.d_model), weights
         return self._run(query, mask, is_causal, window, cache, folded, need_weights, p, record)

@@ -306,8 +306,8 @@ class MultiHeadAttention(RecordsScores, nn.Module):
             check_mask(mask, torch.Size((B, self.n_heads, T_q, T_k)))
         recording = self._recording(cache)
         q, k, v = self._project_cached(query, key, value, cache)  # (B, h, T_q, d_k), (B, h_kv, T_k, d_k)
-        if recording:  # the weights' mask, as need_weights=True builds it
-            seen = self._causal(mask, T_q, T_k, window, True, query.device) if is_causal else mask
+        if recording:  # the weights' mask, as need_weights=True builds it (no query: nothing to mask)
+            seen = self._causal(mask, T_q, T_k, window, True, query.device) if is_causal and T_q else mask
             self._report_scores(lambda: self._scores(q, k, seen))
         if is_causal:
             mask = self._causal(mask, T_q, T_k, window, need_weights, query.device)
