@@ -8,6 +8,7 @@ that do not move (see ``transformer_lib/chapters.py``):
 - prose: "chapter 14" becomes 'chapter "Today's block"' (the chapter's title), "chapters 2 and 3"
   'chapters "Queries, keys and values" and "Why divide by sqrt(d_k)"', and "chapters 8-10"
   'chapters "Encoder-decoder and cross-attention" to "Generation"';
+- a possessive of one word: "chapter 13's split:" becomes 'the split of chapter "Tokens":';
 - an exercise: "Chapter 4, exercise 4.2" becomes 'Chapter "Masking", exercise 2', and "exercise 4.2"
   elsewhere 'exercise 2 of chapter "Masking"' (the book numbers it when it is built);
 - a module: ``experiments.ch14`` and ``exercises.ch04`` become ``experiments.todays_block`` and
@@ -73,6 +74,8 @@ LINE_WIDTH = 120
 _NUMBER = r"\d{1,2}(?![\d_]|\.\d)"  # 14, not 04_masking nor 4.2
 _LIST = rf"{_NUMBER}(?:\s*(?:,|and|,\s*and|-|–|to)\s*{_NUMBER})*"
 _PROSE = re.compile(rf"\b([Cc]hapters(?=\s+{_NUMBER}\s*(?:,|and|-|–|to)\s*\d)|[Cc]hapters?)(\s+)({_LIST})('s)?")
+# 'chapter "Tokens"'s split:' reads better as 'the split of chapter "Tokens":' (one word or ``code``)
+_POSSESSIVE = re.compile(r'\b([Cc])hapter ((\\?)"[^"\\]+\3")\'s (``[^`]+``|[A-Za-z][\w-]*)(?=[.,:;)]| \()')
 # a title said twice once the number is gone: 'chapter "Masking" ("Masking")', 'chapter "Masking", "Masking"'
 _TWICE = re.compile(r'(\b[Cc]hapter (\\?)"([^"\\]+)\2")(?: \(\2"\3\2"\)|, \2"\3\2")')
 _NAMED_EXERCISE = re.compile(r'(\b[Cc]hapter (\\?)"[^"\\]+\2", [Ee]xercise )(\d{1,2})\.(\d{1,2})\b')
@@ -127,6 +130,12 @@ def convert(text: str, quote: str = "") -> str:
     delimiter of the one-line Python string that ``text`` is the inside of, if it is one."""
     text = _PROSE.sub(lambda m: _prose(m, quote), text)
     text = _TWICE.sub(r"\1", text)
+    text = _POSSESSIVE.sub(
+        lambda m: f"{'T' if m[1] == 'C' else 't'}he {m[4]} of {m[1]}hapter {m[2]}".replace(
+            f"of {m[1]}hapter", "of chapter"
+        ),
+        text,
+    )
     text = _NAMED_EXERCISE.sub(lambda m: f"{m[1]}{m[4]}", text)
     text = _EXERCISE.sub(lambda m: f"{m[1]}{m[3]} of chapter {title(int(m[2]), quote)}", text)
     text = _MODULE.sub(lambda m: f"{m[1]}{m[2]}{OLD_NAMES[m[3]]}", text)

@@ -1,6 +1,6 @@
-"""Tests of chapter "Measuring a model"'s measurements (transformer_lib/evaluate.py, transformer_lib/data/mc_tasks.py):
-multiple choice scored exactly as lm-eval scores it (its acc, acc_norm and every log-likelihood, on
-the same task file and the book's GPT through its transformers converter), pass@k against brute
+"""Tests of the measurements of chapter "Measuring a model" (transformer_lib/evaluate.py,
+transformer_lib/data/mc_tasks.py): multiple choice scored exactly as lm-eval scores it (its acc, acc_norm and every
+log-likelihood, on the same task file and the book's GPT through its transformers converter), pass@k against brute
 force, the intervals, the judge's position bias and the report card."""
 
 import itertools

@@ -31,6 +31,8 @@ def names():
         ("chapter 16, 2 seeds", 'chapter "Measuring a model", 2 seeds'),
         ("Chapter 4, exercise 4.2: check", 'Chapter "Masking", exercise 2: check'),
         ("see exercise 13.1", 'see exercise 1 of chapter "Tokens"'),
+        ("(chapter 13's split: the", '(the split of chapter "Tokens": the'),
+        ("on chapter 15's 200 dates", 'on chapter "Fine-tuning"\'s 200 dates'),
         ('chapter 12 ("What attention learns")', 'chapter "What attention learns"'),
         ("--chapter 04_masking", "--chapter 04_masking"),  # a notebook's file name is not a chapter number
         ("tl.exercises.ch04.check_causal_mask", "tl.exercises.masking.check_causal_mask"),
@@ -61,7 +63,7 @@ def test_python_stays_python_and_keeps_data_folders_and_directives(names):
     )
     out = names.convert_python(source)
     ast.parse(out)
-    assert '"""Checks for chapter "Today\'s block" (chapter "Fine-tuning"\'s base)."""' in out
+    assert '"""Checks for chapter "Today\'s block" (the base of chapter "Fine-tuning")."""' in out
     assert "from transformer_lib.experiments import fine_tuning\n" in out
     assert "DATA / \"ch15\" / 'pretrained.pt'" in out  # a data folder keeps its name
     assert "MESSAGE = 'see chapter \"Today\\'s block\"'" in out

@@ -53,7 +53,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 LN2 = math.log(2)
 LN2_FLOAT32 = float(torch.tensor(LN2, dtype=torch.float32))
-# chapter "Fine-tuning"'s dates: the answers start with a digit, so that the prompt's last token (the space of
+# the dates of chapter "Fine-tuning": the answers start with a digit, so that the prompt's last token (the space of
 # PROMPT_END) never merges with the answer's first when TRL tokenises prompt + answer whole
 TRIPLES = [
     ("3 March 2021", "2021-03-03", "2021-03-30"),
@@ -84,7 +84,7 @@ def perturbed(model, seed, scale=0.02):
 
 
 def pair_batches(tokenizer, triples=TRIPLES):
-    """``(chosen, rejected)``, each ``(ids, n_prompt, lengths)`` from chapter "Fine-tuning"'s layout."""
+    """``(chosen, rejected)``, each ``(ids, n_prompt, lengths)`` from the layout of chapter "Fine-tuning"."""
     chosen = pad_rows([tl.encode_pair(tokenizer, p, c) for p, c, _ in triples], tokenizer.eos_id)
     rejected = pad_rows([tl.encode_pair(tokenizer, p, r) for p, _, r in triples], tokenizer.eos_id)
     return chosen, rejected

@@ -1,6 +1,6 @@
-"""Chapter "Encoder-decoder and cross-attention"'s record (``transformer_lib.experiments.encoder_decoder``): it holds
-every part and seed at the current settings, the shipped dates model is its seed 0, the chapter's Bahdanau model is the
-experiment's, and seed 0, re-run, reproduces the record (slow)."""
+"""The record of chapter "Encoder-decoder and cross-attention" (``transformer_lib.experiments.encoder_decoder``): it
+holds every part and seed at the current settings, the shipped dates model is its seed 0, the chapter's Bahdanau model
+is the experiment's, and seed 0, re-run, reproduces the record (slow)."""
 
 import ast
 import inspect

@@ -130,7 +130,7 @@ def test_chapter_16s_record_holds_every_model_seed_and_version():
 
 
 def test_the_shipped_dates_adapter_is_sometimes_right():
-    """Chapter "Measuring a model"'s model for pass@k: trained on chapter "Fine-tuning"'s base, and right on some
+    """Chapter "Measuring a model"'s model for pass@k: trained on the base of chapter "Fine-tuning", and right on some
     held-out dates, not all (its record says how it was made)."""
     meta = json.loads((ROOT / "transformer_lib" / "data" / "ch16" / "dates_lora.json").read_text())
     assert "--max-iters 350" in meta["command"] and "--seed 0" in meta["command"]

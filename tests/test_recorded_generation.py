@@ -1,4 +1,4 @@
-"""Chapter "Generation"'s record (``transformer_lib.experiments.generation``) and the small GPT it ships, which
+"""The record of chapter "Generation" (``transformer_lib.experiments.generation``) and the small GPT it ships, which
 chapters "Generation" and "Long context and precision" load: the record holds every part and seed at the current
 settings, the checkpoint is the recorded model, and seed 0, trained again, reproduces both (slow)."""
 

@@ -1,7 +1,7 @@
 """Induction heads (chapter "What attention learns"): a small attention-only transformer,
 its heads' OV circuits, and the training run on repeated sequences whose history shows the
 phase change in which induction heads form; and the chapter's other probes: the loss at each
-position of the context, and the subject-verb agreement sentences of chapter "A GPT from scratch"'s grammar.
+position of the context, and the subject-verb agreement sentences of the grammar of chapter "A GPT from scratch".
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ _ADVERBS, _ADV_P = ["", " quietly", " today", " again"], [0.4, 0.2, 0.2, 0.2]
 
 
 def _sentence(rng) -> str:
-    """One sentence of chapter "A GPT from scratch"'s grammar, drawn with ``rng`` (a ``random.Random``)."""
+    """One sentence of the grammar of chapter "A GPT from scratch", drawn with ``rng`` (a ``random.Random``)."""
     many = rng.random() < 0.5
     subject = f"{rng.choice(_DETS[many])}{rng.choices(_ADJECTIVES, _ADJ_P)[0]} {rng.choice(_NOUNS)[many]}"
     if rng.random() < 0.5:

@@ -100,7 +100,7 @@ def _answer_rows(tokenizer, prompt: str, answers: Sequence[str]) -> list[tuple[l
 
 class DPOBatches(_Batches):
     """Batches of preference pairs for DPO (chapter "Preferences and rewards"): ``train`` and ``val`` are lists of
-    ``(prompt, chosen, rejected)`` texts, each answer laid out as chapter "Fine-tuning"'s responses (with the
+    ``(prompt, chosen, rejected)`` texts, each answer laid out as the responses of chapter "Fine-tuning" (with the
     end token). ``batches(split)`` draws ``batch_size`` pairs: ``{"ids": (2B, T), "n_prompt":
     (2B,), "lengths": (2B,)}``, the chosen rows first. ``loss(model, batch)`` is DPO's with
     ``beta``, on summed log-probabilities, or per-token means (``average=True``); ``last`` holds

@@ -274,7 +274,7 @@ class QuantizedKVCache(KVCache):
         return 0 if m < R else m - (R - G + (m - R) % G)
 
     def crop(self, n: int) -> None:
-        """Back to what the cache held after its first ``n`` tokens (chapter "Generation"'s protocol). Only the
+        """Back to what the cache held after its first ``n`` tokens (the protocol of chapter "Generation"). Only the
         residual can be cut: a position already quantised has lost its full-precision key, which the
         first ``n`` tokens' cache may still hold, and with ``fixed_scale`` the scale came from the prompt."""
         check_int(n, "n", minimum=0)
@@ -316,7 +316,7 @@ def new_quantized_cache(
     model, *, bits: int = 8, group: int = 32, residual_length: int | None = None, fixed_scale: bool = False
 ) -> DecoderCache:
     """An empty :class:`~transformer_lib.kv_cache.DecoderCache` for ``model`` whose self-attention caches
-    are :class:`QuantizedKVCache` (chapter "Longer than trained"; chapter "Generation"'s cache, quantised).
+    are :class:`QuantizedKVCache` (chapter "Longer than trained"; the cache of chapter "Generation", quantised).
 
     ``model`` is a :class:`~transformer_lib.models.GPT`, a chapter "Encoder-decoder and cross-attention"
     :class:`~transformer_lib.encoder_decoder.Transformer` (its cross-attention caches stay full

@@ -22,7 +22,7 @@ from .models import GPT, GPTConfig
 
 __all__ = ["TOKEN_RUN", "bits_per_byte", "token_byte_lengths", "token_run"]
 
-#: The settings of chapter "Tokens"'s comparison: one model shape, one budget of steps and tokens, for
+#: The settings of the comparison of chapter "Tokens": one model shape, one budget of steps and tokens, for
 #: both tokenizers, and the BPE's vocabulary.
 TOKEN_RUN = dict(
     n_layers=2,

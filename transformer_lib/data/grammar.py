@@ -110,7 +110,7 @@ def grammar_entropy(node) -> tuple[float, float]:
 
 
 def _toy_grammar() -> list:
-    """Chapter "A GPT from scratch"'s sentence: subject and verb phrase agree in number ("one" or "many")."""
+    """The sentence of chapter "A GPT from scratch": subject and verb phrase agree in number ("one" or "many")."""
     adj = Choice(["", " small", " red", " quiet", " big", " lazy"], [0.5, 0.1, 0.1, 0.1, 0.1, 0.1])
     noun = {
         "one": Choice([" cat", " dog", " bird", " fox", " child", " mouse", " king", " horse"]),
@@ -135,7 +135,7 @@ def _toy_grammar() -> list:
     return [Choice([clause("one"), clause("many")]), ".\n"]
 
 
-#: Chapter "A GPT from scratch"'s grammar: one sentence, ending with ".\n"; subject and verb agree in number.
+#: The grammar of chapter "A GPT from scratch": one sentence, ending with ".\n"; subject and verb agree in number.
 TOY_GRAMMAR = _toy_grammar()
 
 

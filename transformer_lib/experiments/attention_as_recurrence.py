@@ -31,7 +31,7 @@ Parts:
   parameters, what its memory holds per layer (a recurrence's fixed state; softmax
   attention's keys and values, per token), the accuracy at each count and the training loss;
 * ``lm``: 4 layers, width 64, 4 heads, context 128, 300 steps of 16 windows of Tiny
-  Shakespeare's characters (chapter "Tokens"'s ``token_run``, AdamW at 3e-3): softmax attention, the
+  Shakespeare's characters (the ``token_run`` of chapter "Tokens", AdamW at 3e-3): softmax attention, the
   three recurrences, and the hybrid (gated DeltaNet with ``full_every=4``: layers 0-2
   recurrent, layer 3 softmax, Qwen3-Next's 3:1); bits per byte on the last 10 %.
 

@@ -7,10 +7,10 @@ through seed 0's ``experts`` model, shipped beside it as a float32 state dict,
 ``experts_seed0.pt`` (:func:`checkpoint_model`).
 
 Every model is a Llama-style GPT (RMSNorm, SwiGLU, rotary positions, no biases, untied head) of
-2 layers, width 64, 4 heads and context 64 on Tiny Shakespeare's characters (chapter "Tokens"'s split:
+2 layers, width 64, 4 heads and context 64 on Tiny Shakespeare's characters (the split of chapter "Tokens":
 the last 10 % held out), trained in float64 (so that another CPU gets the same numbers: a
 router's top k is a discrete choice that float32's rounding would flip) for 600 steps of 16
-random windows with AdamW at a constant 3e-3 and no weight decay, as chapter "Tokens"'s ``token_run``;
+random windows with AdamW at a constant 3e-3 and no weight decay, as the ``token_run`` of chapter "Tokens";
 seed ``s`` draws the initial weights after ``torch.manual_seed(s)`` and the windows from a
 generator seeded ``s``, so the five models of a seed read the same batches. The models
 (:data:`MODELS`):

@@ -117,7 +117,7 @@ def config(vocab_size: int, n_kv_heads: int | None = None) -> tl.GPTConfig:
 def train_small(
     train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int, n_kv_heads=None, seed=0, steps=MODEL_STEPS
 ) -> tuple[tl.GPT, float]:
-    """Chapter "Generation"'s ``train_small``: the small GPT trained in float64; returns (model in eval mode,
+    """The ``train_small`` of chapter "Generation": the small GPT trained in float64; returns (model in eval mode,
     the validation loss training reports at the end) (chapter "Generation")."""
     s = SETTINGS
     tl.set_seed(seed)

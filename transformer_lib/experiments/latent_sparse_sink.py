@@ -4,7 +4,7 @@ against a window of the same width, and attention sinks. The chapter reads the r
 
 Every run is a small Llama-style GPT (RMSNorm, SwiGLU, rotary positions, no biases) on Tiny
 Shakespeare's characters: 2 layers, width 64, 300 steps of 16 windows, AdamW at 3e-3 with no
-weight decay (chapter "Tokens"'s ``token_run``), measured on the last 10 %.
+weight decay (the ``token_run`` of chapter "Tokens"), measured on the last 10 %.
 
 The command line (``--dry-run`` prints and writes nothing)::
 

@@ -7,9 +7,9 @@ chapter reads the record, ``transformer_lib/data/longer_than_trained/longer_swee
 model, shipped beside it as a float32 state dict, ``base_seed0.pt`` (:func:`checkpoint_model`).
 
 Every model is a Llama-style GPT (RMSNorm, SwiGLU, no biases, untied head) of 2 layers, width 64,
-4 heads (``d_k = 16``: 8 rotated pairs) on Tiny Shakespeare's characters (chapter "Tokens"'s split: the
+4 heads (``d_k = 16``: 8 rotated pairs) on Tiny Shakespeare's characters (the split of chapter "Tokens": the
 last 10 % held out), trained in float64 at context 64 for 600 steps of 16 random windows with
-AdamW at a constant 3e-3 and no weight decay, as chapter "Tokens"'s ``token_run``. Every step at any
+AdamW at a constant 3e-3 and no weight decay, as the ``token_run`` of chapter "Tokens". Every step at any
 length reads the same 1024 tokens (4 windows at 256), so that the controls differ from the
 fine-tune in length alone. Seed ``s`` draws the initial weights after ``torch.manual_seed(s)``
 and the windows from a generator seeded ``s``. The parts:

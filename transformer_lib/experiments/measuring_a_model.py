@@ -1,5 +1,5 @@
 """The experiment over seeds of chapter "Measuring a model": the report card (:func:`transformer_lib.report_card`) of
-chapter "Fine-tuning"'s models, before and after fine-tuning, and of each one quantised. The chapter reads
+the models of chapter "Fine-tuning", before and after fine-tuning, and of each one quantised. The chapter reads
 the record, ``transformer_lib/data/ch16/report_cards.json`` (``recorded("measuring_a_model")``).
 
 The command line (``--dry-run`` prints and writes nothing)::

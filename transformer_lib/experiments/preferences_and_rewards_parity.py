@@ -1,6 +1,6 @@
 """The parity of chapter "Preferences and rewards" with TRL (``trl``, from ``requirements-eval.txt``): its DPO and GRPO
-losses on fixed inputs (:data:`PARITY`), recorded by the ``trl`` part of chapter "Preferences and rewards"'s experiment,
-and the inputs themselves, which the chapter builds again to compare the book's numbers with TRL's:
+losses on fixed inputs (:data:`PARITY`), recorded by the ``trl`` part of the experiment of chapter "Preferences and
+rewards", and the inputs themselves, which the chapter builds again to compare the book's numbers with TRL's:
 chapter "Fine-tuning"'s base as the reference, a copy with every weight moved a little as the policy
 (:func:`perturbed`), three date pairs, and rollouts of two prompts with four answers each.
 """
@@ -46,7 +46,7 @@ def perturbed(model, seed: int, scale: float = 0.02):
 
 
 def parity_models():
-    """The reference (chapter "Fine-tuning"'s base, float64) and the policy (it, perturbed with seed 1)."""
+    """The reference (the base of chapter "Fine-tuning", float64) and the policy (it, perturbed with seed 1)."""
     model, tokenizer, _ = tl.load_checkpoint(tl.PRETRAINED_PATH)
     ref = model.double().eval()
     return perturbed(ref, seed=1), ref, tokenizer

@@ -176,7 +176,8 @@ def run_fixed(seeds=SEEDS, steps=FIXED_STEPS) -> dict:
 
 
 def agreement_model(seed: int, steps: int = AGREE_STEPS):
-    """Chapter "A GPT from scratch"'s GPT (2 layers, 4 heads, width 64, context 32) trained on its invented language."""
+    """The GPT of chapter "A GPT from scratch" (2 layers, 4 heads, width 64, context 32) trained on its invented
+    language."""
     text = tl.agreement_text(8000, seed=0)
     tokenizer = tl.CharTokenizer.from_text(text)
     train_ids, val_ids = tl.split_tokens(torch.tensor(tokenizer.encode(text)), val_fraction=0.1)
