@@ -1,35 +1,38 @@
 """A run has one owner (transformer_lib/run.py): the names of a run folder's files are defined
-there alone (the checkpoint's own name and its lock in checkpoint.py, which keeps the bytes of
-one file), every command that starts from a checkpoint builds its model with
-:func:`~transformer_lib.run.start_model`, and the commands that continue a run share one resume
-rule, :meth:`~transformer_lib.run.RunFolder.resumed`. The first tests read the library's source;
-the last ones run the rule."""
+there alone, its lock's included (the checkpoint's own name, a folder's checkpoint, in
+checkpoint.py, which keeps the bytes of one file and takes the lock's name from its caller),
+every command that starts from a checkpoint builds its model with
+:func:`~transformer_lib.run.start_model`, and the commands that continue a run, ``train``'s
+included, share one resume rule, :meth:`~transformer_lib.run.RunFolder.resumed`. The first
+tests read the library's source; the last ones run the rule."""
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_lib as tl
-from transformer_lib import checkpoint, run
+from transformer_lib import checkpoint, cli, run
 
 LIBRARY = Path(tl.__file__).parent
 CLI = LIBRARY / "cli"
 # Where each name of a run folder's files may be written as a string: run.py defines the run's own
-# files; checkpoint.py the name of the checkpoint in a folder and of the lock that owns the folder
-# (the mechanics of one file, which chapter "A GPT from scratch" uses on a folder of its own).
+# files and the lock that owns the folder; checkpoint.py the name of the checkpoint in a folder.
 DEFINED_IN = {
     run.TOKENIZER_NAME: "run.py",
     run.ADAPTER_NAME: "run.py",
+    run.LOCK_NAME: "run.py",
     checkpoint.CHECKPOINT_NAME: "checkpoint.py",
-    checkpoint.LOCK_NAME: "checkpoint.py",
 }
 # Messages elsewhere that show the name as an example path, not as the run's file.
 EXAMPLES = {("data/tokenizer.py", run.TOKENIZER_NAME)}
 # The commands that start from a checkpoint, and those of them that continue a run.
 STARTING = ("finetune.py", "tune.py", "sample.py", "evaluate.py")
 RESUMING = ("finetune.py", "tune.py")
+# The flags of a tiny training run (refused below before it trains a step).
+TINY = "--n-layers 1 --n-heads 1 --d-model 4 --context-len 4 --batch-size 2 --max-iters 2 --device cpu".split()
 
 
 def strings(path: Path):
@@ -71,8 +74,22 @@ def test_a_run_folders_file_names_are_written_in_one_module_each():
     assert run.RunFolder("out").adapter == Path("out", run.ADAPTER_NAME)  # the folder's paths are run.py's
     assert {run.RunFolder("out").checkpoint, run.RunFolder("out").lock} == {
         Path("out", checkpoint.CHECKPOINT_NAME),
-        Path("out", checkpoint.LOCK_NAME),
+        Path("out", run.LOCK_NAME),
     }
+
+
+def test_checkpoint_py_takes_the_lock_and_the_checkpoint_name_from_its_caller(tmp_path):
+    assert not hasattr(checkpoint, "LOCK_NAME")
+    assert "lock_name" in inspect.signature(checkpoint.own_folder).parameters
+    with checkpoint.own_folder(tmp_path, "other.lock"):
+        assert (tmp_path / "other.lock").is_file() and not (tmp_path / run.LOCK_NAME).exists()
+    with run.RunFolder(tmp_path).own():
+        assert run.RunFolder(tmp_path).lock.is_file()
+    assert not list(tmp_path.iterdir())  # each lock removed by its holder
+    model = tl.GPT(tl.GPTConfig(vocab_size=8, context_len=4, n_layers=1, n_heads=1, d_model=4))
+    checkpoint.save_checkpoint({"model": model.state_dict()}, tmp_path / "best.pt")
+    assert checkpoint.checkpoint_file(tmp_path, "best.pt") == tmp_path / "best.pt"
+    assert "model" in checkpoint.read_checkpoint(tmp_path, name="best.pt")
 
 
 def test_checkpoint_py_keeps_the_bytes_and_knows_no_command_and_no_lora_file():
@@ -111,6 +128,12 @@ def test_every_command_that_continues_a_run_uses_the_one_resume_rule(command):
     assert "read_checkpoint" not in called  # the run's checkpoint is read by the rule, once
 
 
+def test_the_train_command_continues_a_run_by_the_same_rule():
+    called = calls(CLI / "train.py") | calls(CLI / "settings.py")  # settings.py checks the flags it resumes with
+    assert {"resumed", "resume_config", "resume_record"} <= called
+    assert "read_checkpoint" not in called and "check_fresh" not in calls(CLI / "train.py")
+
+
 def test_the_resume_rule_names_the_kind_and_its_command(tmp_path):
     folder = run.RunFolder(tmp_path)
     model = tl.GPT(tl.GPTConfig(vocab_size=8, context_len=4, n_layers=1, n_heads=1, d_model=4))
@@ -124,3 +147,16 @@ def test_the_resume_rule_names_the_kind_and_its_command(tmp_path):
     with pytest.raises(ValueError, match="continue it with --resume, replace it with --force"):
         folder.resumed("grpo", resume=False, force=False)
     assert folder.resumed("grpo", resume=False, force=True) == (None, None)
+
+
+def test_the_train_command_refuses_to_continue_another_kind_of_run(tmp_path, capsys):
+    folder = run.RunFolder(tmp_path / "tuned")
+    folder.path.mkdir()
+    model = tl.GPT(tl.GPTConfig(vocab_size=8, context_len=4, n_layers=1, n_heads=1, d_model=4))
+    meta = run.RunRecord(kind="finetune", seed=1, val_fraction=0.1).to_meta()
+    checkpoint.save_checkpoint({"model": model.state_dict(), "meta": meta}, folder.checkpoint)
+    before = folder.checkpoint.read_bytes()
+    assert cli.main(["train", *TINY, "--resume", "--out-dir", str(folder.path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a fine-tuning run, not a training run: continue it with python -m transformer_lib finetune" in err
+    assert folder.checkpoint.read_bytes() == before and not folder.lock.exists()

@@ -18,6 +18,7 @@ import torch
 import transformer_lib as tl
 from transformer_lib import checkpoint as ckpt_module
 from transformer_lib import cli
+from transformer_lib.run import LOCK_NAME, RunFolder
 
 TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "8", "--batch-size", "2", "--context-len", "8",
         "--eval-iters", "1", "--eval-interval", "2", "--device", "cpu", "--no-progress", "--warmup-iters", "0",
@@ -82,7 +83,7 @@ def test_two_processes_never_share_an_out_dir_and_a_killed_run_leaves_no_lock(tm
         assert f"{out} is in use by another training run (pid {winner.pid} on " in err
         wait_for_checkpoint(out, winner)
         assert winner.poll() is None  # still training, its checkpoint its own
-        holder = json.loads((out / ckpt_module.LOCK_NAME).read_text())
+        holder = json.loads((out / LOCK_NAME).read_text())
         assert holder["pid"] == winner.pid
 
         # a resumed run and a fresh one with --force respect the lock too
@@ -101,18 +102,18 @@ def test_two_processes_never_share_an_out_dir_and_a_killed_run_leaves_no_lock(tm
     step = tl.read_checkpoint(out)["step"]
     assert train("--resume", "--out-dir", out, "--max-iters", step + 2) == 0  # not stuck
     assert tl.read_checkpoint(out)["step"] == step + 2
-    assert not (out / ckpt_module.LOCK_NAME).exists()  # removed by the run that ended normally
+    assert not (out / LOCK_NAME).exists()  # removed by the run that ended normally
 
 
 def test_the_lock_is_reentrant_in_one_process_and_refuses_a_second_holder(tmp_path):
-    with ckpt_module.own_folder(tmp_path) as folder, ckpt_module.own_folder(tmp_path):
+    with RunFolder(tmp_path).own() as folder, RunFolder(tmp_path).own():
         assert folder == tmp_path
-        code = "import sys; from transformer_lib.checkpoint import own_folder\nwith own_folder(sys.argv[1]): pass"
+        code = "import sys; from transformer_lib.run import RunFolder\nwith RunFolder(sys.argv[1]).own(): pass"
         env = {**os.environ, "PYTHONPATH": str(Path(tl.__file__).parents[1])}
         done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                               timeout=120)  # fmt: skip
         assert done.returncode != 0 and f"pid {os.getpid()}" in done.stderr
-    assert not (tmp_path / ckpt_module.LOCK_NAME).exists()
+    assert not (tmp_path / LOCK_NAME).exists()
 
 
 # ---- resume with every setting the run was started with ----

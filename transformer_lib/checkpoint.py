@@ -3,9 +3,11 @@
 rebuilds a model from its saved config; the lock by which one process owns a folder; and every
 random state a training step reads, so a resumed run equals one that never stopped.
 
-These are the mechanics of one file. What a run's folder holds beside its checkpoint (the
-tokenizer, a LoRA run's adapter file), what a training checkpoint records, and how a run is
-loaded back are :mod:`transformer_lib.run`'s.
+These are the mechanics of one file. The lock takes its file's name from its caller, and the
+lookup of a checkpoint in a folder takes another name than ``ckpt.pt`` where its caller gives
+one; the names of a run folder's other files (the lock's, the tokenizer's, a LoRA run's adapter
+file's), what a training checkpoint records, and how a run is loaded back are
+:mod:`transformer_lib.run`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ __all__ = [
     "save_checkpoint",
 ]
 
-CHECKPOINT_NAME = "ckpt.pt"  # the checkpoint in a folder (checkpoint_file); a run's other files are run.py's
+#: The checkpoint in a folder (a run folder's, :class:`transformer_lib.run.RunFolder`), unless the
+#: caller of :func:`checkpoint_file` or :func:`read_checkpoint` names another.
+CHECKPOINT_NAME = "ckpt.pt"
 
 # The model classes a checkpoint can hold, by name, with their config classes.
 MODELS: dict[str, tuple[type[nn.Module], type]] = {
@@ -134,7 +138,6 @@ def prepare_folder(*paths: str | os.PathLike) -> list[Path]:
     return orphans
 
 
-LOCK_NAME = CHECKPOINT_NAME + ".lock"
 _OWNED: dict[str, list] = {}  # folders this process owns: resolved path -> [file descriptor, depth]
 
 
@@ -164,12 +167,14 @@ def _holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def own_folder(folder: str | os.PathLike):
-    """Inside ``with own_folder(folder):`` this process alone writes checkpoints in ``folder``
-    (chapter 9): a second run, fresh or resumed, is refused with an ``OSError`` that says which
-    run holds it (its pid, host and start time). The lock belongs to the process, so the
-    operating system releases it when the run ends, even killed; the same process may enter it
-    again (the command holds it, then :func:`~transformer_lib.train.train` inside)."""
+def own_folder(folder: str | os.PathLike, lock_name: str):
+    """Inside ``with own_folder(folder, lock_name):`` this process alone writes checkpoints in
+    ``folder`` (chapter 9), holding the lock file ``folder/lock_name`` (a run folder's is
+    ``transformer_lib.run.LOCK_NAME``; :meth:`~transformer_lib.run.RunFolder.own` gives it): a
+    second run, fresh or resumed, is refused with an ``OSError`` that says which run holds it (its
+    pid, host and start time). The lock belongs to the process, so the operating system releases
+    it when the run ends, even killed; the same process may enter it again (the command holds it,
+    then :func:`~transformer_lib.train.train` inside)."""
     folder = check_writable(folder)
     key = str(folder.resolve())
     if key in _OWNED:
@@ -179,7 +184,7 @@ def own_folder(folder: str | os.PathLike):
         finally:
             _OWNED[key][1] -= 1
         return
-    path = folder / LOCK_NAME
+    path = folder / lock_name
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -212,19 +217,20 @@ def own_folder(folder: str | os.PathLike):
         os.close(fd)
 
 
-def checkpoint_file(path: str | os.PathLike) -> Path:
-    """``path`` itself, or ``path/ckpt.pt`` when ``path`` is a folder (chapter 9)."""
+def checkpoint_file(path: str | os.PathLike, name: str = CHECKPOINT_NAME) -> Path:
+    """``path`` itself, or the checkpoint ``path/name`` when ``path`` is a folder (chapter 9)."""
     path = Path(path)
-    return path / CHECKPOINT_NAME if path.is_dir() else path
+    return path / name if path.is_dir() else path
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The dict saved in the checkpoint at ``path`` (a file or its folder), tensors on the CPU (chapter 9).
+def read_checkpoint(path: str | os.PathLike, name: str = CHECKPOINT_NAME) -> dict:
+    """The dict saved in the checkpoint at ``path`` (a file, or the folder that holds it as
+    ``name``), tensors on the CPU (chapter 9).
 
     An empty, truncated or garbage file, one holding more than tensors and plain data, or one
     whose tensors do not match their stored checksum, is a ``ValueError`` naming the file.
     """
-    file = checkpoint_file(path)
+    file = checkpoint_file(path, name)
     if not file.is_file():
         raise FileNotFoundError(f"no checkpoint at {file}")
     try:

@@ -4,11 +4,10 @@ writes and what its checkpoint holds, a typed record of what the run is, the rul
 ``--resume`` may change, :func:`start_model`, the model every command starts from, and
 :func:`load_run`, which gives a run back.
 
-A run folder holds (the names of the checkpoint and its lock, which any folder of a checkpoint
-has, are checkpoint.py's; the others are this module's alone)::
+A run folder holds (the checkpoint's name is checkpoint.py's; the others, its lock's too, are this module's)::
 
     ckpt.pt         the checkpoint, atomic and checksummed (checkpoint.py)
-    ckpt.pt.lock    while a run writes in the folder
+    ckpt.pt.lock    while a run writes in the folder (checkpoint.py's lock)
     tokenizer.json  a BPE run's tokenizer (chapter 13), or its base's
     adapter.pt      a LoRA run's adapters and token rows (chapter 15)
 
@@ -40,7 +39,6 @@ from torch import nn
 
 from .checkpoint import (
     CHECKPOINT_NAME,
-    LOCK_NAME,
     build_model,
     check_recorded,
     checkpoint_file,
@@ -70,6 +68,7 @@ __all__ = [
     "start_model",
 ]
 
+LOCK_NAME = CHECKPOINT_NAME + ".lock"  # held while a run writes in its folder (RunFolder.own)
 TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
 ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
 DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
@@ -203,8 +202,9 @@ class RunFolder:
     adapter = property(lambda self: self.path / ADAPTER_NAME)
 
     def own(self):
-        """``with folder.own():`` this process alone writes here (``checkpoint.own_folder``)."""
-        return own_folder(self.path)
+        """``with folder.own():`` this process alone writes here, holding the lock :data:`LOCK_NAME`
+        (``checkpoint.own_folder``); a second run is refused, told which run holds the folder."""
+        return own_folder(self.path, LOCK_NAME)
 
     def check_fresh(self, force: bool) -> None:
         """Refuse to start a run where another run's checkpoint is, unless ``force`` (it is replaced)."""
@@ -299,7 +299,7 @@ class TrainingFile:
         if not self.writer:
             yield
             return
-        with own_folder(self.path.parent):
+        with own_folder(self.path.parent, LOCK_NAME):
             prepare_folder(self.path, self.path.parent / ADAPTER_NAME)  # the adapter file is rewritten with it
             yield
 

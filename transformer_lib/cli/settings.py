@@ -18,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CHECKPOINT_NAME
 from ..experts import SCORES
 from ..models import GPT, GPTConfig
 from ..recipe import FLAT_CHOICES as RECIPE_CHOICES
 from ..recipe import FLAT_TYPES as RECIPE_TYPES
 from ..recipe import RECIPES
 from ..rope_scaling import ROPE_KINDS
-from ..run import DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
+from ..run import CHECKPOINT_NAME, DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
 from ..run import flag as _flag
 from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
 from ..utils import DTYPES, check_fields

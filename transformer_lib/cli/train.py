@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..bpe import train_bpe
-from ..checkpoint import read_checkpoint, tensor_checksum
+from ..checkpoint import tensor_checksum
 from ..data import PATH_ENV, CharTokenizer, LMBatches, load_corpus, sha256_of, tokenizer_checksum, tokenizer_from_dict
 from ..models import GPT, GPTConfig
 from ..run import RunFolder, RunRecord, resumable_pretraining, resumed_data
@@ -176,12 +176,10 @@ def _tokenizer(corpus, n_train: int, record: RunRecord, ckpt: dict | None, folde
 
 def _train_in_folder(args, folder: RunFolder) -> int:
     """The training run of :func:`train_main`, inside the folder it owns."""
-    file, ckpt, resumed = folder.checkpoint, None, None
-    if args.resume:
-        ckpt = resumable_pretraining(read_checkpoint(file), file, args.data)  # read once: settings, tokenizer, state
-        resumed = RunRecord.from_checkpoint(ckpt)
-    else:
-        folder.check_fresh(args.force)
+    file = folder.checkpoint
+    ckpt, resumed = folder.resumed("pretrain", args.resume, args.force)  # read once: settings, tokenizer, state
+    if ckpt is not None:
+        resumable_pretraining(ckpt, file, args.data)
     preset, shape, config = model_settings(args, ckpt, file)
     record = pretrain_record(args, resumed, file)
     data_path = resumed_data(args.data, resumed, file)
