@@ -9,7 +9,8 @@ roles of its direct children that are plain PyTorch layers, ``part_roles`` (``{"
 - ``"attention"``: query, key, value and output projections (the book's
   :class:`~transformer_lib.multihead.MultiHeadAttention` keeps Q, K and V in one fused matrix,
   ``"qkv"``). An attention part also has ``n_heads``, an ``out_proj`` that reads the merged heads,
-  and ``attention_weights(...)``, so that chapter "What attention learns"'s tools can record and change its heads;
+  and the recording hook ``record_scores(callback)`` (:class:`~transformer_lib.multihead.RecordsScores`),
+  so that chapter "What attention learns"'s tools can record and change its heads;
 - ``"feed_forward"``: ``"in"`` and ``"out"``, and a gated network's ``"gate"``;
 - ``"norm"``, ``"embedding"`` and ``"head"``: one ``"weight"`` each.
 
