@@ -1,4 +1,4 @@
-"""Chapter 14's block as properties: RMSNorm is torch's, rotary scores depend only on the offset,
+"""Chapter "Today's block"'s block as properties: RMSNorm is torch's, rotary scores depend only on the offset,
 the cache holds rotated keys, GPT-2's block stays the default bit for bit, and bad settings are
 refused by name."""
 
@@ -85,7 +85,7 @@ def test_rotary_model_has_no_position_table_and_its_cache_holds_rotated_keys():
 
 def test_the_default_config_is_gpt2s_block_draw_for_draw():
     # tests/data/gpt2_block_reference.pt: a seeded default GPT's weights and float64 logits, saved
-    # by the code before chapter 14's options existed
+    # by the code before chapter "Today's block"'s options existed
     ref = torch.load(DATA / "gpt2_block_reference.pt", weights_only=True)
     tl.set_seed(0)
     model = tl.GPT(tl.GPTConfig(**ref["config"])).double().eval()
@@ -135,7 +135,7 @@ def test_resume_refuses_a_change_of_block_by_name(flags, message, tmp_path):
 
 
 def test_resume_of_a_checkpoint_older_than_the_settings_reads_the_defaults(tmp_path):
-    # a checkpoint saved before chapter 14: its settings flat, without the block's choices (GPT-2's)
+    # a checkpoint saved before chapter "Today's block": its settings flat, without the block's choices (GPT-2's)
     settings = tl.GPTConfig(vocab_size=65).settings()
     old = {k: v for k, v in settings.items() if k not in tl.models.RECIPE_FIELDS or k in ("bias", "activation")}
     args = cli.build_parser().parse_args(["--resume", "--norm", "rmsnorm"])

@@ -1,6 +1,6 @@
 """Every tool on every recipe: for GPT-2's block, Llama's block, each single departure from GPT-2's and
-chapter 18's attentions and chapter 19's recurrences and hybrid,
-the book's tools work (train and resume exactly, sample with and without the cache, fine-tune the
+chapter "Latent, sparse and sink attention"'s attentions and chapter "Attention as a recurrence"'s recurrences and
+hybrid, the book's tools work (train and resume exactly, sample with and without the cache, fine-tune the
 head, LoRA or everything, LoRA merge and unmerge, the instruction run, capture, ablate and patch
 heads, save and load a checkpoint, the Llama converter both ways where it applies). The command
 line's LoRA fine-tuning of a Llama-block model, which once asked for GPT-2's attribute paths, is
@@ -37,14 +37,15 @@ RECIPES = {
     "gelu-tanh": {"activation": "gelu_tanh"},
     "grouped-query": {"n_kv_heads": 1},
     "window": {"window": 4},
-    # chapter 18's attention: latent, sparse (the indexer picks 4 keys), a sink logit, and the first
-    # tokens kept beside a window
+    # the attention of chapter "Latent, sparse and sink attention": latent, sparse (the indexer picks 4 keys), a sink
+    # logit, and the first tokens kept beside a window
     "latent": {"recipe": "latent"},
     "latent-query-latent": {"recipe": "latent", "kv_latent": 8, "q_latent": 12, "rope_dim": 2},
     "sparse": {"recipe": "sparse", "sparse_k": 4},
     "sinks": {"recipe": "sinks"},
     "sinks-window-keep-first": {"sinks": True, "window": 4, "keep_first": 2},
-    # chapter 19's recurrences in every layer, and a hybrid whose second layer is multi-head attention
+    # chapter "Attention as a recurrence"'s recurrences in every layer, and a hybrid whose second layer is multi-head
+    # attention
     "linear": {"recipe": "llama", "attention": "linear"},
     "delta": {"recipe": "llama", "attention": "delta"},
     "gated-delta": {"recipe": "gated_delta"},
@@ -299,8 +300,9 @@ def test_the_command_line_trains_resumes_and_samples_a_hybrid(tmp_path, capsys):
 
 class SeparateProjections(torch.nn.Module):
     """A new kind of attention, written outside the library: separate Q, K and V matrices (no fused
-    matrix, no chapter 14 transforms) and its own cache. It says what it is (role, matrices, heads,
-    out_proj, weights) and the recipe makes it by name: chapters 5, 7 and 10's modules are not edited."""
+    matrix, no chapter "Today's block" transforms) and its own cache. It says what it is (role, matrices, heads,
+    out_proj, weights) and the recipe makes it by name: chapters "Multi-head attention", "The transformer block" and
+    "Generation"'s modules are not edited."""
 
     part_role = "attention"
     part_matrices = {"q": "q.weight", "k": "k.weight", "v": "v.weight", "out": "out_proj.weight"}

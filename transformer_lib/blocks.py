@@ -1,4 +1,4 @@
-"""Transformer layers and stacks (chapter 7, "The transformer block").
+"""Transformer layers and stacks (chapter "The transformer block").
 
 Every layer offers post-LN, ``LayerNorm(x + Sublayer(x))`` as in the original paper, and pre-LN,
 ``x + Sublayer(LayerNorm(x))`` as in most modern models, chosen by ``norm_first``.
@@ -34,7 +34,7 @@ __all__ = [
 
 
 def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
-    """Token embeddings multiplied by sqrt(d_model), as in the original paper (chapter 7).
+    """Token embeddings multiplied by sqrt(d_model), as in the original paper (chapter "The transformer block").
 
     ``ids (B, T)`` integer ids in, ``(B, T, d_model)`` out.
     """
@@ -42,11 +42,12 @@ def scaled_embedding(embedding: nn.Embedding, ids: Tensor) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model) (chapter 7).
+    """Position-wise feed-forward network: Linear(d_model, d_ff), activation, Linear(d_ff, d_model) (chapter "The
+    transformer block").
 
     Every position is transformed alike (see :meth:`forward`). ``activation`` is ``"relu"``,
     ``"gelu"`` (exact, with the normal CDF) or ``"gelu_tanh"`` (GPT-2's approximation
-    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter 10).
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, chapter "Generation").
     """
 
     part_role = "feed_forward"  # its role and matrices, for the tools that ask by role (transformer_lib.parts)
@@ -104,7 +105,8 @@ class MLPSpec(Spec):
 
 
 class _Residual(nn.Module):
-    """One sublayer with its residual connection and its norm (LayerNorm or, chapter 14, RMSNorm), post or pre."""
+    """One sublayer with its residual connection and its norm (LayerNorm or, chapter "Today's block", RMSNorm), post or
+    pre."""
 
     def __init__(self, norm: nn.Module, dropout: float, norm_first: bool):
         super().__init__()
@@ -137,7 +139,7 @@ def _check_kv_heads(d_model, n_heads, n_kv_heads) -> None:
 class _LayerParts:
     """The settings every layer shares, and the sublayers made from them (in the order a layer calls):
     this chapter's LayerNorm, :class:`FeedForward` and :class:`~transformer_lib.multihead.MultiHeadAttention`,
-    or those of ``parts`` (chapter 14's :class:`~transformer_lib.recipe.BlockRecipe`: any object with
+    or those of ``parts`` (chapter "Today's block"'s :class:`~transformer_lib.recipe.BlockRecipe`: any object with
     ``norm_layer``, ``feed_forward`` and ``attention_layer``, which then decides biases and activation)."""
 
     def __init__(
@@ -195,10 +197,11 @@ class _LayerParts:
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter 7).
+    """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm (chapter "The transformer
+    block").
 
     ``EncoderLayer(d_model, n_heads, d_ff=None, *, dropout=0.0, norm_first=False, activation="relu",
-    bias=True, n_kv_heads=None)`` (:meth:`forward`); ``n_kv_heads``: grouped-query attention (chapter 10).
+    bias=True, n_kv_heads=None)`` (:meth:`forward`); ``n_kv_heads``: grouped-query attention (chapter "Generation").
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, **options):
@@ -224,15 +227,16 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, then cross-attention to the encoder's output, then feed-forward (chapter 7).
+    """Causal self-attention, then cross-attention to the encoder's output, then feed-forward (chapter "The transformer
+    block").
 
     ``DecoderLayer(d_model, n_heads, d_ff=None, *, cross_attention=True, dropout=0.0,
     norm_first=False, activation="relu", bias=True, n_kv_heads=None, window=None)``;
     See :meth:`forward`. With ``cross_attention=False`` the layer has no cross-attention: the
-    block of a decoder-only model such as GPT. Chapter 10 adds ``n_kv_heads`` (grouped-query
+    block of a decoder-only model such as GPT. Chapter "Generation" adds ``n_kv_heads`` (grouped-query
     attention in every attention of the layer), ``window`` (sliding-window self-attention: each
     position sees itself and the ``window - 1`` before it) and the ``cache`` of :meth:`forward`.
-    Chapter 14 adds ``parts``: an object that makes the layer's norms, feed-forward network and
+    Chapter "Today's block" adds ``parts``: an object that makes the layer's norms, feed-forward network and
     attention (a :class:`~transformer_lib.recipe.BlockRecipe`, which then decides the biases and
     the activation too); by default they are this chapter's.
     """
@@ -260,7 +264,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_weights = self.cross_attn_weights = None
 
     def new_cache(self) -> LayerCache:
-        """An empty :class:`LayerCache` for this layer (chapter 10); a later chapter's attention that keeps
+        """An empty :class:`LayerCache` for this layer (chapter "Generation"); a later chapter's attention that keeps
         another kind of cache makes its own (``self_attn.new_cache(window)``)."""
         own = getattr(self.self_attn, "new_cache", None)
         cross = KVCache(static=True) if self.cross_attn is not None else None
@@ -280,7 +284,7 @@ class DecoderLayer(nn.Module):
         ``(B, T, d_model)``. The self-attention is always causal; ``self_mask`` can add a padding
         mask, ``memory_mask`` masks the source. With ``need_weights`` the weights are kept in
         ``self.self_attn_weights (B, h, T, T)`` and ``self.cross_attn_weights (B, h, T, T_src)``.
-        With ``cache``, a :class:`LayerCache` (chapter 10), ``x`` holds only the new positions,
+        With ``cache``, a :class:`LayerCache` (chapter "Generation"), ``x`` holds only the new positions,
         after the ``cache.self_attn.position`` already seen, and ``self_mask`` covers ``T_cached +
         T`` keys. ``_trusted``: a model built the inputs and checked them once per call."""
         if not _trusted and cache is not None and not isinstance(cache, LayerCache):
@@ -341,20 +345,23 @@ class _Stack(nn.Module):
             _check_kv_heads(d_model, n_heads, options.get("n_kv_heads"))
             if self.layer_class is DecoderLayer:
                 check_window(options.get("window"))
-        per_layer = getattr(options.get("parts"), "for_layer", None)  # chapter 19: a hybrid's layers differ
+        per_layer = getattr(options.get("parts"), "for_layer", None)  # chapter "Attention as a recurrence": a hybrid's
+        # layers differ
         layer_options = [{**options, "parts": per_layer(i)} if per_layer else options for i in range(n_layers)]
         self.layers = nn.ModuleList(
             self.layer_class(d_model, n_heads, d_ff, norm_first=norm_first, bias=bias, _checked=True, **o)
             for o in layer_options
         )
-        own = {k: options[k] for k in ("activation", "parts") if k in options}  # chapter 14: the parts' norm
+        own = {k: options[k] for k in ("activation", "parts") if k in options}  # chapter "Today's block": the parts'
+        # norm
         self.norm = (
             _LayerParts(d_model, n_heads, bias=bias, _checked=True, **own).norm() if norm_first else nn.Identity()
         )
 
 
 class Encoder(_Stack):
-    """A stack of ``n_layers`` :class:`EncoderLayer`; pre-LN stacks end with a final LayerNorm (chapter 7).
+    """A stack of ``n_layers`` :class:`EncoderLayer`; pre-LN stacks end with a final LayerNorm (chapter "The transformer
+    block").
 
     ``Encoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`EncoderLayer` (``dropout``,
@@ -371,18 +378,19 @@ class Encoder(_Stack):
 
 
 class Decoder(_Stack):
-    """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm (chapter 7).
+    """A stack of ``n_layers`` :class:`DecoderLayer`; pre-LN stacks end with a final LayerNorm (chapter "The transformer
+    block").
 
     ``Decoder(d_model, n_heads, n_layers, d_ff=None, *, norm_first=False, bias=True, **options)``,
     ``options`` being the other keyword arguments of :class:`DecoderLayer` (``dropout``,
-    ``cross_attention``, ``activation``, from chapter 10 ``n_kv_heads``, and from chapter 11 ``window``).
-    See :meth:`forward`.
+    ``cross_attention``, ``activation``, from chapter "Generation" ``n_kv_heads``, and from chapter "Long context and
+    precision" ``window``). See :meth:`forward`.
     """
 
     layer_class = DecoderLayer
 
     def new_cache(self) -> DecoderCache:
-        """An empty :class:`DecoderCache` with one :class:`LayerCache` per layer (chapter 10)."""
+        """An empty :class:`DecoderCache` with one :class:`LayerCache` per layer (chapter "Generation")."""
         return DecoderCache([layer.new_cache() for layer in self.layers])
 
     def forward(
@@ -397,7 +405,7 @@ class Decoder(_Stack):
     ) -> Tensor:
         """``x (B, T, d_model)`` and ``memory (B, T_src, d_model)``, the encoder's output (None
         without cross-attention) -> ``(B, T, d_model)``, each layer as :meth:`DecoderLayer.forward`.
-        ``cache`` (chapter 10), a :class:`DecoderCache` from :meth:`new_cache`: ``x`` then holds
+        ``cache`` (chapter "Generation"), a :class:`DecoderCache` from :meth:`new_cache`: ``x`` then holds
         only the new positions, and the cache's ``position`` moves on by ``T``. ``_trusted``: a
         model made ``x`` and the cache and checked them, so no layer checks them again."""
         if (
@@ -426,11 +434,12 @@ class Decoder(_Stack):
 
 
 def layer_grad_norms(layers: nn.ModuleList | list[nn.Module]) -> Tensor:
-    """The L2 norm of each layer's parameter gradients, a float32 tensor ``(n_layers,)`` (chapter 7).
+    """The L2 norm of each layer's parameter gradients, a float32 tensor ``(n_layers,)`` (chapter "The transformer
+    block").
 
     Call it after ``loss.backward()``, for example on ``encoder.layers``. All of a layer's
     parameters count together, as one long vector; a parameter without a gradient counts as
-    zero. Chapter 7 uses it to compare how the gradient spreads over the layers of a deep
+    zero. Chapter "The transformer block" uses it to compare how the gradient spreads over the layers of a deep
     post-LN stack and a deep pre-LN stack.
     """
     norms = []

@@ -1,4 +1,4 @@
-"""Gated DeltaNet, the linear-attention layer of Qwen3-Next (chapter 19, "Attention as a recurrence").
+"""Gated DeltaNet, the linear-attention layer of Qwen3-Next (chapter "Attention as a recurrence").
 
 Each token, from ``x (B, T, d_model)``:
 
@@ -56,7 +56,8 @@ _default_init = ["reference"]  # what a layer built with init=None starts from (
 @contextlib.contextmanager
 def decay_init(init: str):
     """Layers built inside ``with decay_init(init):`` with ``init=None`` (as a GPT builds them)
-    start from ``init`` (:data:`DECAY_INITS`); the default is ``"reference"`` again after it (chapter 19)."""
+    start from ``init`` (:data:`DECAY_INITS`); the default is ``"reference"`` again after it (chapter "Attention as a
+    recurrence")."""
     _check_init(init)
     before = _default_init[0]
     _default_init[0] = init
@@ -68,13 +69,13 @@ def decay_init(init: str):
 
 def keep_per_token(layer: GatedDeltaNet) -> Tensor:
     """``(n_heads,)``: the share of its state each head of ``layer`` keeps per token when
-    ``decay_proj(x)`` is 0, ``exp(-exp(log_rate) softplus(step_bias))`` (chapter 19)."""
+    ``decay_proj(x)`` is 0, ``exp(-exp(log_rate) softplus(step_bias))`` (chapter "Attention as a recurrence")."""
     with torch.no_grad():
         return torch.exp(-layer.log_rate.exp() * F.softplus(layer.step_bias))
 
 
 class RecurrentState:
-    """The cache of a recurrent layer such as :class:`GatedDeltaNet` (chapter 19).
+    """The cache of a recurrent layer such as :class:`GatedDeltaNet` (chapter "Attention as a recurrence").
 
     ``state (B, h, d_k, d_v)``, the recurrence's matrix per head, and ``conv (B, channels, kernel - 1)``,
     the last inputs of the short convolution (None while empty). ``position``: tokens seen so far;
@@ -128,7 +129,7 @@ class RecurrentState:
         self.position = 0
 
     def crop(self, n: int) -> None:
-        """Chapter 10's protocol (:mod:`~transformer_lib.kv_cache`): going back is possible only to where
+        """The protocol of chapter "Generation" (:mod:`~transformer_lib.kv_cache`): going back is possible only to where
         the state is (``n = position``) or to the start (``n = 0``). The state has added every token into
         one matrix; the state after ``n`` tokens is not kept, so any other ``n`` is refused by name."""
         check_int(n, "n", minimum=0)
@@ -155,7 +156,8 @@ class RecurrentState:
 
 
 class GatedDeltaNet(RecordsScores, nn.Module):
-    """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter 19). Causal self-attention only.
+    """Gated DeltaNet, Qwen3-Next's linear-attention layer (chapter "Attention as a recurrence"). Causal self-attention
+    only.
 
     ``GatedDeltaNet(d_model, n_heads, *, n_qk_heads=None, d_k=None, d_v=None, conv_kernel=4,
     mode="gated", chunk_size=64, eps=1e-6, init=None)``; ``n_heads`` value heads, ``n_qk_heads`` (default

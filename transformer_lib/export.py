@@ -1,4 +1,4 @@
-"""A model the book trained, in Hugging Face's format (chapters 10, 14 and 15).
+"""A model the book trained, in Hugging Face's format (chapters "Generation", "Today's block" and "Fine-tuning").
 
 :func:`export_hf` writes a run's model and tokenizer into a folder that ``transformers`` loads
 offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only when called)::
@@ -8,27 +8,28 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
     tokenizer = AutoTokenizer.from_pretrained("hf/bpe")  # the run's ids
 
 - **The model.** A GPT-2-style GPT (LayerNorm, GELU MLP, learned positions) becomes a
-  ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`, the reverse of chapter 10's
+  ``GPT2LMHeadModel`` (:func:`gpt2_from_gpt`, the reverse of chapter "Generation"'s
   :func:`~transformer_lib.pretrained.gpt_from_hf`); a Llama-style one (RMSNorm, SwiGLU, rotary
-  positions, no biases) a ``LlamaForCausalLM`` (chapter 14's
+  positions, no biases) a ``LlamaForCausalLM`` (chapter "Today's block"'s
   :func:`~transformer_lib.pretrained_llama.llama_from_gpt`); one with experts routed as Mixtral
   routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
   chapter "Experts"); one with latent attention (and ``norm_eps=1e-6``) a dense
   ``DeepseekV3ForCausalLM`` (:func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`,
-  chapter 18); one with learned sinks, or a window, a ``GptOssForCausalLM``
-  (:func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`, chapter 18); a hybrid of gated
+  chapter "Latent, sparse and sink attention"); one with learned sinks, or a window, a ``GptOssForCausalLM``
+  (:func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`, chapter "Latent, sparse and sink attention"); a hybrid
+of gated
   DeltaNet and multi-head layers with query-key norms a ``Qwen3NextForCausalLM``
-  (:func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`, chapter 19). Each format
+  (:func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`, chapter "Attention as a recurrence"). Each format
   names every setting of the GPT (``pretrained_llama.check_settings``); any other block is
   refused by the setting that has no counterpart, never written as a model that computes
   something else.
-- **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter 13) becomes a
+- **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter "Tokens") becomes a
   ``tokenizers`` BPE over GPT-2's byte alphabet, split by the same pattern, with
   ``<|endoftext|>`` as its end token; the character tokenizer becomes a BPE with no merges over
   its characters (one token per character). Both load as a ``PreTrainedTokenizerFast``.
 - **The end token.** The model's ``eos_token_id`` is the tokenizer's end token (``<|endoftext|>``
   of a BPE run), or None for a character tokenizer that has none; never a number by default.
-- **LoRA** (chapter 15). A LoRA run is written with its adapters merged into the weights
+- **LoRA** (chapter "Fine-tuning"). A LoRA run is written with its adapters merged into the weights
   (``merge_adapter``), or as its base model plus the adapters in ``peft``'s format
   (``peft_adapter``, :func:`save_peft_adapter`); :func:`load_peft_adapter` reads such an
   adapter back into the book's GPT. The book keeps Q, K and V fused in one matrix with one LoRA:
@@ -139,7 +140,7 @@ def _is_llama(gpt: GPT) -> bool:
 
 
 def gpt2_from_gpt(gpt: GPT) -> nn.Module:
-    """A ``transformers`` ``GPT2LMHeadModel`` with the weights of a GPT-2-style :class:`GPT` (chapter 10).
+    """A ``transformers`` ``GPT2LMHeadModel`` with the weights of a GPT-2-style :class:`GPT` (chapter "Generation").
 
     The reverse of :func:`~transformer_lib.pretrained.gpt_from_hf`: ``nn.Linear`` weights
     ``(out, in)`` become ``Conv1D`` weights ``(in, out)`` and the rows ``W_q, W_k, W_v`` of
@@ -200,14 +201,15 @@ def gpt2_from_gpt(gpt: GPT) -> nn.Module:
 
 
 def hf_model(gpt: GPT) -> nn.Module:
-    """The ``transformers`` model that computes what ``gpt`` computes (chapters 10, 14 and "Experts"):
-    a ``GPT2LMHeadModel`` for GPT-2's block (:func:`gpt2_from_gpt`), a ``LlamaForCausalLM`` for
+    """The ``transformers`` model that computes what ``gpt`` computes (chapters "Generation", "Today's block" and
+    "Experts"): a ``GPT2LMHeadModel`` for GPT-2's block (:func:`gpt2_from_gpt`), a ``LlamaForCausalLM`` for
     Llama's (:func:`~transformer_lib.pretrained_llama.llama_from_gpt`), a ``MixtralForCausalLM`` for
     Llama's with experts routed as Mixtral's (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`),
-    a dense ``DeepseekV3ForCausalLM`` for Llama's with latent attention (chapter 18,
+    a dense ``DeepseekV3ForCausalLM`` for Llama's with latent attention (chapter "Latent, sparse and sink attention",
     :func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`), a ``GptOssForCausalLM`` for Llama's
-    with learned sinks or a window (chapter 18, :func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`),
-    a ``Qwen3NextForCausalLM`` for the gated-DeltaNet hybrid with query-key norms (chapter 19,
+    with learned sinks or a window (chapter "Latent, sparse and sink attention",
+    :func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`), a ``Qwen3NextForCausalLM`` for the gated-DeltaNet
+    hybrid with query-key norms (chapter "Attention as a recurrence",
     :func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`).
     Each format checks every setting of the GPT (``pretrained_llama.check_settings``); a GPT that no
     format computes is refused with a ``ValueError`` that gives each format's first refusal, by name."""
@@ -253,7 +255,7 @@ def _byte_names() -> list[str]:
 
 
 def instruction_chat_template() -> str:
-    """The Jinja chat template of a run fine-tuned on instructions (chapter 15), for ``transformers``'
+    """The Jinja chat template of a run fine-tuned on instructions (chapter "Fine-tuning"), for ``transformers``'
     ``apply_chat_template``: a user's message is written as the book writes a prompt, followed by
     :data:`~transformer_lib.data.instructions.PROMPT_END`, and an assistant's as a response,
     followed by the end token, so ``[{"role": "user", "content": q}]`` gives ``q + PROMPT_END``
@@ -273,8 +275,8 @@ def instruction_chat_template() -> str:
 
 
 def hf_tokenizer(tokenizer, context_len: int | None = None, chat_template: str | None = None):
-    """The book's tokenizer (chapter 8's characters or chapter 13's byte-level BPE) as a
-    ``transformers`` ``PreTrainedTokenizerFast`` that gives the same ids for the same text and the
+    """The book's tokenizer (chapter "Encoder-decoder and cross-attention"'s characters or chapter "Tokens"'s byte-level
+    BPE) as a ``transformers`` ``PreTrainedTokenizerFast`` that gives the same ids for the same text and the
     same text back; its ``eos_token`` is the tokenizer's end token (None if it has none), its
     ``chat_template`` the one given (an instruction run's: :func:`instruction_chat_template`).
 
@@ -359,7 +361,7 @@ def export_hf(
     force: bool = False,
 ) -> list[Path]:
     """Write the run in ``run`` (a run folder or checkpoint file) to ``folder`` in Hugging Face's
-    format (chapters 10, 14 and 15): ``config.json``, ``generation_config.json``,
+    format (chapters "Generation", "Today's block" and "Fine-tuning"): ``config.json``, ``generation_config.json``,
     ``model.safetensors`` and the tokenizer's files, which ``AutoModelForCausalLM`` and
     ``AutoTokenizer`` load offline. Returns the files written.
 
@@ -410,7 +412,8 @@ def export_hf(
     written = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         hf.save_pretrained(written)
-        chat = instruction_chat_template() if read_record(run).kind != "pretrain" else None  # chapter 15's prompts
+        chat = instruction_chat_template() if read_record(run).kind != "pretrain" else None  # chapter "Fine-tuning"'s
+        # prompts
         hf_tokenizer(tokenizer, model.config.context_len, chat).save_pretrained(written)
         settings = json.loads((written / "tokenizer_config.json").read_text(encoding="utf-8"))
         settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every version of transformers knows
@@ -443,7 +446,7 @@ def _qkv_rows(gpt: GPT) -> list[tuple[str, slice, Tensor | None]]:
 
 
 def save_peft_adapter(model: GPT, folder: str | os.PathLike, base_name: str | None = None) -> Path:
-    """Write the LoRA adapters of ``model`` (a GPT with adapters, chapter 15) as a ``peft`` adapter
+    """Write the LoRA adapters of ``model`` (a GPT with adapters, chapter "Fine-tuning") as a ``peft`` adapter
     folder (``adapter_config.json`` and ``adapter_model.safetensors``) for the model that
     :func:`hf_model` makes of its base; ``peft.PeftModel.from_pretrained(that_model, folder)``
     then computes what ``model`` computes. The fused Q/K/V adapter of a Llama-style GPT becomes
@@ -503,7 +506,7 @@ def save_peft_adapter(model: GPT, folder: str | os.PathLike, base_name: str | No
 
 def load_peft_adapter(model: GPT, folder: str | os.PathLike) -> list[str]:
     """Add the LoRA adapters of a ``peft`` adapter folder, written for the model :func:`hf_model`
-    makes of ``model``, to the book's ``model`` (chapter 15); returns the names adapted.
+    makes of ``model``, to the book's ``model`` (chapter "Fine-tuning"); returns the names adapted.
 
     peft's adapters on Llama's ``q_proj``, ``k_proj`` and ``v_proj`` (any of them) become one
     LoRA on the fused matrix, of rank ``r`` times their number: ``A`` stacked, ``B``

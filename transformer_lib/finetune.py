@@ -1,4 +1,4 @@
-"""Fine-tuning a pretrained GPT (chapter 15, "Fine-tuning"): a classification head on its
+"""Fine-tuning a pretrained GPT (chapter "Fine-tuning"): a classification head on its
 features, the choice of what to train (the head, low-rank adapters, or everything), the
 batches of a labelled task for :func:`~transformer_lib.train.train`, and the measures the
 chapter reports: accuracy with its interval, and answers generated up to the end token.
@@ -50,7 +50,7 @@ __all__ = [
     "wilson_interval",
 ]
 
-#: Chapter 15's pretrained GPT (``scripts/pretrain_ch15.py``: the training command on the first 90 %
+#: Chapter "Fine-tuning"'s pretrained GPT (``scripts/pretrain_ch15.py``: the training command on the first 90 %
 #: of Tiny Shakespeare, BPE tokens), shipped with the package; ``pretrained.json`` beside it
 #: records how it was made and its validation loss.
 PRETRAINED_PATH = Path(__file__).parent / "data" / "ch15" / "pretrained.pt"
@@ -58,16 +58,16 @@ PRETRAINED_PATH = Path(__file__).parent / "data" / "ch15" / "pretrained.pt"
 #: What each method trains: the head only, low-rank adapters and the head, or every weight.
 FINETUNE_METHODS = ("head", "lora", "full")
 
-#: The roles whose matrices chapter 15 adapts with LoRA: every matrix of every block's attention and
+#: The roles whose matrices chapter "Fine-tuning" adapts with LoRA: every matrix of every block's attention and
 #: feed-forward network (:mod:`transformer_lib.parts`), whatever the block's recipe.
 LORA_ROLES = ("attention", "feed_forward")
-#: The same weights as name patterns, for GPT-2's block only (chapter 15's first examples; kept as an
+#: The same weights as name patterns, for GPT-2's block only (chapter "Fine-tuning"'s first examples; kept as an
 #: alias: :func:`lora_targets` finds them in any block).
 LORA_TARGETS = ("*.self_attn.in_proj_weight", "*.self_attn.out_proj.weight", "*.ff.net.*.weight")
 
 
 def lora_targets(model: nn.Module, roles: tuple[str, ...] = LORA_ROLES) -> list[str]:
-    """The names of the matrices LoRA adapts in ``model`` (chapter 15): those of its parts with
+    """The names of the matrices LoRA adapts in ``model`` (chapter "Fine-tuning"): those of its parts with
     ``roles`` (default :data:`LORA_ROLES`), for GPT-2's block, Llama's and any other recipe's.
     Refused by name when the model has none."""
     names = part_weights(model, roles)
@@ -77,7 +77,7 @@ def lora_targets(model: nn.Module, roles: tuple[str, ...] = LORA_ROLES) -> list[
 
 
 class GPTClassifier(nn.Module):
-    """A :class:`~transformer_lib.models.GPT` read by a linear head over ``n_classes`` (chapter 15).
+    """A :class:`~transformer_lib.models.GPT` read by a linear head over ``n_classes`` (chapter "Fine-tuning").
 
     ``forward(idx (B, T), labels (B,) = None, *, lengths (B,) = None)`` returns ``(logits (B,
     n_classes), loss or None)``. The GPT's last hidden states, after its final norm, are pooled
@@ -126,7 +126,7 @@ class GPTClassifier(nn.Module):
 
 
 def prepare_finetune(model: GPTClassifier, method: str, *, rank: int = 4, alpha: float = 8.0, seed: int = 0) -> int:
-    """Choose what ``model`` trains (chapter 15) and return the number of trainable parameters:
+    """Choose what ``model`` trains (chapter "Fine-tuning") and return the number of trainable parameters:
     ``"head"`` the head only, ``"lora"`` adapters of :func:`lora_targets` of ``rank`` and
     ``alpha`` and the head, ``"full"`` every parameter."""
     if method not in FINETUNE_METHODS:
@@ -162,7 +162,7 @@ def _rows(what: str, ids, lengths, labels) -> int:
 
 
 class ClassBatches(_Batches):
-    """Batches of a labelled task for :func:`~transformer_lib.train.train` (chapter 15).
+    """Batches of a labelled task for :func:`~transformer_lib.train.train` (chapter "Fine-tuning").
 
     ``ClassBatches(train, val, batch_size)``, ``train`` and ``val`` each ``(ids (N, T), lengths
     (N,), labels (N,))``; ``batches(split)`` returns ``{"idx", "labels", "lengths"}``, the keyword
@@ -191,7 +191,7 @@ class ClassBatches(_Batches):
 
 @torch.no_grad()
 def accuracy(model: GPTClassifier, ids: Tensor, lengths: Tensor, labels: Tensor, batch_size: int = 256) -> float:
-    """The fraction of rows whose most likely class is the label (eval mode, restored after) (chapter 15).
+    """The fraction of rows whose most likely class is the label (eval mode, restored after) (chapter "Fine-tuning").
     ``ids (N, T)``, ``lengths (N,)`` and ``labels (N,)`` tensors, ``N >= 1``, labels in ``[0, n_classes)``."""
     _rows("accuracy", ids, lengths, labels)
     n = model.head.out_features
@@ -209,7 +209,8 @@ def accuracy(model: GPTClassifier, ids: Tensor, lengths: Tensor, labels: Tensor,
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of an accuracy ``correct / n`` (95 % for ``z = 1.96``): the
-    range of true accuracies that this count of right answers on ``n`` examples leaves plausible (chapter 15)."""
+    range of true accuracies that this count of right answers on ``n`` examples leaves plausible (chapter
+    "Fine-tuning")."""
     check_int(n, "n")
     check_int(correct, "correct", minimum=0)
     if correct > n:
@@ -223,7 +224,7 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
 @torch.no_grad()
 def answers(model: GPT, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int) -> list[tuple[list[int], bool]]:
     """Greedy answers of ``model`` to ``prompts`` (lists of ids): for each, ``(ids written before
-    the end token, whether the end token came within max_new_tokens)`` (chapter 15). Prompts of one length
+    the end token, whether the end token came within max_new_tokens)`` (chapter "Fine-tuning"). Prompts of one length
     are run as one batch."""
     eos = tokenizer.eos_id
     out: list = [None] * len(prompts)
@@ -239,11 +240,11 @@ def answers(model: GPT, tokenizer, prompts: Sequence[list[int]], max_new_tokens:
     return out
 
 
-#: Chapter 15's settings for each way of training a classifier: learning rate (peak of a short
+#: Chapter "Fine-tuning"'s settings for each way of training a classifier: learning rate (peak of a short
 #: warm-up and a cosine decay to a tenth of it). ``"scratch"`` trains every weight of a new model.
 CLASSIFIER_LR = {"head": 3e-3, "lora": 3e-3, "full": 5e-4, "scratch": 1e-3}
 
-#: The instruction-tuning variants of chapter 15: the right recipe and one mistake each.
+#: The instruction-tuning variants of chapter "Fine-tuning": the right recipe and one mistake each.
 INSTRUCTION_VARIANTS = {
     "right": dict(mask_prompt=True, mask_padding=True, end=True),
     "prompt in the loss": dict(mask_prompt=False, mask_padding=True, end=True),
@@ -254,7 +255,7 @@ INSTRUCTION_VARIANTS = {
 
 def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: int = 32, seed: int = 0) -> float:
     """The mean next-token loss of ``model`` on ``batches`` batches of random windows of ``tokens``
-    (drawn with ``seed``, so two models are measured on the same windows): chapter 15 measures
+    (drawn with ``seed``, so two models are measured on the same windows): chapter "Fine-tuning" measures
     what fine-tuning costs the language model with it. ``tokens (N,)`` needs ``N >= context_len + 1``."""
     T = model.config.context_len
     check_int(batches, "batches")
@@ -278,7 +279,8 @@ def window_loss(model: GPT, tokens: Tensor, *, batches: int = 20, batch_size: in
 
 
 def short_run_config(steps: int, lr: float, batch_size: int) -> TrainConfig:
-    """Chapter 15's short runs: a warm-up, a cosine decay to a tenth of ``lr``, no weight decay or evaluation."""
+    """Chapter "Fine-tuning"'s short runs: a warm-up, a cosine decay to a tenth of ``lr``, no weight decay or
+    evaluation."""
     return TrainConfig(
         batch_size=batch_size,
         max_iters=steps,
@@ -307,7 +309,7 @@ def classifier_run(
 ) -> dict:
     """Train a :class:`GPTClassifier` on ``task`` (a :class:`~transformer_lib.data.LabelledTexts`)
     by ``method`` (one of :data:`FINETUNE_METHODS`, or ``"scratch"``: every weight of a new GPT of
-    ``base``'s shape) for ``steps`` steps with ``seed``, and score it on the test split (chapter 15).
+    ``base``'s shape) for ``steps`` steps with ``seed``, and score it on the test split (chapter "Fine-tuning").
     ``base`` is left as it was. Returns ``{"accuracy", "correct", "n", "trainable", "seconds",
     "model"}``."""
     if len(task.classes) < 2:
@@ -371,7 +373,7 @@ def instruction_run(
 ) -> dict:
     """Fine-tune a copy of ``base`` on prompt/response pairs the way ``variant`` (a key of
     :data:`INSTRUCTION_VARIANTS`) says, every weight or (``lora_rank``) adapters only, and answer
-    ``test_pairs``' prompts greedily (chapter 15). Returns ``{"exact_match"`` (the answer before the
+    ``test_pairs``' prompts greedily (chapter "Fine-tuning"). Returns ``{"exact_match"`` (the answer before the
     end token equals the response, and the end token came), ``"correct_start"`` (the answer
     starts with the response), ``"stopped"`` (the end token came within ``max_new_tokens``),
     ``"model"}``."""

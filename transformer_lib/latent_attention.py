@@ -1,4 +1,4 @@
-"""Multi-head latent attention, DeepSeek-V2's and V3's (chapter 18, "Latent, sparse and sink attention").
+"""Multi-head latent attention, DeepSeek-V2's and V3's (chapter "Latent, sparse and sink attention").
 
 Each token is compressed to one small latent ``c`` (``kv_latent`` numbers, normalised) from which
 every head's key and value are projected back up, plus one rotary key ``k_rope`` (``rope_dim``
@@ -31,7 +31,8 @@ __all__ = ["LatentAttention", "LatentCache", "LatentSpec"]
 
 
 class LatentCache:
-    """What a :class:`LatentAttention` layer keeps per token for generation (chapter 18).
+    """What a :class:`LatentAttention` layer keeps per token for generation (chapter "Latent, sparse and sink
+    attention").
 
     ``c (B, T_cached, kv_latent)``, the normalised latents, and ``k_rope (B, T_cached, rope_dim)``,
     the shared rotary keys already rotated at their positions (None while empty); not the heads'
@@ -118,7 +119,7 @@ class LatentCache:
         self.position = 0
 
     def crop(self, n: int) -> None:
-        """Back to what the cache held after its first ``n`` tokens (the protocol of chapter 10's caches,
+        """Back to what the cache held after its first ``n`` tokens (the protocol of the caches of chapter "Generation",
         :mod:`~transformer_lib.kv_cache`); a window that already dropped a needed position refuses."""
         index = crop_positions(self.position, self.length, n, window=self.window, what="this LatentCache")
         if index.numel() == 0:
@@ -146,7 +147,8 @@ class LatentCache:
 
 
 class LatentAttention(RecordsScores, nn.Module):
-    """Multi-head latent attention, DeepSeek-V2's and V3's (chapter 18). Self-attention only.
+    """Multi-head latent attention, DeepSeek-V2's and V3's (chapter "Latent, sparse and sink attention"). Self-attention
+    only.
 
     ``LatentAttention(d_model, n_heads, *, kv_latent, q_latent=None, rope_dim=None, nope_dim=None,
     v_dim=None, rotary_base=10000.0, eps=1e-6, dropout=0.0, bias=False)``; with ``d_k = d_model //
@@ -372,7 +374,7 @@ class LatentAttention(RecordsScores, nn.Module):
         **_,
     ) -> Tensor:
         """The weights ``(B, h, T_q, T_k)`` of ``forward(query, key, value, need_weights=True, ...)``
-        before dropout, without a cache (for the inspection tools of chapter 12)."""
+        before dropout, without a cache (for the inspection tools of chapter "What attention learns")."""
         self._check_inputs(query, key, value, is_causal, window, None, False)
         B, T, _ = query.shape
         check_mask(mask, torch.Size((B, self.n_heads, T, T)))

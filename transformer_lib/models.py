@@ -1,7 +1,7 @@
-"""The decoder-only :class:`GPT` language model (chapter 9, "A GPT from scratch"), configured by
+"""The decoder-only :class:`GPT` language model (chapter "A GPT from scratch"), configured by
 a small dataclass. It runs on any device (``model.to(device)``); nothing in it assumes one. The
-encoder-decoder :class:`~transformer_lib.encoder_decoder.Transformer` of chapter 8 and the token-id
-checks both models share are in :mod:`transformer_lib.encoder_decoder`.
+encoder-decoder :class:`~transformer_lib.encoder_decoder.Transformer` of chapter "Encoder-decoder and cross-attention"
+and the token-id checks both models share are in :mod:`transformer_lib.encoder_decoder`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ _SHAPE = ("vocab_size", "context_len", "n_layers", "n_heads", "d_model", "dropou
 
 @dataclass(init=False)
 class GPTConfig:
-    """Sizes of a :class:`GPT` (chapter 9; defaults: nanoGPT's CPU-sized "baby" shape) and its block's
-    recipe (chapter 14: :class:`~transformer_lib.recipe.BlockRecipe`, GPT-2's by default).
+    """Sizes of a :class:`GPT` (chapter "A GPT from scratch"; defaults: nanoGPT's CPU-sized "baby" shape) and its
+    block's recipe (chapter "Today's block": :class:`~transformer_lib.recipe.BlockRecipe`, GPT-2's by default).
 
     ``GPTConfig(vocab_size, context_len=64, n_layers=4, n_heads=4, d_model=128, dropout=0.0, *,
     n_kv_heads=None, window=None, recipe=None, **choices)``. ``recipe`` is a ``BlockRecipe``, a name
@@ -67,9 +67,10 @@ class GPTConfig:
     n_heads: int
     d_model: int
     dropout: float
-    n_kv_heads: int | None  # chapter 10: grouped-query attention; None: n_heads (standard)
-    window: int | None  # chapter 11: sliding-window attention over the last `window` positions
-    recipe: BlockRecipe  # chapter 14: the block's choices
+    n_kv_heads: int | None  # chapter "Generation": grouped-query attention; None: n_heads (standard)
+    window: int | None  # chapter "Long context and precision": sliding-window attention over the last `window`
+    # positions
+    recipe: BlockRecipe  # chapter "Today's block": the block's choices
 
     def __init__(
         self,
@@ -103,7 +104,7 @@ class GPTConfig:
 
     def __getattr__(self, name: str):
         """A choice of the recipe read on the config by its flat name (``config.norm``,
-        ``config.kv_latent``): the names before chapter "Today's block"'s recipe, and before its specs."""
+        ``config.kv_latent``): the names before the recipe of chapter "Today's block", and before its specs."""
         recipe = self.__dict__.get("recipe")
         if recipe is not None and name in RECIPE_FIELDS:
             # a pattern no flag can say has no full_every: reading it is refused by name; the rest
@@ -154,16 +155,16 @@ def _check_layers(config: GPTConfig) -> None:
 
 
 class GPT(nn.Module):
-    """Decoder-only language model (chapter 9): causal self-attention blocks, pre-LN.
+    """Decoder-only language model (chapter "A GPT from scratch"): causal self-attention blocks, pre-LN.
 
     ``forward(idx (B, T), targets=None)`` returns ``(logits (B, T, vocab_size), loss or None)``
     with the next-token cross-entropy loss when ``targets (B, T)`` are given.
 
-    Chapter 10: ``config.n_kv_heads`` (grouped-query attention); chapter 11: ``config.window``
-    (sliding-window attention); chapter 14: ``config.recipe`` (:class:`~transformer_lib.recipe.BlockRecipe`)
-    hands every layer its parts, GPT-2's or Llama's (:mod:`~transformer_lib.modern_block`).
-    Chapter 10: ``forward(idx, cache=model.new_cache())`` runs only the new
-    tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
+    Chapter "Generation": ``config.n_kv_heads`` (grouped-query attention); chapter "Long context and precision":
+    ``config.window`` (sliding-window attention); chapter "Today's block": ``config.recipe``
+    (:class:`~transformer_lib.recipe.BlockRecipe`) hands every layer its parts, GPT-2's or Llama's
+    (:mod:`~transformer_lib.modern_block`). Chapter "Generation": ``forward(idx, cache=model.new_cache())`` runs only
+    the new tokens ``idx (B, T_new)``, placed after the ``cache.position`` tokens already cached, and
     :meth:`generate` uses it.
     """
 
@@ -174,9 +175,10 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
-        r = c.recipe  # chapter 14: the block's parts are the recipe's
+        r = c.recipe  # chapter "Today's block": the block's parts are the recipe's
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        learned = r.positions.kind == "learned"  # chapter 14: rotary positions are applied inside attention instead
+        learned = r.positions.kind == "learned"  # chapter "Today's block": rotary positions are applied inside
+        # attention instead
         self.pos_embed = LearnedPositionalEmbedding(c.d_model, c.context_len, dropout=c.dropout) if learned else None
         self.decoder = Decoder(
             c.d_model,
@@ -202,7 +204,8 @@ class GPT(nn.Module):
 
     def new_cache(self) -> DecoderCache:
         """An empty :class:`~transformer_lib.blocks.DecoderCache` for ``forward(..., cache=)``
-        (chapter 10); with ``config.window`` (chapter 11) each layer keeps only the last ``window - 1`` keys."""
+        (chapter "Generation"); with ``config.window`` (chapter "Long context and precision") each layer keeps only the
+        last ``window - 1`` keys."""
         return self.decoder.new_cache()
 
     def forward(
@@ -216,10 +219,10 @@ class GPT(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """``idx (B, T)`` token ids -> ``(logits (B, T, vocab_size), loss)``: the mean next-token
         cross-entropy when ``targets (B, T)`` (ids in ``[0, vocab_size)``) are given, else None.
-        ``loss_mask (B, T)`` (chapter 15, booleans): the mean is over the targets it marks
+        ``loss_mask (B, T)`` (chapter "Fine-tuning", booleans): the mean is over the targets it marks
         ``True`` only (a response's tokens, not its prompt's or the padding).
         ``need_weights``: each layer keeps its attention weights ``(B, h, T, T)`` (in
-        ``model.decoder.layers[i].self_attn_weights``). ``cache`` (chapter 10, from
+        ``model.decoder.layers[i].self_attn_weights``). ``cache`` (chapter "Generation", from
         :meth:`new_cache`): ``idx (B, T_new)`` holds only the new tokens, after the
         ``cache.position`` already cached, and the logits are theirs, ``(B, T_new, vocab_size)``."""
         c = self.config
@@ -244,7 +247,7 @@ class GPT(nn.Module):
 
     def hidden(self, idx: Tensor) -> Tensor:
         """``idx (B, T)`` -> the last layer's output after the final norm, ``(B, T, d_model)``: the
-        features the output head reads, and a classifier's input (chapter 15)."""
+        features the output head reads, and a classifier's input (chapter "Fine-tuning")."""
         check_token_ids(idx, self.config.vocab_size, self.config.context_len, "idx")
         return self._hidden(idx, 0, False, None)
 
@@ -254,7 +257,7 @@ class GPT(nn.Module):
         x = self.tok_embed(_as_index(idx))  # (B, T_new, d_model)
         if self.pos_embed is not None:
             x = self.pos_embed(x, start=start)
-        elif self.config.dropout and self.training:  # rotary positions (chapter 14): dropout only
+        elif self.config.dropout and self.training:  # rotary positions (chapter "Today's block"): dropout only
             x = F.dropout(x, self.config.dropout)
         return self.decoder(x, need_weights=need_weights, cache=cache, _trusted=True)  # checked once, above
 
@@ -290,7 +293,7 @@ class GPT(nn.Module):
         ``context_len`` tokens. ``idx`` needs at least one token, ``max_new_tokens`` is an
         int >= 0, ``temperature`` a finite number > 0 and ``top_k`` None or a positive int.
 
-        Chapter 10: ``top_p`` (nucleus sampling, a number in ``(0, 1]``) keeps only the most
+        Chapter "Generation": ``top_p`` (nucleus sampling, a number in ``(0, 1]``) keeps only the most
         likely tokens that together reach probability ``top_p``. With ``use_cache`` (default)
         the prompt is run once (prefill) and then each step runs only the newest token, reading
         the earlier keys and values from a :class:`~transformer_lib.blocks.DecoderCache`. Once

@@ -1,17 +1,17 @@
-"""Today's block (chapter 14, "Today's block"): the parts that turn GPT-2's block into a
+"""Today's block (chapter "Today's block"): the parts that turn GPT-2's block into a
 Llama-style one. Every departure from GPT-2's block, one line each (each is one choice of
-:class:`~transformer_lib.recipe.BlockRecipe`, switchable, and measured in chapter 14):
+:class:`~transformer_lib.recipe.BlockRecipe`, switchable, and measured in chapter "Today's block"):
 
 - ``norm="rmsnorm"``: :class:`RMSNorm` rescales by the root mean square only (no mean, no bias);
 - ``ffn="swiglu"``: :class:`SwiGLU`, ``down(silu(gate(x)) * up(x))``, as wide in parameters as a
   ``4 d_model`` GELU network by the 2/3 rule (:func:`swiglu_hidden`);
 - ``positions="rotary"``: no position vectors; queries and keys are rotated by their positions
-  (:func:`rotate_heads`, chapter 6's :class:`~transformer_lib.positional.RotaryEmbedding`), keys
+  (:func:`rotate_heads`, chapter "Positional encoding"'s :class:`~transformer_lib.positional.RotaryEmbedding`), keys
   before the cache, so a key-value cache holds them rotated;
 - ``bias=False``: no biases in the linear maps or norms;
 - ``qk_norm=True``: an RMSNorm on each head's queries and keys before the scores;
 - ``tie_embeddings=False``: the output head has its own matrix (Llama's; GPT-2 ties it);
-- ``n_kv_heads < n_heads`` (the model's shape, chapter 10): grouped-query attention.
+- ``n_kv_heads < n_heads`` (the model's shape, chapter "Generation"): grouped-query attention.
 
 :class:`QKTransform` is what an attention applies to its queries and keys after splitting the
 heads and before the scores: query-key normalisation, then rotary positions. This module makes
@@ -53,7 +53,7 @@ def _check_eps(eps: object) -> None:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square normalisation (chapter 14): ``x / sqrt(mean(x^2) + eps) * weight``.
+    """Root-mean-square normalisation (chapter "Today's block"): ``x / sqrt(mean(x^2) + eps) * weight``.
 
     ``x (..., d)`` in, the same shape out. Unlike LayerNorm it subtracts no mean and adds no bias:
     one learned gain ``weight (d,)``, initialised to ones. Equal to ``torch.nn.RMSNorm(d, eps=eps)``.
@@ -79,7 +79,8 @@ class RMSNorm(nn.Module):
 
 
 def swiglu_hidden(d_model: int, *, multiple_of: int = 8) -> int:
-    """The hidden width of a :class:`SwiGLU` as wide in parameters as a ``4 d_model`` GELU network (chapter 14).
+    """The hidden width of a :class:`SwiGLU` as wide in parameters as a ``4 d_model`` GELU network (chapter "Today's
+    block").
 
     A gated network has three matrices, ``3 d_model d_ff`` weights, against ``2 d_model (4 d_model)``:
     ``d_ff = 2/3 * 4 d_model`` makes them equal. Llama then rounds up to a ``multiple_of``, which
@@ -92,7 +93,8 @@ def swiglu_hidden(d_model: int, *, multiple_of: int = 8) -> int:
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward network of Llama (chapter 14): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+    """The gated feed-forward network of Llama (chapter "Today's block"): ``down_proj(silu(gate_proj(x)) *
+    up_proj(x))``.
 
     ``x (B, T, d_model)`` in and out; ``d_ff`` (default :func:`swiglu_hidden`) is the width of the
     gate and of the values it gates. ``bias`` (default False, as in Llama) adds biases to the three
@@ -151,7 +153,8 @@ class RotarySpec(Spec):
 
 
 def rotate_heads(x: Tensor, rotary: RotaryEmbedding, start: int = 0) -> Tensor:
-    """Rotary positions for queries or keys ``x (B, h, T, d_k)`` at positions ``start .. start + T - 1`` (chapter 14).
+    """Rotary positions for queries or keys ``x (B, h, T, d_k)`` at positions ``start .. start + T - 1`` (chapter
+    "Today's block").
 
     ``start`` is the number of tokens a key-value cache already holds, so that a token gets the
     same rotation whether it is computed with the cache or without. Returns ``(B, h, T, d_k)``.
@@ -163,7 +166,7 @@ def rotate_heads(x: Tensor, rotary: RotaryEmbedding, start: int = 0) -> Tensor:
 
 
 class QKTransform(nn.Module):
-    """What an attention does to its queries and keys before the scores (chapter 14).
+    """What an attention does to its queries and keys before the scores (chapter "Today's block").
 
     ``QKTransform(d_k, *, rotary_base=None, qk_norm=False, eps=1e-5, rope_scaling=None)``: with
     ``qk_norm`` each head's queries and keys pass an :class:`RMSNorm` of width ``d_k`` (one for
@@ -213,15 +216,15 @@ def qk_transformed(mha: MultiHeadAttention, recipe, *, qk_norm: bool = False) ->
 @torch.no_grad()
 def attention_logit_max(model: nn.Module, *inputs) -> Tensor:
     """The largest attention logit ``|q . k| / sqrt(d_k)`` of each attention layer of ``model`` on
-    ``model(*inputs)`` (chapter 14): ``(n_layers,)``, in the order the layers run.
+    ``model(*inputs)`` (chapter "Today's block"): ``(n_layers,)``, in the order the layers run.
 
     Each layer gives its logits through its one recording hook,
     :meth:`~transformer_lib.multihead.RecordsScores.record_scores`: the queries and keys are the
     ones the layer scores, after query-key normalisation and rotary positions; every pair is
     counted, masked ones too (a mask hides a logit, it does not shrink it).
-    Chapter 18's latent attention counts the logits it scores (its scale is ``1/sqrt(nope + rope)``).
-    Chapter 19's recurrent layers score no logits: a hybrid's value is its multi-head layers', and a
-    model with no layer that scores is refused by name.
+    Chapter "Latent, sparse and sink attention"'s latent attention counts the logits it scores (its scale is
+    ``1/sqrt(nope + rope)``). Chapter "Attention as a recurrence"'s recurrent layers score no logits: a hybrid's value
+    is its multi-head layers', and a model with no layer that scores is refused by name.
     """
     found: list[Tensor] = []
     layers = find_parts(model, "attention")

@@ -1,4 +1,4 @@
-"""Multi-head attention (chapter 5, "Multi-head attention").
+"""Multi-head attention (chapter "Multi-head attention").
 
 ``h`` heads each attend in a ``d_k = d_model / h`` wide subspace; the efficient version does all
 heads in one batched matrix product by reshaping ``(B, T, d_model)`` to ``(B, h, T, d_k)``.
@@ -37,13 +37,13 @@ _SDPA_HAS_GQA = _sdpa_has_gqa()
 
 
 class Projection(NamedTuple):
-    """One of the Q, K, V projections of a :class:`MultiHeadAttention` (chapter 5).
+    """One of the Q, K, V projections of a :class:`MultiHeadAttention` (chapter "Multi-head attention").
 
     ``weight (d_out, d_model)`` and ``bias (d_out,)`` (or None) are *views* of rows of the
     layer's fused ``in_proj_weight`` and ``in_proj_bias``: reading them, or writing into them
     under ``torch.no_grad()``, reads or changes the layer. ``proj(x)`` maps ``(..., d_model)`` to
     ``(..., d_out)`` like an ``nn.Linear``. ``d_out`` is ``d_model``, except for the keys and
-    values of grouped-query attention (chapter 10), where it is ``n_kv_heads * d_k``.
+    values of grouped-query attention (chapter "Generation"), where it is ``n_kv_heads * d_k``.
     """
 
     weight: Tensor
@@ -68,7 +68,7 @@ def _split(x: Tensor, n_heads: int) -> Tensor:
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter 5).
+    """``(B, T, d_model)`` -> ``(B, h, T, d_k)`` with ``d_k = d_model / h`` (chapter "Multi-head attention").
 
     ``n_heads`` must be a positive int dividing ``d_model``."""
     if not isinstance(x, Tensor) or x.dim() != 3:
@@ -81,7 +81,8 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """``(B, h, T, d_k)`` -> ``(B, T, h * d_k)``, the inverse of :func:`split_heads` (chapter 5)."""
+    """``(B, h, T, d_k)`` -> ``(B, T, h * d_k)``, the inverse of :func:`split_heads` (chapter "Multi-head
+    attention")."""
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"merge_heads expects x of shape (B, h, T, d_k), got {getattr(x, 'shape', type(x).__name__)}")
     B, h, T, d_k = x.shape
@@ -147,7 +148,7 @@ class RecordsScores:
 
 
 class MultiHeadAttention(RecordsScores, nn.Module):
-    """Multi-head attention with Q, K, V and output projections (chapter 5).
+    """Multi-head attention with Q, K, V and output projections (chapter "Multi-head attention").
 
     The three input projections are stored as ``torch.nn.MultiheadAttention`` stores them: one
     ``in_proj_weight`` of shape ``(3 d_model, d_model)`` (the rows of ``W_q``, then ``W_k``, then
@@ -155,7 +156,7 @@ class MultiHeadAttention(RecordsScores, nn.Module):
     single matrix product. ``q_proj``, ``k_proj`` and ``v_proj`` are :class:`Projection` views of
     their rows.
 
-    :meth:`forward` says what goes in and comes out. Chapter 10 adds ``n_kv_heads`` (keyword,
+    :meth:`forward` says what goes in and comes out. Chapter "Generation" adds ``n_kv_heads`` (keyword,
     default ``n_heads``): grouped-query attention. Only ``n_kv_heads`` key and value heads are
     computed, each shared by ``n_heads / n_kv_heads`` consecutive query heads (``n_kv_heads =
     1``: multi-query attention). ``in_proj_weight`` is then ``(d_model + 2 n_kv_heads d_k,
@@ -194,7 +195,8 @@ class MultiHeadAttention(RecordsScores, nn.Module):
                 if proj.bias is not None:
                     nn.init.uniform_(proj.bias, -1 / math.sqrt(d_model), 1 / math.sqrt(d_model))
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.qk_transform = None  # chapter 14: a module applied to q and k (rotary, query-key norm), or None
+        self.qk_transform = None  # chapter "Today's block": a module applied to q and k (rotary, query-key norm), or
+        # None
 
     @property
     def _widths(self) -> tuple[int, int, int]:
@@ -284,11 +286,11 @@ class MultiHeadAttention(RecordsScores, nn.Module):
         of one dtype -> ``(output (B, T_q, d_model), weights (B, h, T_q, T_k) or None)``.
 
         ``mask``: boolean (True = may attend), broadcastable to ``(B, h, T_q, T_k)``; ``is_causal``
-        adds a causal mask, ``window=w`` (chapter 11) a sliding window: each query sees itself and
-        the ``w - 1`` keys before it. ``need_weights``: return the weights, computed by the
+        adds a causal mask, ``window=w`` (chapter "Long context and precision") a sliding window: each query sees itself
+        and the ``w - 1`` keys before it. ``need_weights``: return the weights, computed by the
         hand-written :func:`~transformer_lib.attention.scaled_dot_product_attention` (after dropout
         in train mode); without it, PyTorch's fused kernel computes the same function. ``cache``
-        (a :class:`~transformer_lib.kv_cache.KVCache`, chapter 10): the new queries come after
+        (a :class:`~transformer_lib.kv_cache.KVCache`, chapter "Generation"): the new queries come after
         ``T_cached`` positions, so masks and weights have ``T_k = T_cached + T_new`` keys; a filled
         static cache stands in for ``key`` and ``value``.
 
@@ -350,19 +352,19 @@ class MultiHeadAttention(RecordsScores, nn.Module):
             check_cache(cache, window, query.shape[0])
 
     def _project_cached(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, ...]:
-        """:meth:`project`, with the keys and values added to the cache (chapter 10), or read from
+        """:meth:`project`, with the keys and values added to the cache (chapter "Generation"), or read from
         a filled static one (cross-attention after the first step)."""
         if cache is not None and cache.static and cache.filled:
             return _split(self.q_proj(query), self.n_heads), cache.k, cache.v
         q, k, v = self.project(query, key, value)  # (B, h, T_q, d_k), (B, h_kv, T_new, d_k) twice
-        if self.qk_transform is not None:  # chapter 14: before the cache, so that it holds rotated keys
+        if self.qk_transform is not None:  # chapter "Today's block": before the cache, so that it holds rotated keys
             q, k = self.qk_transform(q, k, 0 if cache is None else cache.position)
         if cache is not None:
             k, v = cache.set(k, v) if cache.static else cache.append(k, v)  # (B, h_kv, T_k, d_k)
         return q, k, v
 
     def _shared_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Grouped-query attention (chapter 10): query head i reads K/V head i // group, so each
+        """Grouped-query attention (chapter "Generation"): query head i reads K/V head i // group, so each
         K/V head is repeated ``group`` times, ``(B, h_kv, T_k, d_k)`` -> ``(B, h, T_k, d_k)``."""
         group = self.n_heads // self.n_kv_heads
         if group == 1:
@@ -423,7 +425,7 @@ class MultiHeadAttention(RecordsScores, nn.Module):
 def head_contributions(
     mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, is_causal=False
 ) -> Tensor:
-    """Each head's additive share of a :class:`MultiHeadAttention` output (chapter 5).
+    """Each head's additive share of a :class:`MultiHeadAttention` output (chapter "Multi-head attention").
 
     Concatenating the heads and applying ``W_o`` equals summing, over heads, head ``i``'s output
     ``(T_q, d_k)`` times the ``d_k`` columns of ``W_o`` that belong to it. This returns those

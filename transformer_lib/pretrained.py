@@ -1,4 +1,4 @@
-"""Pretrained weights in the book's GPT (chapter 10): GPT-2 from Hugging Face's layout, and nanoGPT
+"""Pretrained weights in the book's GPT (chapter "Generation"): GPT-2 from Hugging Face's layout, and nanoGPT
 checkpoints.
 
 The book's :class:`~transformer_lib.models.GPT` *is* GPT-2's architecture: learned positions,
@@ -221,7 +221,7 @@ def _read_hf_path(path: Path) -> tuple[dict | None, dict[str, Tensor]]:
 
 
 def gpt_from_hf(source, *, n_heads: int | None = None) -> GPT:
-    """The book's :class:`GPT` holding the weights of a Hugging Face GPT-2 (chapter 10).
+    """The book's :class:`GPT` holding the weights of a Hugging Face GPT-2 (chapter "Generation").
 
     ``source`` is a ``transformers.GPT2LMHeadModel`` (or ``GPT2Model``), its state dict, a
     ``.safetensors`` file or a folder written by ``save_pretrained``. The result has
@@ -293,7 +293,7 @@ _NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_siz
 
 
 def gpt_from_nanogpt(source) -> GPT:
-    """The book's :class:`GPT` holding the weights of a nanoGPT checkpoint (chapter 10).
+    """The book's :class:`GPT` holding the weights of a nanoGPT checkpoint (chapter "Generation").
 
     ``source`` is the dict nanoGPT's ``train.py`` saves, ``{"model": state_dict, "model_args":
     {"n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", ...}, ...}``, or a path
@@ -344,7 +344,7 @@ def gpt_from_nanogpt(source) -> GPT:
 
 def load_gpt2(name_or_path: str | Path = "gpt2") -> GPT:
     """GPT-2 from the Hugging Face hub (``"gpt2"``, ``"gpt2-medium"``, ...) or a local folder, as
-    the book's :class:`GPT` (chapter 10).
+    the book's :class:`GPT` (chapter "Generation").
 
     Calls ``transformers.GPT2LMHeadModel.from_pretrained(name_or_path)`` (a hub name needs the
     network the first time; the files are cached) and then :func:`gpt_from_hf`. The model maps

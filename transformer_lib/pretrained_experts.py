@@ -35,7 +35,7 @@ when a converter is called.
 A whole model goes both ways with Mixtral: :func:`mixtral_from_gpt` writes the book's GPT with
 Llama's block and experts routed as Mixtral routes (the recipe ``"experts"``) as a
 ``MixtralForCausalLM``, and :func:`gpt_from_mixtral` reads one back. Outside its experts a Mixtral
-is a Llama, so everything else is chapter 14's conversion (``pretrained_llama``: the names, the
+is a Llama, so everything else is the conversion of chapter "Today's block" (``pretrained_llama``: the names, the
 rotary row order, the tied head).
 """
 
@@ -375,7 +375,7 @@ def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
 
     Its recipe is Llama's block with experts: :func:`experts_from_mixtral` reads each layer's block
     (and refuses what the book's layer cannot say), and the rest of the config is read as chapter
-    14's :func:`~transformer_lib.pretrained_llama.gpt_config_from_llama` reads Llama's (a rope
+    "Today's block"'s :func:`~transformer_lib.pretrained_llama.gpt_config_from_llama` reads Llama's (a rope
     scaling, biases, another activation or head width are refused by name); a ``sliding_window`` is
     refused too. ``training``: the spec's ``aux_loss``, ``z_loss``, ``bias_rate``, ``capacity``
     (default none), for training the GPT further.
@@ -389,7 +389,7 @@ def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
         )
     try:
         dense = gpt_config_from_llama(cfg)
-    except ValueError as error:  # chapter 14's checks of a Llama config, said of a Mixtral one
+    except ValueError as error:  # chapter "Today's block"'s checks of a Llama config, said of a Mixtral one
         raise ValueError(str(error).replace("Llama", "Mixtral")) from None
     routing = {
         "n_experts": cfg.num_local_experts,

@@ -1,6 +1,6 @@
-"""A GPT with learned sinks as gpt-oss (chapter 18, "Latent, sparse and sink attention").
+"""A GPT with learned sinks as gpt-oss (chapter "Latent, sparse and sink attention").
 
-The book's recipe ``"sinks"`` is Llama's block (chapter 14) whose attention gives each head one
+The book's recipe ``"sinks"`` is Llama's block (chapter "Today's block") whose attention gives each head one
 more softmax logit, a learned sink with no value (:class:`~transformer_lib.sinks.SinkAttention`).
 ``transformers``' ``GptOssForCausalLM`` computes the same model once its mixture of experts is
 made a dense SwiGLU network:
@@ -80,7 +80,8 @@ def _bias(weight_name: str) -> str:
 
 def gpt_oss_from_gpt(gpt: GPT) -> nn.Module:
     """A ``transformers`` ``GptOssForCausalLM`` with the weights of a Llama-style :class:`GPT` with
-    learned sinks (chapter 18), mapping ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
+    learned sinks (chapter "Latent, sparse and sink attention"), mapping ``input_ids (B, T)`` to the GPT's logits ``(B,
+    T, vocab_size)``.
 
     The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions), with or without biases, with
     multi-head attention, with or without sinks and a ``window``; no ``keep_first``, ``qk_norm`` or

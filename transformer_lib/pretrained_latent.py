@@ -1,6 +1,6 @@
-"""A GPT with latent attention as a dense DeepSeek-V3 (chapter 18, "Latent, sparse and sink attention").
+"""A GPT with latent attention as a dense DeepSeek-V3 (chapter "Latent, sparse and sink attention").
 
-The book's recipe ``"latent"`` is Llama's block (chapter 14) with DeepSeek-V3's multi-head latent
+The book's recipe ``"latent"`` is Llama's block (chapter "Today's block") with DeepSeek-V3's multi-head latent
 attention (:class:`~transformer_lib.latent_attention.LatentAttention`). ``transformers``'
 ``DeepseekV3ForCausalLM`` computes the same model once every layer keeps a dense feed-forward
 network (``first_k_dense_replace = num_hidden_layers``: its ``DeepseekV3MLP`` is the book's SwiGLU):
@@ -77,7 +77,8 @@ _LATENT_MODULES = {
 
 def deepseek_v3_from_gpt(gpt: GPT) -> nn.Module:
     """A ``transformers`` ``DeepseekV3ForCausalLM`` with the weights of a latent-attention :class:`GPT`
-    (chapter 18), every layer dense, mapping ``input_ids (B, T)`` to the GPT's logits ``(B, T, vocab_size)``.
+    (chapter "Latent, sparse and sink attention"), every layer dense, mapping ``input_ids (B, T)`` to the GPT's logits
+    ``(B, T, vocab_size)``.
 
     The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions, no biases) with
     ``attention="latent"`` and ``norm_eps=1e-6`` (the eps DeepSeek-V3's latent norms keep); its
@@ -146,7 +147,8 @@ def deepseek_v3_from_gpt(gpt: GPT) -> nn.Module:
 
 
 def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> LatentAttention:
-    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter 18).
+    """A :class:`LatentAttention` with the weights of a ``transformers`` ``DeepseekV3Attention`` (chapter "Latent,
+    sparse and sink attention").
 
     ``interleaved`` says how the source lays out its rotary rows: True for ``rope_interleave=True``
     (pairs ``(2i, 2i + 1)``, the book's own: copied as they are), False for half-split pairs
@@ -205,7 +207,8 @@ def latent_from_deepseek(attn: nn.Module, *, interleaved: bool = True) -> Latent
 
 @torch.no_grad()
 def indexer_from_deepseek(indexer: nn.Module) -> Indexer:
-    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter 18).
+    """An :class:`Indexer` with the weights of ``transformers``' ``DeepseekV32Indexer`` (chapter "Latent, sparse and
+    sink attention").
 
     DeepSeek rotates the half-split pairs ``(i, i + r/2)`` of the first ``r`` dimensions of each
     head, the book neighbouring pairs, with the same frequencies: the rotated rows of the query

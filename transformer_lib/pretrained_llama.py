@@ -1,11 +1,11 @@
-"""Llama's weights in the book's GPT and back (chapter 14, "Today's block").
+"""Llama's weights in the book's GPT and back (chapter "Today's block").
 
 With ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"`` and ``bias=False`` the book's
 :class:`~transformer_lib.models.GPT` computes what ``transformers``' ``LlamaForCausalLM`` computes,
 grouped-query attention included (``n_kv_heads``). Converting is a renaming of tensors, with two
 details:
 
-- the rotary convention. The book (chapter 6) rotates the pairs of neighbouring dimensions
+- the rotary convention. The book (chapter "Positional encoding") rotates the pairs of neighbouring dimensions
   ``(2i, 2i+1)`` of a head; Hugging Face's Llama rotates dimension ``i`` with ``i + d_k / 2``
   (``rotate_half``), with the same frequency ``base^(-2i/d_k)``. Reordering the rows of each head
   of ``W_q`` and ``W_k`` (Llama's row ``i`` becomes the book's ``2i``, row ``i + d_k/2`` its
@@ -30,13 +30,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import fields
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import is_int
-from .models import RECIPE_FIELDS, GPT, GPTConfig
+from .models import GPT, RECIPE_FIELDS, GPTConfig
 from .parts import find_parts, part_weights
 from .positional import half_split_rows
 from .recipe import LLAMA_BLOCK
@@ -45,11 +44,11 @@ from .rope_scaling import RopeScaling
 __all__ = ["gpt_config_from_llama", "gpt_from_llama", "llama_from_gpt"]
 
 
-# Which of a GPT's settings each Hugging Face format writes (chapters 10, 14, 18, 19 and "Experts"): a
-# converter names every setting in a table, ANY where its format writes whatever value the GPT has,
-# else the one value its format computes; check_settings refuses the first other value by name. A table
-# that leaves a setting out is an error, so a new choice of the recipe is refused by every format
-# until its converter says what to do with it.
+# Which of a GPT's settings each Hugging Face format writes (chapters "Generation", "Today's block", "Latent, sparse and
+# sink attention", "Attention as a recurrence" and "Experts"): a converter names every setting in a table, ANY where its
+# format writes whatever value the GPT has, else the one value its format computes; check_settings refuses the first
+# other value by name. A table that leaves a setting out is an error, so a new choice of the recipe is refused by every
+# format until its converter says what to do with it.
 class _Any:
     """The marker of a setting a format writes whatever its value."""
 
@@ -69,7 +68,7 @@ def missing_settings(table: dict) -> list[str]:
 
 def check_convertible(gpt, converter: str, counterpart: str) -> None:
     """That ``gpt`` is a plain :class:`~transformer_lib.models.GPT` a converter to ``counterpart`` can
-    write (chapter 14): not a classifier around one, and no LoRA parametrization left unmerged."""
+    write (chapter "Today's block"): not a classifier around one, and no LoRA parametrization left unmerged."""
     if not isinstance(gpt, GPT):
         inner = ""
         if hasattr(gpt, "gpt"):
@@ -243,7 +242,7 @@ _REQUIRED = (
 
 
 def gpt_config_from_llama(cfg) -> GPTConfig:
-    """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter 14); unsupported settings raise.
+    """The :class:`GPTConfig` of a ``LlamaConfig`` (or its dict) (chapter "Today's block"); unsupported settings raise.
 
     A rescaled rotary position (``"linear"``, ``"yarn"``, ``"llama3"``) becomes the recipe's
     ``rope_scaling`` (chapter "Longer than trained"; how each is read: :func:`_rope`)."""
@@ -366,7 +365,8 @@ def _book_state(gpt: GPT, s: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT:
-    """The book's :class:`GPT` computing what a Llama computes (chapter 14), in the source's dtype, in eval mode.
+    """The book's :class:`GPT` computing what a Llama computes (chapter "Today's block"), in the source's dtype, in eval
+    mode.
 
     ``source`` is a ``transformers`` ``LlamaForCausalLM`` (its ``config`` is used) or its state
     dict, with ``config`` a ``LlamaConfig`` or its dict. Logits ``(B, T, vocab_size)`` of the two
@@ -395,7 +395,7 @@ def gpt_from_llama(source: nn.Module | Mapping[str, Tensor], config=None) -> GPT
 
 
 def llama_from_gpt(gpt: GPT) -> nn.Module:
-    """A ``transformers`` ``LlamaForCausalLM`` with the weights of a Llama-style :class:`GPT` (chapter 14).
+    """A ``transformers`` ``LlamaForCausalLM`` with the weights of a Llama-style :class:`GPT` (chapter "Today's block").
 
     The GPT needs ``norm="rmsnorm"``, ``ffn="swiglu"``, ``positions="rotary"``, ``bias=False``,
     multi-head attention without sinks, no ``qk_norm`` and no ``window``; anything else (a sparse,

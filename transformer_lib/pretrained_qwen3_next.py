@@ -1,6 +1,6 @@
-"""A gated-DeltaNet GPT, or its hybrid, as Qwen3-Next (chapter 19, "Attention as a recurrence").
+"""A gated-DeltaNet GPT, or its hybrid, as Qwen3-Next (chapter "Attention as a recurrence").
 
-The book's recipe ``"gated_delta"`` is Llama's block (chapter 14) with Qwen3-Next's gated DeltaNet
+The book's recipe ``"gated_delta"`` is Llama's block (chapter "Today's block") with Qwen3-Next's gated DeltaNet
 (:class:`~transformer_lib.delta_net.GatedDeltaNet`) in every layer; with ``full_every`` every
 ``full_every``-th layer keeps multi-head attention (the recipe ``"hybrid"``). ``transformers``'
 ``Qwen3NextForCausalLM`` computes the same model with:
@@ -102,8 +102,8 @@ def _delta_net_state(layer: GatedDeltaNet, book: dict[str, Tensor], prefix: str)
 
 def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
     """A ``transformers`` ``Qwen3NextForCausalLM`` with the weights of a gated-DeltaNet :class:`GPT`
-    or its hybrid (chapter 19), every layer's MLP dense, mapping ``input_ids (B, T)`` to the GPT's
-    logits ``(B, T, vocab_size)``.
+    or its hybrid (chapter "Attention as a recurrence"), every layer's MLP dense, mapping ``input_ids (B, T)`` to the
+    GPT's logits ``(B, T, vocab_size)``.
 
     The GPT needs Llama's block (RMSNorm, SwiGLU, rotary positions, no biases) with
     ``attention="gated_delta"`` and ``full_every > 0``, its multi-head layers ``qk_norm=True``
@@ -199,7 +199,8 @@ def qwen3_next_from_gpt(gpt: GPT) -> nn.Module:
 
 
 def gated_delta_net_from_qwen3_next(layer: nn.Module) -> GatedDeltaNet:
-    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter 19).
+    """A :class:`GatedDeltaNet` with the weights of a ``transformers`` ``Qwen3NextGatedDeltaNet`` (chapter "Attention as
+    a recurrence").
 
     Qwen3-Next fuses its maps per query-key head: ``in_proj_qkvz`` gives, for each of the
     ``n_qk_heads`` groups, that group's query, key, values and output gates ``z`` side by side, and

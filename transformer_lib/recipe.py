@@ -7,7 +7,7 @@ feed-forward network, each a frozen object defined beside the layer it builds, w
 options (:class:`~transformer_lib.sinks.MultiHeadSpec`, :class:`~transformer_lib.modern_block.SwiGLUSpec`,
 ...). ``layers`` is a per-layer pattern: rules that give some layers another attention or
 feed-forward network (a hybrid's full-attention layers, experts from layer k on).
-:data:`GPT2_BLOCK` is the default (chapter "GPT"'s model, bitwise); :data:`LLAMA_BLOCK` is chapter
+:data:`GPT2_BLOCK` is the default (the model of chapter "GPT", bitwise); :data:`LLAMA_BLOCK` is chapter
 "Today's block"'s Llama-style block. A layer of :mod:`transformer_lib.blocks` is handed the recipe
 as its ``parts`` and asks it for each part (:meth:`BlockRecipe.norm_layer`,
 :meth:`~BlockRecipe.feed_forward`, :meth:`~BlockRecipe.attention_layer`).

@@ -2,7 +2,7 @@
 rescalings of the rotary frequencies that today's models ship, each one function of the
 frequencies, and the spec a recipe holds.
 
-Rotary positions (chapter 6) rotate pair ``i`` of a query or key at position ``m`` by the angle
+Rotary positions (chapter "Positional encoding") rotate pair ``i`` of a query or key at position ``m`` by the angle
 ``m * omega_i``, ``omega_i = base^(-2i/d)``. A model trained on ``L`` tokens has seen, for each pair,
 the angles up to ``L * omega_i``; a longer input brings angles it never saw in the pairs whose
 wavelength ``2 pi / omega_i`` is longer than ``L``. The rescalings change ``omega``:

@@ -1,4 +1,4 @@
-"""Attention sinks (chapter 18, "Latent, sparse and sink attention").
+"""Attention sinks (chapter "Latent, sparse and sink attention").
 
 Softmax makes every query spend all of its attention somewhere, even when nothing in view is
 worth reading. Trained models then park the surplus on a token that carries little, most often
@@ -52,7 +52,7 @@ __all__ = [
 
 def sink_softmax(scores: Tensor, sink: Tensor) -> Tensor:
     """The softmax of each row of ``scores`` with one more column holding its head's sink logit,
-    that column then dropped (chapter 18).
+    that column then dropped (chapter "Latent, sparse and sink attention").
 
     ``scores (..., h, T_q, T_k)`` (masked keys at ``-inf``) and ``sink (h,)`` -> weights
     ``(..., h, T_q, T_k)``: ``exp(s_j) / (exp(sink) + sum_j exp(s_j))``, computed after
@@ -135,7 +135,7 @@ class KeepFirstKVCache(KVCache):
 
 class SinkAttention(MultiHeadAttention):
     """Multi-head attention with a learned sink logit per head and the first keys kept in view of
-    a sliding window (chapter 18).
+    a sliding window (chapter "Latent, sparse and sink attention").
 
     ``SinkAttention(d_model, n_heads, *, sinks=True, keep_first=0, n_kv_heads=None, dropout=0.0,
     bias=True)``. ``sinks``: ``self.sinks``, an ``nn.Parameter (n_heads,)`` initialised to zeros,
@@ -173,8 +173,8 @@ class SinkAttention(MultiHeadAttention):
 
     def new_cache(self, window: int | None) -> KVCache:
         """An empty :class:`~transformer_lib.kv_cache.KVCache` for this attention with ``window``
-        (chapter 18): with a window and ``keep_first``, a :class:`KeepFirstKVCache` that also keeps
-        the first ``keep_first`` keys."""
+        (chapter "Latent, sparse and sink attention"): with a window and ``keep_first``, a :class:`KeepFirstKVCache`
+        that also keeps the first ``keep_first`` keys."""
         if window is None or not self.keep_first:
             return KVCache(window=window, _checked=True)
         return KeepFirstKVCache(window=window, keep_first=self.keep_first, _checked=True)
@@ -192,8 +192,8 @@ class SinkAttention(MultiHeadAttention):
     ) -> Tensor:
         """``query (B, T_q, d_model)``, ``key`` and ``value`` ``(B, T_k, d_model)`` -> the weights
         ``(B, h, T_q, T_k)`` :meth:`forward` uses, before dropout; with sinks a row sums to less than 1
-        (chapter 18). The arguments are :meth:`forward`'s; its other keywords are accepted and
-        ignored, but not a cache."""
+        (chapter "Latent, sparse and sink attention"). The arguments are :meth:`forward`'s; its other keywords are
+        accepted and ignored, but not a cache."""
         if other.get("cache") is not None:
             raise ValueError("attention_weights does not follow a KVCache: call it without cache=")
         self._check_inputs(query, key, value, is_causal, window, None)
@@ -310,7 +310,8 @@ class MultiHeadSpec(Spec):
 
 @torch.no_grad()
 def attention_sink_mass(model: nn.Module, idx: Tensor, first_query: int = 1) -> Tensor:
-    """How much attention each head gives to the first token (chapter 18): ``(n_layers, n_heads)``.
+    """How much attention each head gives to the first token (chapter "Latent, sparse and sink attention"): ``(n_layers,
+    n_heads)``.
 
     ``model`` is a language model called as ``model(idx)`` (a :class:`~transformer_lib.models.GPT`),
     ``idx (B, T)`` token ids with ``T >= 2``. Entry ``[l, i]`` is the mean, over the batch and the
@@ -334,7 +335,8 @@ def attention_sink_mass(model: nn.Module, idx: Tensor, first_query: int = 1) -> 
 
 @torch.no_grad()
 def sink_attention_from_gpt_oss(attn: nn.Module) -> SinkAttention:
-    """A :class:`SinkAttention` with the weights of ``transformers``' ``GptOssAttention`` (chapter 18).
+    """A :class:`SinkAttention` with the weights of ``transformers``' ``GptOssAttention`` (chapter "Latent, sparse and
+    sink attention").
 
     gpt-oss rotates the half-split pairs ``(i, i + d/2)`` of a head, the book its neighbouring pairs
     (:func:`~transformer_lib.positional.half_split_rows` reorders the rows of ``W_q`` and ``W_k`` and

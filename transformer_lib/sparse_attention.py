@@ -1,4 +1,4 @@
-"""Sparse attention by selection (chapter 18, "Latent, sparse and sink attention"): DeepSeek-V3.2's.
+"""Sparse attention by selection (chapter "Latent, sparse and sink attention"): DeepSeek-V3.2's.
 
 A cheap :class:`Indexer` scores every earlier key for each query, which attends only to its
 ``top_k`` best keys. The indexer learns beside the model to imitate the dense attention, by an
@@ -56,8 +56,8 @@ def _chosen(at: Tensor, T_k: int) -> Tensor:
 
 
 def select_keys(scores: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
-    """The keys each query keeps (chapter 18): ``scores (B, T_q, T_k)`` and ``mask`` (True = may
-    attend, broadcastable to ``scores``) -> bool ``(B, T_q, T_k)``, True at the ``top_k`` highest
+    """The keys each query keeps (chapter "Latent, sparse and sink attention"): ``scores (B, T_q, T_k)`` and ``mask``
+    (True = may attend, broadcastable to ``scores``) -> bool ``(B, T_q, T_k)``, True at the ``top_k`` highest
     scores among the keys ``mask`` allows, fewer where fewer are allowed. Of equal scores the earliest
     key goes first."""
     check_float_tensors({"scores": scores})
@@ -78,7 +78,8 @@ def _any_head(visible: Tensor | None) -> Tensor | None:
 
 
 class Indexer(nn.Module):
-    """DeepSeek-V3.2's lightning indexer (chapter 18): a small, cheap attention that scores keys.
+    """DeepSeek-V3.2's lightning indexer (chapter "Latent, sparse and sink attention"): a small, cheap attention that
+    scores keys.
 
     ``Indexer(d_model, n_heads, head_dim, *, rope_dim=0, q_dim=None, rotary_base=10000.0)``: its
     ``n_heads`` query heads of width ``head_dim`` come from ``q_proj`` (reading ``q_dim``-wide
@@ -86,7 +87,7 @@ class Indexer(nn.Module):
     ``k_norm``, and a weight per head and query from ``weights_proj``. The score of key ``t`` for
     query ``s`` is ``sum_h w[s, h] / sqrt(n_heads) * relu(q[s, h] . k[t] / sqrt(head_dim))``. The
     first ``rope_dim`` dimensions of every query head and key are rotated by their positions
-    (chapter 6's interleaved pairs, :func:`~transformer_lib.positional.apply_rotary`).
+    (chapter "Positional encoding"'s interleaved pairs, :func:`~transformer_lib.positional.apply_rotary`).
     """
 
     def __init__(
@@ -157,8 +158,8 @@ class Indexer(nn.Module):
 
 
 class AddAuxiliaryLoss(torch.autograd.Function):
-    """An auxiliary loss that reaches backward with no change to the training loop (chapter 18):
-    ``AddAuxiliaryLoss.apply(out, loss, weight)`` returns ``out`` unchanged; in backward its gradient
+    """An auxiliary loss that reaches backward with no change to the training loop (chapter "Latent, sparse and sink
+    attention"): ``AddAuxiliaryLoss.apply(out, loss, weight)`` returns ``out`` unchanged; in backward its gradient
     passes through and the scalar ``loss`` gets ``weight``, as if ``weight * loss`` joined the loss."""
 
     @staticmethod
@@ -175,8 +176,8 @@ class AddAuxiliaryLoss(torch.autograd.Function):
 
 
 class SparseCache(KVCache):
-    """A :class:`~transformer_lib.kv_cache.KVCache` that also keeps the indexer's key rows (chapter 18):
-    ``index_keys (B, T_cached, index_dim)``, at the same positions as the keys (with a window, the
+    """A :class:`~transformer_lib.kv_cache.KVCache` that also keeps the indexer's key rows (chapter "Latent, sparse and
+    sink attention"): ``index_keys (B, T_cached, index_dim)``, at the same positions as the keys (with a window, the
     last ``window - 1``), appended as the keys are (outside autograd, into a buffer whose capacity
     doubles). :meth:`SparseAttention.new_cache` makes one."""
 
@@ -222,7 +223,7 @@ class SparseCache(KVCache):
         self.index_keys = self._index_buffer = None
 
     def crop(self, n: int) -> None:
-        """Back to what the cache held after its first ``n`` tokens, index keys included (chapter 10's
+        """Back to what the cache held after its first ``n`` tokens, index keys included (chapter "Generation"'s
         protocol, :mod:`~transformer_lib.kv_cache`)."""
         index = crop_positions(self.position, self.length, n, window=self.window, what="this SparseCache")
         super().crop(n)
@@ -245,7 +246,7 @@ class SparseCache(KVCache):
 
 class SparseAttention(MultiHeadAttention):
     """Causal self-attention in which each query attends only to the keys an :class:`Indexer`
-    selects (chapter 18, DeepSeek-V3.2's sparse attention).
+    selects (chapter "Latent, sparse and sink attention", DeepSeek-V3.2's sparse attention).
 
     ``SparseAttention(d_model, n_heads, *, top_k, index_heads=None, index_dim=None, rope_dim=None,
     rotary_base=10000.0, index_loss_weight=1.0, n_kv_heads=None, dropout=0.0, bias=True)``: the
@@ -293,7 +294,8 @@ class SparseAttention(MultiHeadAttention):
         return f"top_k={self.top_k}, index_loss_weight={self.index_loss_weight}"
 
     def new_cache(self, window: int | None = None) -> SparseCache:
-        """An empty :class:`SparseCache` for this layer, keeping what ``window`` needs (chapter 18)."""
+        """An empty :class:`SparseCache` for this layer, keeping what ``window`` needs (chapter "Latent, sparse and sink
+        attention")."""
         return SparseCache(window=window)
 
     def _ready_indexer(self) -> Indexer:
@@ -420,7 +422,7 @@ class SparseAttention(MultiHeadAttention):
         window: int | None = None, **_,
     ) -> Tensor:  # fmt: skip
         """The weights ``(B, h, T_q, T_k)`` of :meth:`forward` before dropout, zero at the keys not
-        selected, for chapter 12's inspection tools (no cache)."""
+        selected, for chapter "What attention learns"'s inspection tools (no cache)."""
         self._check_sparse(query, key, value, is_causal, None)
         q, k, v, visible, _, at = self._select(query, mask, window, None)
         k, v = self._shared_kv(k, v)  # (B, h, T_k, d_k)

@@ -1,4 +1,4 @@
-"""The settings of a training run (chapter 9): :class:`TrainConfig`, the presets the command
+"""The settings of a training run (chapter "A GPT from scratch"): :class:`TrainConfig`, the presets the command
 line and the chapters start from, and the optimiser and learning-rate
 schedule they define. Importing it imports no trainer and no command line.
 """
@@ -26,7 +26,7 @@ def _setting(default, help: str):  # noqa: A002 (the argparse word)
 
 @dataclass
 class TrainConfig:
-    """Settings of :func:`train` (chapter 9); the defaults are nanoGPT's CPU-sized run.
+    """Settings of :func:`train` (chapter "A GPT from scratch"); the defaults are nanoGPT's CPU-sized run.
 
     Each setting is written here once: the command line's flags and presets
     (:mod:`transformer_lib.cli`) are made from these fields. ``batch_size`` is the number of
@@ -116,7 +116,7 @@ MODEL_SETTINGS = {
 # and TrainConfig) and a bigger one for a GPU. Each preset: (GPTConfig changes, TrainConfig).
 PRESETS: dict[str, tuple[dict, TrainConfig]] = {
     "cpu": ({}, TrainConfig()),
-    # chapter 14: the CPU preset's size with Llama's block (RMSNorm, SwiGLU, rotary positions, no biases)
+    # chapter "Today's block": the CPU preset's size with Llama's block (RMSNorm, SwiGLU, rotary positions, no biases)
     "llama-cpu": (LLAMA_BLOCK.changes(), TrainConfig()),
     "gpu": (
         dict(n_layers=6, n_heads=6, d_model=384, context_len=256, dropout=0.2),
@@ -127,7 +127,7 @@ PRESETS: dict[str, tuple[dict, TrainConfig]] = {
 
 def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.device | None = None):
     """AdamW with weight decay on the matrices (embeddings, linear weights) and none on biases and
-    LayerNorm parameters; the fused CUDA kernel on a GPU (chapter 9)."""
+    LayerNorm parameters; the fused CUDA kernel on a GPU (chapter "A GPT from scratch")."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
@@ -138,7 +138,7 @@ def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.dev
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """The learning rate of step ``step`` (0-based, chapter 9): linear warm-up to ``lr``, then a
+    """The learning rate of step ``step`` (0-based, chapter "A GPT from scratch"): linear warm-up to ``lr``, then a
     cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant."""
     if step < config.warmup_iters:
         return config.lr * (step + 1) / config.warmup_iters
@@ -150,5 +150,6 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` that sets every group's learning rate to :func:`lr_at` at each step (chapter 9)."""
+    """A ``LambdaLR`` that sets every group's learning rate to :func:`lr_at` at each step (chapter "A GPT from
+    scratch")."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, config) / config.lr)

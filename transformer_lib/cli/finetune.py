@@ -1,4 +1,4 @@
-"""The ``finetune`` command (chapter 15, "Fine-tuning"): ``python -m transformer_lib finetune --ckpt
+"""The ``finetune`` command (chapter "Fine-tuning"): ``python -m transformer_lib finetune --ckpt
 BASE --data PAIRS.jsonl --out-dir DIR [--lora-rank R]`` fine-tunes a GPT checkpoint on
 prompt/response pairs, every weight or (``--lora-rank``) low-rank adapters only.
 
@@ -52,7 +52,7 @@ from .settings import (
 __all__ = ["ADAPTER_NAME", "FINETUNE_DEFAULTS", "finetune_main"]
 
 #: Fine-tuning's training settings where they differ from :class:`~transformer_lib.train_config.TrainConfig`'s
-#: pretraining defaults (chapter 15): short runs, a warm-up, no weight decay, and a peak learning
+#: pretraining defaults (chapter "Fine-tuning"): short runs, a warm-up, no weight decay, and a peak learning
 #: rate by method (adapters start at zero and take larger steps than a full fine-tuning's every
 #: weight). ``min_lr`` is a tenth of whichever ``--lr`` the run uses.
 FINETUNE_DEFAULTS = {
@@ -72,12 +72,13 @@ _SHIPPED = "transformer_lib/data/ch15/pretrained.pt"  # PRETRAINED_PATH, as a us
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The fine-tuning command's argument parser (``python -m transformer_lib finetune --help``, chapter 15)."""
+    """The fine-tuning command's argument parser (``python -m transformer_lib finetune --help``, chapter
+    "Fine-tuning")."""
     parser = Parser(
         prog="python -m transformer_lib finetune",
         description="Fine-tune a GPT checkpoint (a BPE run of python -m transformer_lib train, whose tokenizer has "
-        "<|endoftext|>) on prompt/response pairs (chapter 15): every weight, or with --lora-rank only low-rank "
-        "adapters. The loss counts the response and its end token. Sample the result with python -m "
+        '<|endoftext|>) on prompt/response pairs (chapter "Fine-tuning"): every weight, or with --lora-rank '
+        "only low-rank adapters. The loss counts the response and its end token. Sample the result with python -m "
         "transformer_lib sample --ckpt OUT_DIR (full) or --ckpt BASE --adapter OUT_DIR/adapter.pt (LoRA). "
         "Typical time on a laptop: under a minute for the default 300 steps on the book's shipped base, the first "
         "evaluation (before the progress bar starts) included.",
@@ -127,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --lora-rank: also train, "
         "re-initialised, the embedding rows of the tokens the pairs use that the base's training "
         "text never held (LoRA freezes the embedding, and those rows never learned anything; "
-        "chapter 15) (default: off)",
+        'chapter "Fine-tuning") (default: off)',
     )
     add_setting_flags(parser, shape=False, defaults=_SHOWN_DEFAULTS)
     return parser
 
 
 def finetune_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib finetune``: fine-tune a GPT on prompt/response pairs (chapter 15)."""
+    """``python -m transformer_lib finetune``: fine-tune a GPT on prompt/response pairs (chapter "Fine-tuning")."""
     parser = build_parser()
     args, folder = parse_run_flags(parser, argv)
     if not args.resume and (args.ckpt is None or args.data is None):
@@ -202,7 +203,7 @@ def _pairs(data: str, tokenizer, context_len: int, val_fraction: float) -> tuple
 
 def new_token_rows(base: dict, base_file: Path, tokenizer, data: str) -> list[int]:
     """``--new-token-rows``: the tokens the pairs in ``data`` use that the base's training split (the
-    text its record names, checked by its checksum) never held (chapter 15)."""
+    text its record names, checked by its checksum) never held (chapter "Fine-tuning")."""
     record = RunRecord.from_checkpoint(base)
     source = record.data if record.data else None if record.corpus == "tiny_shakespeare" else False
     if source is False or record.data_from or (source and not Path(source).is_file()):

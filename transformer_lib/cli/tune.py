@@ -1,4 +1,4 @@
-"""The ``dpo`` and ``grpo`` commands (chapter 17, "Preferences and rewards")::
+"""The ``dpo`` and ``grpo`` commands (chapter "Preferences and rewards")::
 
     python -m transformer_lib dpo --ckpt BASE --data PREFS.jsonl --out-dir DIR
     python -m transformer_lib grpo --ckpt BASE --data PAIRS.jsonl --out-dir DIR
@@ -7,7 +7,7 @@
 (:class:`~transformer_lib.preference_runs.DPOBatches`); ``grpo`` on rewards of its own sampled
 answers to the prompts of ``{"prompt": ..., "response": ...}`` lines, the response being the
 target the reward checks (:class:`~transformer_lib.preference_runs.GRPOBatches`). The start is
-``--ckpt`` with the adapter file ``--adapter`` merged into it (chapter 15's LoRA fine-tune, say);
+``--ckpt`` with the adapter file ``--adapter`` merged into it (chapter "Fine-tuning"'s LoRA fine-tune, say);
 ``--lora-rank`` trains fresh adapters (the reference: the start, the adapters off), else every
 weight (the reference: a frozen copy of the start). The last ``--val-fraction`` of the lines
 validate. Each run keeps the ``finetune`` command's guarantees: it owns its folder, resumes
@@ -53,7 +53,7 @@ from .settings import (
 
 __all__ = ["TUNE_DEFAULTS", "dpo_main", "grpo_main"]
 
-#: The training settings of the two commands where they differ from TrainConfig's (chapter 17).
+#: The training settings of the two commands where they differ from TrainConfig's (chapter "Preferences and rewards").
 TUNE_DEFAULTS = {
     "dpo": {
         "max_iters": 200,
@@ -110,22 +110,22 @@ GRPO_REFUSED = {
     "prompts (each sampled --group-size times): give --batch-size PROMPTS",
 }
 DESCRIPTIONS = {
-    "dpo": "Tune a GPT on preferences (chapter 17, DPO): each line of --data is a prompt with a chosen and a "
-    "rejected answer, and the model learns to rank the chosen one higher than a frozen reference does (the start "
-    "itself; with --lora-rank, the start with the adapters off). The start is --ckpt, with --adapter merged in. "
-    "Typical time on one CPU thread: under half a minute for the default 200 steps from the book's shipped "
-    "model with LoRA.",
-    "grpo": "Tune a GPT on rewards of its own answers (chapter 17, GRPO): for each prompt of --data the model "
-    "samples --group-size answers, --reward scores each against the line's response, and the answers better "
-    "than their group's mean are made more likely; the KL penalty --beta keeps it near the reference. The "
-    "console prints the mean reward of each split. TRL's names are accepted (--num-generations, "
-    "--max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on one CPU thread: about a "
-    "minute for the default 100 steps from the book's shipped model with LoRA.",
+    "dpo": 'Tune a GPT on preferences (chapter "Preferences and rewards", DPO): each line of --data is a prompt with'
+    " a chosen and a rejected answer, and the model learns to rank the chosen one higher than a frozen "
+    "reference does (the start itself; with --lora-rank, the start with the adapters off). The start is "
+    "--ckpt, with --adapter merged in. Typical time on one CPU thread: under half a minute for the default "
+    "200 steps from the book's shipped model with LoRA.",
+    "grpo": 'Tune a GPT on rewards of its own answers (chapter "Preferences and rewards", GRPO): for each prompt of '
+    "--data the model samples --group-size answers, --reward scores each against the line's response, and the"
+    " answers better than their group's mean are made more likely; the KL penalty --beta keeps it near the "
+    "reference. The console prints the mean reward of each split. TRL's names are accepted (--num-"
+    "generations, --max-completion-length, --epsilon, --beta, --scale-rewards). Typical time on one CPU "
+    "thread: about a minute for the default 100 steps from the book's shipped model with LoRA.",
 }
 
 
 def build_parser(kind: str) -> Parser:
-    """The parser of ``python -m transformer_lib dpo`` or ``grpo`` (chapter 17)."""
+    """The parser of ``python -m transformer_lib dpo`` or ``grpo`` (chapter "Preferences and rewards")."""
     data = '{"prompt", "chosen", "rejected"}' if kind == "dpo" else '{"prompt", "response"} (the target)'
     refused = GRPO_REFUSED if kind == "grpo" else {}
     parser = Parser(prog=f"python -m transformer_lib {kind}", description=DESCRIPTIONS[kind], refused=refused)
@@ -176,12 +176,13 @@ def build_parser(kind: str) -> Parser:
 
 
 def dpo_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib dpo``: tune a GPT on preference pairs (chapter 17)."""
+    """``python -m transformer_lib dpo``: tune a GPT on preference pairs (chapter "Preferences and rewards")."""
     return _main("dpo", argv)
 
 
 def grpo_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer_lib grpo``: tune a GPT on rewards of its sampled answers (chapter 17)."""
+    """``python -m transformer_lib grpo``: tune a GPT on rewards of its sampled answers (chapter "Preferences and
+    rewards")."""
     return _main("grpo", argv)
 
 
