@@ -54,9 +54,8 @@ def experts_gpt(n_kv_heads=None, tie=False, seed=0, experts=None, **choices) -> 
         experts={**EXPERTS, **(experts or {})},
         n_kv_heads=n_kv_heads,
         tie_embeddings=tie,
-        rotary_base=500.0,
         norm_eps=1e-6,
-        **choices,
+        **{"rotary_base": 500.0, **choices},
     )
     gpt = tl.GPT(config).double().eval()
     g = torch.Generator().manual_seed(seed + 100)
@@ -183,7 +182,7 @@ REFUSED = {
     "attention": {"attention": "latent"},
     "bias": {"bias": True},
     "norm": {"norm": "layernorm"},
-    "positions": {"positions": "learned"},
+    "positions": {"positions": "learned", "rotary_base": 10000.0},  # learned positions have no rotary base
 }
 
 

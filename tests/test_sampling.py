@@ -128,7 +128,9 @@ def test_the_sample_command_passes_top_p(monkeypatch, capsys):
     tok = tl.CharTokenizer.from_text("abc\n")
     torch.manual_seed(0)
     model = tl.GPT(tl.GPTConfig(vocab_size=tok.vocab_size, context_len=8, n_layers=1, n_heads=1, d_model=8))
-    monkeypatch.setattr(cli.sample, "load_checkpoint", lambda ckpt, device: (model, tok, {}))
+    monkeypatch.setattr(cli.sample, "read_checkpoint", lambda ckpt: {})
+    monkeypatch.setattr(cli.sample, "checkpoint_file", lambda ckpt: ckpt)
+    monkeypatch.setattr(cli.sample, "start_model", lambda ckpt, file, adapter, device: (model, tok))
     assert cli.main(["sample", "--prompt", "ab", "--max-new-tokens", "5", "--top-p", "1e-9", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     greedy = model.eval().generate(torch.tensor([tok.encode("ab")]), 5, top_k=1)

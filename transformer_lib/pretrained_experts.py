@@ -402,7 +402,7 @@ def gpt_from_mixtral(model: nn.Module, **training) -> GPT:
     for i, layer in enumerate(layers):
         if layer.spec != spec:
             raise ValueError(f"layer {i}'s Mixtral block routes as {layer.spec}, not as its config says ({spec})")
-    gpt = GPT(replace(dense, recipe=replace(dense.recipe, experts=spec)))
+    gpt = GPT(replace(dense, recipe=replace(dense.recipe, ffn=replace(spec, d_ff=dense.recipe.ffn.d_ff))))
     s = model.state_dict()
     state = {
         ours: torch.cat([s[n] if rows is None else s[n][rows] for n, rows in parts])

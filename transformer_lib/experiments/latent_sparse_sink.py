@@ -30,8 +30,6 @@ Parts:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 
@@ -119,7 +117,7 @@ def position_losses(model: tl.GPT, windows: torch.Tensor) -> torch.Tensor:
 def variant(model: tl.GPT, window: int | None = None, **recipe_changes) -> tl.GPT:
     """The same weights read with another ``window`` or recipe choices (``sparse_k``, ``keep_first``)."""
     c = model.config
-    config = tl.GPTConfig(**{**c.__dict__, "window": window, "recipe": replace(c.recipe, **recipe_changes)})
+    config = tl.GPTConfig(**{**c.__dict__, "window": window, "recipe": tl.as_recipe(c.recipe, **recipe_changes)})
     other = tl.GPT(config)
     other.load_state_dict(model.state_dict())
     return other.eval()
