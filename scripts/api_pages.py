@@ -139,9 +139,10 @@ PAGES: list[tuple[str, list[str], str, str]] = [
     ("checkpoint", ["transformer_lib.checkpoint"], "gpt", "Checkpoints written atomically and checked on loading."),
     (
         "run",
-        ["transformer_lib.run"],
+        ["transformer_lib.run", "transformer_lib.resume"],
         "gpt fine_tuning",
-        "A run's folder, the record of what the run is, what `--resume` may change, and `load_run`.",
+        "A run's folder, the record of what the run is, the model a command starts from, `load_run`, and "
+        "what `--resume` may change.",
     ),
     (
         "sampling",

@@ -10,7 +10,8 @@ import transformer_lib as tl
 from tests.test_cli import offline_one_thread  # noqa: F401 (autouse: offline, one thread)
 from tests.test_cli_finetune import BASE, TEXT, TINY, WORDS
 from transformer_lib import cli
-from transformer_lib.run import KINDS, RunFolder, RunRecord, resume_record
+from transformer_lib.resume import resume_record
+from transformer_lib.run import KINDS, RunFolder, RunRecord
 
 SHIPPED = tl.checkpoint_file(tl.PRETRAINED_PATH)
 

@@ -300,4 +300,4 @@ def test_resume_keeps_the_device_dtype_and_compilation_it_started_with(text, tmp
 
 def test_resume_on_a_machine_without_the_runs_device_says_how_to_continue(tmp_path):
     with pytest.raises(ValueError, match=r"trained on device 'cuda:64'.*--device cpu"):
-        tl.run.recorded_process({"train_config": {"device": "cuda:64"}}, {"device": None}, tmp_path / "ckpt.pt")
+        tl.resume.recorded_process({"train_config": {"device": "cuda:64"}}, {"device": None}, tmp_path / "ckpt.pt")

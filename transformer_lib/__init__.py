@@ -107,6 +107,7 @@ _TOOLS = (
     "token_rows",
     "finetune",
     "run",
+    "resume",
     "export",
     "evaluate",
     "quantize",

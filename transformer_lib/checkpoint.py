@@ -1,4 +1,4 @@
-"""Checkpoints (chapter 9, "A GPT from scratch"): written atomically, read once, loaded with
+"""Checkpoints (chapter "A GPT from scratch"): written atomically, read once, loaded with
 ``weights_only=True`` and checked against the SHA-256 of their tensors; the model registry that
 rebuilds a model from its saved config; the lock by which one process owns a folder; and every
 random state a training step reads, so a resumed run equals one that never stopped.
@@ -70,7 +70,7 @@ def _tensors(obj, name: str = ""):
 
 
 def tensor_checksum(state) -> str:
-    """SHA-256 over the name, dtype, shape and bytes of every tensor in ``state`` (chapter 9): a
+    """SHA-256 over the name, dtype, shape and bytes of every tensor in ``state`` (chapter "A GPT from scratch"): a
     byte changed inside any tensor changes it."""
     digest = hashlib.sha256()
     for name, tensor in _tensors(state):
@@ -108,7 +108,7 @@ def _full_checksum(state: dict) -> str:
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     """``torch.save(state)`` to ``path`` atomically, with a SHA-256 of its tensors and of its
-    settings (the model's config, the tokenizer, the step, ...) under ``"checksum"`` (chapter 9):
+    settings (the model's config, the tokenizer, the step, ...) under ``"checksum"`` (chapter "A GPT from scratch"):
     a reader, or a crash, never sees a half-written checkpoint, and :func:`read_checkpoint` finds
     a damaged or edited one."""
     state = {**state, "checksum_covers": _COVERS}
@@ -129,7 +129,8 @@ def _save(state: dict, tmp: str) -> None:
 
 def prepare_folder(*paths: str | os.PathLike) -> list[Path]:
     """Check that the folder of the files ``paths`` can be written (making it if needed) and
-    delete the temporary files a killed writer left beside each of them (chapter 9); returns those."""
+    delete the temporary files a killed writer left beside each of them (chapter "A GPT from scratch"); returns
+    those."""
     paths = [Path(p) for p in paths]
     check_writable(paths[0].parent)
     orphans = sorted(o for path in paths for o in path.parent.glob(f"{path.name}.*.tmp"))
@@ -169,7 +170,7 @@ def _holder(path: Path) -> str:
 @contextlib.contextmanager
 def own_folder(folder: str | os.PathLike, lock_name: str):
     """Inside ``with own_folder(folder, lock_name):`` this process alone writes checkpoints in
-    ``folder`` (chapter 9), holding the lock file ``folder/lock_name`` (a run folder's is
+    ``folder`` (chapter "A GPT from scratch"), holding the lock file ``folder/lock_name`` (a run folder's is
     ``transformer_lib.run.LOCK_NAME``; :meth:`~transformer_lib.run.RunFolder.own` gives it): a
     second run, fresh or resumed, is refused with an ``OSError`` that says which run holds it (its
     pid, host and start time). The lock belongs to the process, so the operating system releases
@@ -218,14 +219,14 @@ def own_folder(folder: str | os.PathLike, lock_name: str):
 
 
 def checkpoint_file(path: str | os.PathLike, name: str = CHECKPOINT_NAME) -> Path:
-    """``path`` itself, or the checkpoint ``path/name`` when ``path`` is a folder (chapter 9)."""
+    """``path`` itself, or the checkpoint ``path/name`` when ``path`` is a folder (chapter "A GPT from scratch")."""
     path = Path(path)
     return path / name if path.is_dir() else path
 
 
 def read_checkpoint(path: str | os.PathLike, name: str = CHECKPOINT_NAME) -> dict:
     """The dict saved in the checkpoint at ``path`` (a file, or the folder that holds it as
-    ``name``), tensors on the CPU (chapter 9).
+    ``name``), tensors on the CPU (chapter "A GPT from scratch").
 
     An empty, truncated or garbage file, one holding more than tensors and plain data, or one
     whose tensors do not match their stored checksum, is a ``ValueError`` naming the file.
@@ -269,7 +270,8 @@ def check_recorded(ckpt: dict, file, keys: tuple[str, ...] = ("model_class", "mo
         if not isinstance(config, dict):
             raise ValueError(f"{file} does not record the model's settings (model_config is {config!r})")
         known = {f.name for f in fields(MODELS[ckpt["model_class"]][1])}
-        # a GPT's recipe (chapter 14) is absent in older checkpoints, which hold its choices flat, or none (GPT-2's)
+        # a GPT's recipe (chapter "Today's block") is absent in older checkpoints, which hold its choices flat, or none
+        # (GPT-2's)
         optional = {"recipe", *RECIPE_FIELDS} if ckpt["model_class"] == "GPT" else set()
         missing = [f"model_config.{name}" for name in sorted(known - optional) if name not in config]
         unknown = sorted(set(config) - known - optional)
@@ -286,7 +288,7 @@ def build_model(
     ckpt: dict, where: str | os.PathLike = "the checkpoint", device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, CharTokenizer | BPETokenizer | None]:
     """The model and tokenizer (or None) that the checkpoint dict ``ckpt`` holds, rebuilt from its
-    model class and config (chapter 9), in the dtype it was saved in, on ``device`` in eval mode.
+    model class and config (chapter "A GPT from scratch"), in the dtype it was saved in, on ``device`` in eval mode.
     A missing or unknown setting, or weights that are not finite, is a ``ValueError`` naming ``where``.
     Loading a run's folder, a LoRA run's included, is :func:`~transformer_lib.run.load_checkpoint`'s."""
     check_recorded(ckpt, where)
@@ -302,7 +304,8 @@ def build_model(
 
 
 def capture_rng(get_batch) -> dict:
-    """Every random state a training step reads, in types ``weights_only`` loading accepts (chapter 9).
+    """Every random state a training step reads, in types ``weights_only`` loading accepts (chapter "A GPT from
+    scratch").
 
     Python's, NumPy's legacy global, PyTorch's CPU and CUDA generators, and the batch sampler's
     (``get_batch.state_dict()`` when it has one).
@@ -318,7 +321,7 @@ def capture_rng(get_batch) -> dict:
 
 
 def restore_rng(rng: dict, get_batch) -> None:
-    """Set every random state saved by :func:`capture_rng` (chapter 9)."""
+    """Set every random state saved by :func:`capture_rng` (chapter "A GPT from scratch")."""
     random.setstate(rng["python"])
     name, keys, pos, has_gauss, cached = rng["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002

@@ -1,15 +1,14 @@
-"""A training run as one thing (chapter 9, "A GPT from scratch"; chapter 13's tokenizer file;
-chapter 15's fine-tuning runs; chapter 17's preference and reward runs): the folder a run
-writes and what its checkpoint holds, a typed record of what the run is, the rules for what
-``--resume`` may change, :func:`start_model`, the model every command starts from, and
-:func:`load_run`, which gives a run back.
+"""A training run as one thing (chapters "A GPT from scratch", "Tokens", "Fine-tuning" and "Preferences
+and rewards"): the folder a run writes and what its checkpoint holds, a typed record of what the run
+is, the rules for what ``--resume`` may change, :func:`start_model`, the model every command starts
+from, and :func:`load_run`, which gives a run back.
 
 A run folder holds (the checkpoint's name is checkpoint.py's; the others, its lock's too, are this module's)::
 
     ckpt.pt         the checkpoint, atomic and checksummed (checkpoint.py)
     ckpt.pt.lock    while a run writes in the folder (checkpoint.py's lock)
-    tokenizer.json  a BPE run's tokenizer (chapter 13), or its base's
-    adapter.pt      a LoRA run's adapters and token rows (chapter 15)
+    tokenizer.json  a BPE run's tokenizer (chapter "Tokens"), or its base's
+    adapter.pt      a LoRA run's adapters and token rows (chapter "Fine-tuning")
 
 The bytes of one checkpoint file (writing, reading, checksums, the lock, rebuilding a model from
 its config) are :mod:`transformer_lib.checkpoint`'s; what a training checkpoint holds is
@@ -22,16 +21,16 @@ versions wrote, so every checkpoint, old or new, reads as a record and back::
     model, tokenizer, adapters = tl.load_run("out/finetune")
     record = tl.read_record("out/finetune")  # RunRecord(kind='finetune', ...)
 
-A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one: chapter
-17's preference (``"dpo"``) and reward (``"grpo"``) runs record what a fine-tuning run does, the
-adapter file merged into the start (``adapter``) and their objective's settings (``objective``).
+A new kind of run is a new row of :data:`KINDS` and a short command, not a copy of one: the
+preference (``"dpo"``) and reward (``"grpo"``) runs record what a fine-tuning run does, the adapter
+file merged into the start (``adapter``) and their objective's settings (``objective``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,11 +47,9 @@ from .checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from .data import load_tokenizer, save_tokenizer, sha256_of, tokenizer_checksum
+from .data import load_tokenizer, save_tokenizer, tokenizer_checksum
 from .lora import ADAPTER_FORMAT, add_lora, load_adapter, lora_weights, save_adapter
 from .token_rows import add_token_rows
-from .train_config import TrainConfig
-from .utils import pick_device
 
 __all__ = [
     "ADAPTER_NAME",
@@ -69,16 +66,18 @@ __all__ = [
 ]
 
 LOCK_NAME = CHECKPOINT_NAME + ".lock"  # held while a run writes in its folder (RunFolder.own)
-TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter 13)
-ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter 15)
+TOKENIZER_NAME = "tokenizer.json"  # a BPE run's tokenizer, beside its checkpoint (chapter "Tokens")
+ADAPTER_NAME = "adapter.pt"  # a LoRA run's adapters, beside its checkpoint and rewritten with it (chapter
+# "Fine-tuning")
 DEFAULTS = {"seed": 1337, "val_fraction": 0.1, "tokenizer": "char"}  # of a new run, where no flag is given
-#: TrainConfig fields that describe this process rather than the run: free to differ on resume (chapter 9).
+#: TrainConfig fields that describe this process rather than the run: free to differ on resume (chapter "A GPT from
+# scratch").
 PROCESS_SETTINGS = frozenset({"device", "dtype", "compile", "out_dir", "progress", "verbose", "peak_tflops"})
 
 
 @dataclass(frozen=True)
 class RunKind:
-    """How one kind of run is recorded (chapter 9): ``fields`` names the :class:`RunRecord` fields
+    """How one kind of run is recorded (chapter "A GPT from scratch"): ``fields`` names the :class:`RunRecord` fields
     it writes to the checkpoint's meta (under the same key, or under ``renamed[field]``),
     ``fixed`` those that ``--resume`` may not change, and ``unset`` is how a fixed field recorded
     as None is said (None: an older checkpoint that did not record it, which a flag may then set)."""
@@ -107,7 +106,8 @@ KINDS: dict[str, RunKind] = {
     ),
 }
 _TUNING = (*_SHARED, "base", "base_sha256", "adapter", "adapter_sha256", "n_train", "n_val", "lora_rank", "lora_alpha")
-for _kind in ("dpo", "grpo"):  # chapter 17: their objective's settings are checked by their commands
+for _kind in ("dpo", "grpo"):  # chapter "Preferences and rewards": their objective's settings are checked by their
+    # commands
     KINDS[_kind] = RunKind(
         (*_TUNING, "objective"), fixed=("lora_rank", "lora_alpha", "seed", "val_fraction"), unset="none (full tuning)"
     )
@@ -115,8 +115,8 @@ for _kind in ("dpo", "grpo"):  # chapter 17: their objective's settings are chec
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a run is (chapter 9; chapter 15's fine-tuning runs): read from and written to its
-    checkpoint's ``meta`` (:meth:`from_checkpoint`, :meth:`to_meta`); None where the run has no
+    """What a run is (chapter "A GPT from scratch"; chapter "Fine-tuning"'s fine-tuning runs): read from and written to
+    its checkpoint's ``meta`` (:meth:`from_checkpoint`, :meth:`to_meta`); None where the run has no
     such thing or an older checkpoint did not record it.
 
     ``kind`` is a key of :data:`KINDS` (``"pretrain"``, ``"finetune"``, ``"dpo"``, ``"grpo"``); ``tokenizer`` is
@@ -125,8 +125,8 @@ class RunRecord:
     ``base`` and ``base_sha256`` are a fine-tuning run's base checkpoint; ``lora_rank`` and
     ``lora_alpha`` its adapters (None: every weight is trained), ``token_rows`` the embedding rows
     trained beside them (:mod:`~transformer_lib.token_rows`); ``adapter`` and ``adapter_sha256``
-    the adapter file merged into a chapter 17 run's start, ``objective`` its DPO or GRPO settings;
-    ``model_config`` is the checkpoint's, the block's recipe included, as it stores it.
+    the adapter file merged into a chapter "Preferences and rewards" run's start, ``objective`` its DPO or GRPO
+    settings; ``model_config`` is the checkpoint's, the block's recipe included, as it stores it.
     """
 
     kind: str = "pretrain"
@@ -189,7 +189,7 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class RunFolder:
-    """The folder of one run (chapter 9): its files' paths and their checks."""
+    """The folder of one run (chapter "A GPT from scratch"): its files' paths and their checks."""
 
     path: Path
 
@@ -216,7 +216,7 @@ class RunFolder:
 
     def checked_tokenizer(self, tokenizer):
         """``tokenizer``, the one a checkpoint holds; if the folder also holds ``tokenizer.json``,
-        that file must hold the same tokenizer (chapter 13), else a ``ValueError`` naming the file."""
+        that file must hold the same tokenizer (chapter "Tokens"), else a ``ValueError`` naming the file."""
         path = self.tokenizer
         if path.is_file():
             try:
@@ -256,8 +256,8 @@ class RunFolder:
         return lambda: save_adapter(model, self.adapter, meta=record.adapter_meta(), force=True)
 
     def resumed(self, kind: str, resume: bool, force: bool, start=None) -> tuple[dict | None, RunRecord | None]:
-        """The one resume rule of the commands that start from a checkpoint ``start`` (chapters 15
-        and 17): with ``resume``, the run's checkpoint (read once) and its record, refused unless
+        """The one resume rule of the commands that start from a checkpoint ``start`` (chapters "Fine-tuning"
+        and "Preferences and rewards"): with ``resume``, the run's checkpoint (read once) and its record, refused unless
         the run is of ``kind``; else ``(None, None)``, another run's checkpoint refused unless
         ``force``, and a ``start`` that is this folder's own checkpoint refused by name."""
         if not resume:
@@ -278,8 +278,8 @@ class RunFolder:
 
 
 class TrainingFile:
-    """Where :func:`~transformer_lib.train.train` keeps its checkpoint (chapter 9): ``out_dir/ckpt.pt``
-    (``out_dir`` None: nowhere), written by one process (``writer``, rank 0), what it holds
+    """Where :func:`~transformer_lib.train.train` keeps its checkpoint (chapter "A GPT from scratch"):
+    ``out_dir/ckpt.pt`` (``out_dir`` None: nowhere), written by one process (``writer``, rank 0), what it holds
     (:meth:`state`, :data:`PARTS`), the state it last wrote, and where the last good state is, in words."""
 
     #: The training objects whose ``state_dict`` a checkpoint holds under their names.
@@ -317,7 +317,8 @@ class TrainingFile:
     def state(parts: dict, model: nn.Module, step: int, eval_pending: bool, **rest) -> dict:
         """The checkpoint of a training run: each of :data:`PARTS` (``parts``, by name) as its
         ``state_dict``, the model's class, the step and whether it was evaluated, the model's
-        config, and ``rest`` (train_config, rng, tokenizer, history, meta, changes) as given (chapter 9)."""
+        config, and ``rest`` (train_config, rng, tokenizer, history, meta, changes) as given (chapter "A GPT from
+        scratch")."""
         state = {key: parts[key].state_dict() for key in TrainingFile.PARTS}
         state |= {"model_class": type(model).__name__, "step": step, "eval_pending": eval_pending}
         return state | {"model_config": config_dict(model), **rest}
@@ -347,14 +348,15 @@ class TrainingFile:
 
 
 def read_record(folder: str | os.PathLike) -> RunRecord:
-    """The :class:`RunRecord` of the run in ``folder`` (or of the checkpoint file ``folder``) (chapter 9)."""
+    """The :class:`RunRecord` of the run in ``folder`` (or of the checkpoint file ``folder``) (chapter "A GPT from
+    scratch")."""
     return RunRecord.from_checkpoint(read_checkpoint(folder))
 
 
 def load_checkpoint(
     path: str | os.PathLike | dict, device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, object, dict]:
-    """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter 9).
+    """Rebuild the model saved by :func:`~transformer_lib.train.train` (chapter "A GPT from scratch").
 
     ``path`` is a ``ckpt.pt``, its folder, or a checkpoint dict already read. Returns ``(model,
     tokenizer or None, checkpoint dict)``, the model on ``device`` in eval mode. A LoRA adapter file,
@@ -368,14 +370,14 @@ def load_checkpoint(
 
 def _model(ckpt: dict, given, where, device) -> tuple[nn.Module, object]:
     """:func:`load_checkpoint`'s model and tokenizer of ``ckpt``, given as ``given`` (its file ``where``)."""
-    if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter 15: an adapter, not a model
+    if str(ckpt.get("format", "")).startswith("transformer_lib.lora"):  # chapter "Fine-tuning": an adapter, not a model
         base = (ckpt.get("meta") or {}).get("base") or "its base"
         raise ValueError(
             f"{given} is a LoRA adapter file (adapters only, no model): load {base} and add the adapter with "
             f"load_adapter"
         )
     check_recorded(ckpt, where)
-    if any(".parametrizations." in k for k in ckpt["model"]):  # chapter 15: a model with LoRA adapters
+    if any(".parametrizations." in k for k in ckpt["model"]):  # chapter "Fine-tuning": a model with LoRA adapters
         base = (ckpt.get("meta") or {}).get("base") or "BASE"
         raise ValueError(
             f"{where} holds a model with LoRA adapters (a fine-tuning run's): load its base checkpoint and the "
@@ -386,9 +388,9 @@ def _model(ckpt: dict, given, where, device) -> tuple[nn.Module, object]:
 
 
 def start_model(ckpt: dict, file: Path, adapter=None, device="cpu", *, needs_end: bool = False):
-    """The model every command starts from (chapters 9, 15 and 17), and its tokenizer: the checkpoint
-    ``ckpt`` read from ``file``, on ``device`` in eval mode; a LoRA run's comes back as its base
-    model with its adapters and token rows loaded from its own checkpoint. A ``tokenizer.json``
+    """The model every command starts from (chapters "A GPT from scratch", "Fine-tuning" and "Preferences and rewards"),
+    and its tokenizer: the checkpoint ``ckpt`` read from ``file``, on ``device`` in eval mode; a LoRA run's comes back
+    as its base model with its adapters and token rows loaded from its own checkpoint. A ``tokenizer.json``
     beside ``file`` must hold the checkpoint's tokenizer, which with ``needs_end`` must have the end
     token a tuning run ends every response with. The adapters (and token rows) of the adapter file
     ``adapter`` are added, refused on a LoRA run or when trained on another base (:func:`add_adapter`).
@@ -425,9 +427,10 @@ def start_model(ckpt: dict, file: Path, adapter=None, device="cpu", *, needs_end
 
 
 def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> tuple[nn.Module, object, dict]:
-    """The run in ``folder`` as ``(model, tokenizer, adapters)``, the model on ``device`` in eval mode (chapter 9).
+    """The run in ``folder`` as ``(model, tokenizer, adapters)``, the model on ``device`` in eval mode (chapter "A GPT
+    from scratch").
 
-    A LoRA run (chapter 15) comes back as its base model with its adapters added and loaded
+    A LoRA run (chapter "Fine-tuning") comes back as its base model with its adapters added and loaded
     from the run's own checkpoint; ``adapters`` maps each adapted weight's name to its
     :class:`~transformer_lib.lora.LoRA` (``{}`` for any other run), with the token rows trained
     beside them, if any. A ``tokenizer.json`` beside the checkpoint must hold the checkpoint's
@@ -440,7 +443,7 @@ def load_run(folder: str | os.PathLike, device: torch.device | str = "cpu") -> t
 
 def add_adapter(model: nn.Module, base: dict, base_file: Path, adapter: str | os.PathLike) -> list[str]:
     """Add the adapters in the file ``adapter`` to ``model``, loaded from the checkpoint ``base``
-    (read from ``base_file``); refused when they were trained on another base (chapter 15)."""
+    (read from ``base_file``); refused when they were trained on another base (chapter "Fine-tuning")."""
     if not Path(adapter).is_file():
         raise FileNotFoundError(f"--adapter: no adapter file at {adapter}")
     meta = read_checkpoint(adapter).get("meta") or {}
@@ -452,124 +455,9 @@ def add_adapter(model: nn.Module, base: dict, base_file: Path, adapter: str | os
     return load_adapter(model, adapter)
 
 
-# What --resume may change -------------------------------------------------------------------
-
-
-def flag(name: str) -> str:
-    """The command-line flag of the setting ``name``: ``lora_rank`` -> ``--lora-rank``."""
-    return "--" + name.replace("_", "-")
-
-
-def changed(name: str, recorded, value, file) -> ValueError:
-    """The refusal of a flag that ``--resume`` was given with another value than the run in ``file`` records."""
-    return ValueError(f"--resume cannot change {flag(name)}: the run in {file} uses {recorded}, not {value}")
-
-
-def resume_record(record: RunRecord, given: dict, file) -> RunRecord:
-    """``record`` with the flags ``given`` (None: not given) checked against it: a different
-    value of a field of its kind's ``fixed`` is refused by name; a field an older checkpoint
-    does not record takes the flag's value, or the default (the split must then be given)."""
-    kind, out = KINDS[record.kind], {}
-    for name in kind.fixed:
-        recorded, value = getattr(record, name), given.get(name)
-        if recorded is None and kind.unset is None:
-            if value is None and name == "val_fraction":
-                raise ValueError(
-                    f"{file} does not record which fraction of the text was kept for validation: "
-                    f"give the run's --val-fraction"
-                )
-            out[name] = DEFAULTS.get(name) if value is None else value
-        elif value is not None and value != recorded:
-            raise changed(name, kind.unset if recorded is None else recorded, value, file)
-    return replace(record, **out)
-
-
-def resume_config(config: TrainConfig, ckpt: dict | None, given: dict, file) -> TrainConfig:
-    """The training settings: ``config`` (the defaults), then on resume the checkpoint's, then the
-    flags ``given``. A setting that describes the process (:data:`PROCESS_SETTINGS`)
-    is not taken from the checkpoint, except the device, dtype and compilation (see
-    :func:`recorded_process`); another changed setting takes effect from the next step."""
-    if ckpt is not None:
-        saved = {k: v for k, v in (ckpt.get("train_config") or {}).items() if k not in PROCESS_SETTINGS}
-        names = {f.name for f in fields(TrainConfig)} - PROCESS_SETTINGS
-        missing, unknown = sorted(names - set(saved)), sorted(set(saved) - names)
-        if missing or unknown:
-            what = (
-                f"does not record the training setting {flag(missing[0])}"
-                if missing
-                else (f"records the training setting {unknown[0]!r}, which this version does not know")
-            )
-            raise ValueError(f"{file} {what} (a checkpoint from another version?)")
-        config = replace(config, **saved, **recorded_process(ckpt, given, file))
-    return replace(config, **{k: v for k, v in given.items() if v is not None})
-
-
-def recorded_process(ckpt: dict, given: dict, file) -> dict:
-    """On resume, the device, autocast dtype and compilation the run was started with, unless a
-    flag gives another (a run can move to another machine that way): ``auto`` would otherwise
-    pick a GPU for a run that trained on the CPU. A device this machine lacks is refused."""
-    saved = ckpt.get("train_config") or {}
-    kept = {k: saved[k] for k in ("device", "dtype", "compile") if k in saved and given.get(k) is None}
-    if "device" in kept:
-        try:
-            pick_device(str(kept["device"]))
-        except (ValueError, RuntimeError):
-            raise ValueError(
-                f"the run in {file} trained on device {kept['device']!r}, which this machine does not have: "
-                f"continue it here with --device cpu (or another device)"
-            ) from None
-    return kept
-
-
-def resumed_data(given: str | None, record: RunRecord | None, file) -> str | None:
-    """The data to train on: the flag's, or on resume the file the run records, refused when
-    it came from a pipe or is no longer there."""
-    if given is not None or record is None:
-        return given
-    if record.data_from:
-        raise ValueError(
-            f"the run in {file} read its training text from {record.data_from}, which cannot be read "
-            f"again: give the same text with --data FILE"
-        )
-    if record.data and not Path(record.data).is_file():
-        raise ValueError(
-            f"the run in {file} was trained on {record.data}, which is no longer there: give the same "
-            f"text with --data FILE"
-        )
-    return record.data
-
-
-def resumed_file(given: str | None, record: RunRecord | None, file) -> tuple[str, str]:
-    """A tuning run's data file and its checksum: ``given``, or on resume the file the run records
-    (:func:`resumed_data`), refused when it is not the data the run was tuned on."""
-    data = resumed_data(given, record, file)
-    digest = sha256_of(data)
-    if record is not None and digest != record.data_sha256:
-        tuned = "fine-tuned" if record.kind == "finetune" else "tuned"
-        raise ValueError(
-            f"{data} is not the data the run in {file} was {tuned} on ({record.data}): give it with --data"
-        )
-    return data, digest
-
-
-def resumable_pretraining(ckpt: dict, file, data: str | None) -> dict:
-    """``ckpt`` if the ``train`` command can continue it, else a ``ValueError`` that says why."""
-    check_recorded(ckpt, file, ("model_class",))
-    if ckpt.get("model_class") != "GPT" or not ckpt.get("model_config") or not ckpt.get("tokenizer"):
-        raise ValueError(
-            f"{file} holds a {ckpt.get('model_class')} "
-            f"{'with' if ckpt.get('tokenizer') else 'without'} its tokenizer: --resume continues only a GPT saved "
-            f"with its tokenizer (train(..., tokenizer=...) or this command)"
-        )
-    check_recorded(ckpt, file)
-    if data is None and not (ckpt.get("meta") or {}).get("corpus"):
-        raise ValueError(f"{file} does not say which text it was trained on: give it with --data")
-    return ckpt
-
-
 def read_base(path: str | os.PathLike | None, record: RunRecord | None, file) -> tuple[dict, Path]:
     """A fine-tuning run's base checkpoint (read once) and its file: ``path``, or on resume the one the run
-    records, which a different ``path`` may not replace; never the run's own ``file`` (chapter 15)."""
+    records, which a different ``path`` may not replace; never the run's own ``file`` (chapter "Fine-tuning")."""
     if record is not None and path is None:
         path = record.base
         if not checkpoint_file(path).is_file():

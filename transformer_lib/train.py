@@ -1,4 +1,5 @@
-"""Training (chapter 9, "A GPT from scratch"; used for the encoder-decoder of chapter 8 too).
+"""Training (chapter "A GPT from scratch"; used for the encoder-decoder of chapter "Encoder-decoder and cross-attention"
+too).
 
 :func:`train` runs AdamW (weight decay on matrices only) with a linear warm-up and a cosine
 learning-rate decay, gradient clipping, periodic evaluation, a progress bar, mixed precision and
@@ -46,7 +47,7 @@ __all__ = [
 
 @dataclass
 class History:
-    """What :func:`train` returns (chapter 9): the loss of every step and the evaluations.
+    """What :func:`train` returns (chapter "A GPT from scratch"): the loss of every step and the evaluations.
 
     ``step_loss[i]`` and ``lr[i]`` belong to step ``i + 1``; ``train_loss[j]`` and ``val_loss[j]``
     are the mean losses on ``eval_iters`` batches after ``eval_step[j]`` steps. ``mfu`` is the last
@@ -63,7 +64,7 @@ class History:
 
 def batch_loss(model: nn.Module, get_batch, batch) -> Tensor:
     """One batch's loss: the model's own (``model(*batch)`` returns ``(logits, loss)``), or, from
-    batches that score the model themselves (chapter 17's preference and reward batches, whose
+    batches that score the model themselves (chapter "Preferences and rewards"'s preference and reward batches, whose
     loss is not the model's), ``get_batch.loss(model, batch)``."""
     scorer = getattr(get_batch, "loss", None)
     return scorer(model, batch) if callable(scorer) else run_batch(model, batch)[1]
@@ -73,7 +74,8 @@ def batch_loss(model: nn.Module, get_batch, batch) -> Tensor:
 def estimate_loss(
     model: nn.Module, get_batch: Callable[[str], Sequence[Tensor]], eval_iters: int = 20, dtype: str = "auto"
 ) -> dict[str, float]:
-    """Mean loss over ``eval_iters`` batches of each split, ``{"train": ..., "val": ...}`` (chapter 9).
+    """Mean loss over ``eval_iters`` batches of each split, ``{"train": ..., "val": ...}`` (chapter "A GPT from
+    scratch").
 
     The model is put in eval mode (no dropout) and back in its previous mode afterwards. Under
     ``torch.distributed`` the means are averaged over the ranks.
@@ -101,7 +103,7 @@ def estimate_loss(
 
 @torch.no_grad()
 def exact_match(model: nn.Module, src: Tensor, tgt: Tensor, batch_size: int = 500) -> float:
-    """Fraction of rows that greedy decoding gets exactly right (chapter 8).
+    """Fraction of rows that greedy decoding gets exactly right (chapter "Encoder-decoder and cross-attention").
 
     ``model`` is a :class:`~transformer_lib.encoder_decoder.Transformer`; ``src (N, T_src)`` and
     ``tgt (N, T_tgt)`` laid out as in :mod:`transformer_lib.data`: a row is right when the decoded
@@ -372,7 +374,8 @@ def train(
     until: int | None = None,
     on_save: Callable[[], None] | None = None,
 ) -> History:
-    """Train ``model`` on batches from ``get_batch(split)`` (chapter 9); returns the :class:`History`.
+    """Train ``model`` on batches from ``get_batch(split)`` (chapter "A GPT from scratch"); returns the
+    :class:`History`.
 
     ``get_batch("train")`` / ``get_batch("val")`` return the arguments of ``model(*batch)``, which
     must return ``(logits, loss)``: :class:`~transformer_lib.data.LMBatches` (``x (B, T)``,
@@ -385,7 +388,7 @@ def train(
     that checkpoint exactly (the same steps, batches and random numbers as a run that never
     stopped); ``resume`` may also be the checkpoint dict itself, already read, so the file is read
     once. ``until`` stops early after that many steps (of ``config.max_iters``, whose schedule is
-    kept), as if interrupted. ``on_save()`` is called after each checkpoint is written (chapter 15's
+    kept), as if interrupted. ``on_save()`` is called after each checkpoint is written (chapter "Fine-tuning"'s
     ``finetune`` command writes its adapter file beside it then).
     """
     run = _Run(model, get_batch, config or TrainConfig(), tokenizer, meta, on_save)

@@ -22,19 +22,8 @@ from ..data import load_corpus, sha256_of, tokenizer_checksum
 from ..data.instructions import PROMPT_END, InstructionBatches, encode_pair, read_pairs
 from ..finetune import lora_targets
 from ..lora import add_lora, count_parameters
-from ..run import (
-    ADAPTER_NAME,
-    DEFAULTS,
-    RunFolder,
-    RunRecord,
-    changed,
-    flag,
-    read_base,
-    resume_config,
-    resume_record,
-    resumed_file,
-    start_model,
-)
+from ..resume import changed, flag, resume_config, resume_record, resumed_file
+from ..run import ADAPTER_NAME, DEFAULTS, RunFolder, RunRecord, read_base, start_model
 from ..token_rows import add_token_rows, unseen_token_rows
 from ..train import train
 from ..train_config import TrainConfig

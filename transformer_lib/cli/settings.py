@@ -1,4 +1,4 @@
-"""The command line's flags and settings (chapter 9): the parser every command uses, the flags
+"""The command line's flags and settings (chapter "A GPT from scratch"): the parser every command uses, the flags
 made from the fields of :class:`~transformer_lib.models.GPTConfig` and
 :class:`~transformer_lib.train_config.TrainConfig`, what ``python -m transformer_lib train`` takes
 from its preset, its flags and, with ``--resume``, from the checkpoint it continues (by the rules
@@ -23,9 +23,10 @@ from ..models import GPT, GPTConfig
 from ..recipe import FLAT_CHOICES as RECIPE_CHOICES
 from ..recipe import FLAT_TYPES as RECIPE_TYPES
 from ..recipe import RECIPES
+from ..resume import flag as _flag
+from ..resume import resume_config, resume_record
 from ..rope_scaling import ROPE_KINDS
-from ..run import CHECKPOINT_NAME, DEFAULTS, RunFolder, RunRecord, resume_config, resume_record
-from ..run import flag as _flag
+from ..run import CHECKPOINT_NAME, DEFAULTS, RunFolder, RunRecord
 from ..train_config import MODEL_SETTINGS, PRESETS, TrainConfig
 from ..utils import DTYPES, check_fields
 
@@ -248,7 +249,7 @@ def check_model_shape(shape: dict, given: dict) -> None:
 
 def _train_config(args, config: TrainConfig, ckpt: dict | None, file: Path) -> TrainConfig:
     """``config`` (the defaults), then on resume the checkpoint's settings, then the flags given
-    (:func:`~transformer_lib.run.resume_config`)."""
+    (:func:`~transformer_lib.resume.resume_config`)."""
     return resume_config(config, ckpt, training_flags(args), file)
 
 
@@ -263,7 +264,7 @@ BPE_VOCAB_DEFAULT = 512  # --tokenizer bpe without --vocab-size
 def pretrain_record(args, resumed: RunRecord | None, file: Path) -> RunRecord:
     """What a pretraining run is, as far as its flags say: ``--preset``, ``--seed``,
     ``--val-fraction``, ``--tokenizer`` and ``--vocab-size`` (or their defaults), or on resume the
-    run's, a flag that differs refused (``run.resume_record``)."""
+    run's, a flag that differs refused (``resume.resume_record``)."""
     given = {
         "preset": args.preset,
         "seed": args.seed,
@@ -301,7 +302,7 @@ _CONTRADICTIONS = (("resume", "force", "--resume continues the run in OUT_DIR, -
 
 def check_lora_flags(args) -> None:
     """``--lora-rank`` a positive int and ``--lora-alpha`` a positive number, where given
-    (the ``finetune`` command of chapter 15, ``dpo`` and ``grpo`` of chapter 17)."""
+    (the ``finetune`` command of chapter "Fine-tuning", ``dpo`` and ``grpo`` of chapter "Preferences and rewards")."""
     if args.lora_rank is not None and args.lora_rank < 1:
         raise ValueError(f"--lora-rank must be a positive int, got {args.lora_rank}")
     if args.lora_alpha is not None and not args.lora_alpha > 0:

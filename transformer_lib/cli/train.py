@@ -23,7 +23,8 @@ from ..bpe import train_bpe
 from ..checkpoint import tensor_checksum
 from ..data import PATH_ENV, CharTokenizer, LMBatches, load_corpus, sha256_of, tokenizer_checksum, tokenizer_from_dict
 from ..models import GPT, GPTConfig
-from ..run import RunFolder, RunRecord, resumable_pretraining, resumed_data
+from ..resume import resumable_pretraining, resumed_data
+from ..run import RunFolder, RunRecord
 from ..train import train
 from ..train_config import PRESETS
 from ..utils import pick_device, set_seed

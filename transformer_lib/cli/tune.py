@@ -26,18 +26,9 @@ from ..data.verifiable import REWARDS, read_preferences
 from ..lora import count_parameters
 from ..preference import ADVANTAGE_SCALES, GRPO_LOSS_TYPES
 from ..preference_runs import DPOBatches, GRPOBatches, make_policy
-from ..run import (
-    DEFAULTS,
-    RunFolder,
-    RunRecord,
-    changed,
-    read_base,
-    resume_config,
-    resume_record,
-    resumed_file,
-    start_model,
-)
-from ..run import flag as _flag
+from ..resume import changed, resume_config, resume_record, resumed_file
+from ..resume import flag as _flag
+from ..run import DEFAULTS, RunFolder, RunRecord, read_base, start_model
 from ..train import train
 from ..train_config import TrainConfig
 from ..utils import pick_device, set_seed
