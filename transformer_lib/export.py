@@ -15,14 +15,13 @@ offline (``transformers``, ``tokenizers`` and ``safetensors`` are imported only 
   routes a ``MixtralForCausalLM`` (:func:`~transformer_lib.pretrained_experts.mixtral_from_gpt`,
   chapter "Experts"); one with latent attention (and ``norm_eps=1e-6``) a dense
   ``DeepseekV3ForCausalLM`` (:func:`~transformer_lib.pretrained_latent.deepseek_v3_from_gpt`,
-  chapter "Latent, sparse and sink attention"); one with learned sinks, or a window, a ``GptOssForCausalLM``
-  (:func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`, chapter "Latent, sparse and sink attention"); a hybrid
-of gated
-  DeltaNet and multi-head layers with query-key norms a ``Qwen3NextForCausalLM``
-  (:func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`, chapter "Attention as a recurrence"). Each format
-  names every setting of the GPT (``pretrained_llama.check_settings``); any other block is
-  refused by the setting that has no counterpart, never written as a model that computes
-  something else.
+  chapter "Latent, sparse and sink attention"); one with learned sinks, or a window, a
+  ``GptOssForCausalLM`` (:func:`~transformer_lib.pretrained_gpt_oss.gpt_oss_from_gpt`, the same
+  chapter); a hybrid of gated DeltaNet and multi-head layers with query-key norms a
+  ``Qwen3NextForCausalLM`` (:func:`~transformer_lib.pretrained_qwen3_next.qwen3_next_from_gpt`,
+  chapter "Attention as a recurrence"). Each format names every setting of the GPT
+  (``pretrained_llama.check_settings``); any other block is refused by the setting that has no
+  counterpart, never written as a model that computes something else.
 - **The tokenizer** (:func:`hf_tokenizer`). The byte-level BPE (chapter "Tokens") becomes a
   ``tokenizers`` BPE over GPT-2's byte alphabet, split by the same pattern, with
   ``<|endoftext|>`` as its end token; the character tokenizer becomes a BPE with no merges over

@@ -13,10 +13,9 @@ made by ``scripts/pretrain_ch15.py`` on the first 90 % of Tiny Shakespeare):
   that holds the test speeches) or, as the control, on as much text from the first 90 %; then
   its loss on the test texts, a zero-shot word-order test that reads only that loss, and the
   same classifier (the head alone) on each;
-- ``instructions``: chapter "Encoder-decoder and cross-attention"'s dates as prompt/response pairs, fine-tuned the right
-way and with
-  each of three mistakes, three seeds each; exact match, answers that stop, and the language
-  model's validation loss after.
+- ``instructions``: the dates of chapter "Encoder-decoder and cross-attention" as prompt/response
+  pairs, fine-tuned the right way and with each of three mistakes, three seeds each; exact match,
+  answers that stop, and the language model's validation loss after.
 
 The command line (``--dry-run`` prints and writes nothing)::
 
