@@ -16,6 +16,7 @@ from ._checks import check_bool, check_int, check_temperature, check_window, pla
 from .blocks import Decoder
 from .encoder_decoder import _as_index, _check_id_tensor, _check_shared, _check_targets, _init_weights, check_token_ids
 from .experts import FLAT_SPEC as EXPERTS_FLAT
+from .experts import Experts
 from .experts import training_loss as experts_training_loss
 from .kv_cache import DecoderCache
 from .positional import LearnedPositionalEmbedding
@@ -194,6 +195,8 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         _init_weights(self)
+        # chapter "Experts": whether a training step adds the experts layers' balancing terms
+        self._has_experts = any(isinstance(m, Experts) for m in self.decoder.modules())
         if r.tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight  # weight tying
 
@@ -238,7 +241,7 @@ class GPT(nn.Module):
                 keep = _check_loss_mask(loss_mask, targets).reshape(-1)
                 each = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1), reduction="none")
                 loss = each[keep].mean()  # the mean over the marked targets only
-            if self.training:  # chapter "Experts": the balancing terms of its experts layers, if any
+            if self.training and self._has_experts:  # chapter "Experts": its experts layers' balancing terms
                 balancing = experts_training_loss(self)
                 loss = loss if balancing is None else loss + balancing
         elif loss_mask is not None:
